@@ -234,15 +234,14 @@ class Route(_Strict):
 
 class Config(_Strict):
     store: SqliteStore | FirestoreStore = Field(default_factory=SqliteStore, discriminator="backend")
-    publisher: OutboxPublisher | PubsubPublisher = Field(
-        default_factory=OutboxPublisher, discriminator="backend"
-    )
+    publisher: OutboxPublisher | PubsubPublisher = Field(default_factory=OutboxPublisher, discriminator="backend")
     records: SqliteRecords | BigqueryRecords = Field(default_factory=SqliteRecords, discriminator="backend")
     lease: LeaseConfig = Field(default_factory=LeaseConfig)
     store_errors: StoreErrors = Field(default_factory=StoreErrors)
     server: ServerConfig = Field(default_factory=ServerConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     project: str | None = None
+    state_ttl: Duration = 30 * 86400.0  # how long a key's state lives after its last forward
     routes: list[Route] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -277,9 +276,9 @@ def _where(loc: tuple[Any, ...], raw: Any) -> str:
     """Turn pydantic's location into `route 'injury-report': key[1]`."""
     parts = [p for p in loc if not (isinstance(p, str) and p in ("function-after", "function-before"))]
     # drop the union-member tags pydantic inserts (e.g. 'sqlite', 'firestore')
-    if len(parts) >= 2 and parts[0] in ("store", "publisher", "records") and isinstance(parts[1], str):
-        if parts[1] in ("sqlite", "firestore", "outbox", "pubsub", "bigquery"):
-            parts = [parts[0], *parts[2:]]
+    backends = ("sqlite", "firestore", "outbox", "pubsub", "bigquery")
+    if len(parts) >= 2 and parts[0] in ("store", "publisher", "records") and parts[1] in backends:
+        parts = [parts[0], *parts[2:]]
     if len(parts) >= 2 and parts[0] == "routes" and isinstance(parts[1], int):
         idx = parts[1]
         name = None

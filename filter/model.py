@@ -37,9 +37,7 @@ class Decision(enum.StrEnum):
 
 
 #: Decisions after which the source message is acked (push answers 2xx).
-ACKED = frozenset(
-    {Decision.FORWARDED, Decision.SUPPRESSED, Decision.DUPLICATE, Decision.STALE, Decision.FAIL_OPEN}
-)
+ACKED = frozenset({Decision.FORWARDED, Decision.SUPPRESSED, Decision.DUPLICATE, Decision.STALE, Decision.FAIL_OPEN})
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,9 +27,7 @@ class StateStore(Protocol):
 
     async def read(self, route: str, key: str) -> KeyState | None: ...
 
-    async def claim(
-        self, route: str, key: str, seen: KeyState | None, new: KeyState
-    ) -> KeyState | None:
+    async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
         """Write `new` (which carries a lease) if nothing changed since `seen`; None if beaten."""
 
     async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:

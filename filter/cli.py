@@ -1,0 +1,192 @@
+"""`pubsub-filter`: serve, check, fingerprint, skip-rate. Each command is a thin shell over a module."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .config import CONFIG_ENV, Config, ConfigError, load, parse_duration
+
+
+def _config(path: str | None) -> Config:
+    return load(path)
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    source = args.file or args.config or os.environ.get(CONFIG_ENV) or "filter.yaml"
+    cfg = _config(source)
+    names = ", ".join(r.name for r in cfg.routes)
+    print(f"{source}: ok ({len(cfg.routes)} routes: {names})")
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from .logsetup import configure
+    from .push import create_app, engine_lifespan
+    from .wiring import make_engine
+
+    cfg = _config(args.config)
+    configure(project=cfg.project)
+    engine = make_engine(cfg)
+    authenticator = None
+    if cfg.auth.audience:
+        from .auth import PushAuthenticator
+
+        authenticator = PushAuthenticator(
+            audience=cfg.auth.audience,
+            service_account=cfg.auth.service_account,
+            issuers=tuple(cfg.auth.issuers),
+            certs_url=cfg.auth.certs_url,
+        )
+    import structlog
+
+    structlog.get_logger("pubsub_filter").info(
+        "config_loaded",
+        routes=[r.name for r in cfg.routes],
+        store=cfg.store.backend,
+        publisher=cfg.publisher.backend,
+        records=cfg.records.backend,
+        auth=bool(authenticator),
+    )
+    app = create_app(engine, authenticator, lifespan=lambda _app: engine_lifespan(engine))
+    port = args.port or int(os.environ.get("PORT", "8080"))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=args.host,
+            port=port,
+            loop="auto",
+            http="auto",
+            lifespan="on",
+            access_log=False,
+            log_level="warning",
+            timeout_graceful_shutdown=int(cfg.server.shutdown_grace),
+        )
+    )
+    server.run()
+    return 0
+
+
+def cmd_fingerprint(args: argparse.Namespace) -> int:
+    from .engine import RouteRules
+    from .fingerprint import NOT_JSON, message_fingerprint
+
+    cfg = _config(args.config)
+    route = cfg.route(args.route)
+    if route is None:
+        print(
+            f"no route {args.route!r} in the config (routes: {', '.join(r.name for r in cfg.routes)})",
+            file=sys.stderr,
+        )
+        return 2
+    data = sys.stdin.buffer.read() if args.payload == "-" else Path(args.payload).read_bytes()
+    attributes = dict(a.split("=", 1) for a in args.attribute)
+    rules = RouteRules(route)
+    payload, fp = rules.scheme(data)
+    print(fp)
+    if args.verbose:
+        print(f"scheme: {route.scheme}{' (payload is not JSON: raw bytes)' if payload is NOT_JSON else ''}")
+        try:
+            print(f"key: {rules.key_of(payload, attributes)}")
+        except ValueError as exc:
+            print(f"key: cannot be extracted: {exc}")
+        print(f"message fingerprint: {message_fingerprint(data, attributes)}")
+    return 0
+
+
+def cmd_skip_rate(args: argparse.Namespace) -> int:
+    from .skiprate import render, summarize
+
+    since = time.time() - parse_duration(args.since) if args.since else None
+
+    def counts() -> list[dict[str, Any]]:
+        if args.log:
+            from .decision_log import counts_from_log
+
+            return counts_from_log(args.log, since, args.by)
+        cfg = _config(args.config)
+        if cfg.records.backend == "sqlite":
+            from .records.sqlite import decision_counts
+
+            return decision_counts(cfg.records.path, since, args.by)
+        from .records.bigquery import decision_counts as bq_counts
+
+        return asyncio.run(bq_counts(cfg.records, since, args.by))  # type: ignore[arg-type]
+
+    while True:
+        output = render(summarize(counts()), args.format)
+        if args.watch:
+            print("\033[2J\033[H" + time.strftime("%H:%M:%S") + f"  (every {args.watch:g}s, Ctrl-C to stop)\n")
+        print(output)
+        if not args.watch:
+            return 0
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="pubsub-filter",
+        description="Forward a Pub/Sub message downstream only when its content changed.",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_config(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--config", "-c", help=f"config file (default: ${CONFIG_ENV}, then ./filter.yaml)")
+
+    sp = sub.add_parser("serve", help="run the push endpoint (Cloud Run)")
+    with_config(sp)
+    sp.add_argument("--host", default=os.environ.get("HOST", "0.0.0.0"))
+    sp.add_argument("--port", type=int, default=None, help="default: $PORT, then 8080")
+    sp.set_defaults(func=cmd_serve)
+
+    sp = sub.add_parser("check", help="validate a config file; exit 1 with every problem listed")
+    sp.add_argument("file", nargs="?")
+    with_config(sp)
+    sp.set_defaults(func=cmd_check)
+
+    sp = sub.add_parser("fingerprint", help="print the payload fingerprint of a JSON file for a route")
+    with_config(sp)
+    sp.add_argument("--route", "-r", required=True)
+    sp.add_argument("--attribute", "-a", action="append", default=[], metavar="NAME=VALUE")
+    sp.add_argument("--verbose", "-v", action="store_true", help="also print the key and message fingerprint")
+    sp.add_argument("payload", help="the message data (a file, or - for stdin)")
+    sp.set_defaults(func=cmd_fingerprint)
+
+    sp = sub.add_parser("skip-rate", help="decisions and skip rate per route, hour or day")
+    with_config(sp)
+    sp.add_argument("--since", default="24h", help="how far back (e.g. 1h, 24h, 7d; default 24h)")
+    sp.add_argument("--by", choices=["route", "hour", "day"], default="route")
+    sp.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    sp.add_argument("--log", help="read decision log lines from FILE (- for stdin) instead of the records backend")
+    sp.add_argument("--watch", type=float, metavar="N", help="refresh every N seconds")
+    sp.set_defaults(func=cmd_skip_rate)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except ConfigError as exc:
+        print(
+            f"{exc.source}: {len(exc.problems)} problem{'s' if len(exc.problems) != 1 else ''}",
+            file=sys.stderr,
+        )
+        for problem in exc.problems:
+            print(f"  {exc.source}: {problem}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130

@@ -1,0 +1,458 @@
+"""The decision, in one place: for one message on one route, forward it, suppress it, or say why not.
+
+Read top to bottom:
+
+1. **extract** the entity key and the payload fingerprint (`RouteRules`);
+2. **look** at the stored state for (route, key): one read, no write;
+3. **decide** with `judge()`, a pure function of (message, fingerprint, state, now);
+4. **act**: a forward claims a fenced lease (one conditional write), publishes while a
+   heartbeat keeps the lease, then commits the new fingerprint if the fence still holds
+   (one conditional write); everything else acks or retries without writing;
+5. **record** the decision (one log line, one row, off the request path).
+
+The engine knows nothing of HTTP, Firestore or Pub/Sub: it talks to the interfaces in
+`ports`. Push, pull and replay are thin surfaces that call `Engine.handle`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import structlog
+
+from .config import Condition, Config, Route
+from .fingerprint import NOT_JSON, PayloadError, Scheme, compile_scheme, message_fingerprint
+from .heartbeat import Heartbeat
+from .model import Decision, DecisionRecord, KeyState, Lease, Message
+from .paths import MISSING
+from .ports import Clock, DecisionRecorder, Publisher, PublishFailed, StateStore, StoreUnavailable
+
+log = structlog.get_logger("pubsub_filter.engine")
+
+#: How many recently forwarded message ids each key remembers, to answer redeliveries.
+RECENT = 20
+#: How often a lost compare-and-set on the claim is retried before answering `contended`.
+CLAIM_ATTEMPTS = 3
+
+ATTR_FINGERPRINT = "filter_fingerprint"
+ATTR_SOURCE_ID = "filter_source_message_id"
+ATTR_ROUTE = "filter_route"
+ATTR_SOURCE_PUBLISH_TIME = "filter_source_publish_time"
+
+
+class SystemClock:
+    def now(self) -> float:
+        return time.time()
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    decision: Decision
+    reason: str
+
+
+# --- 1. extract -------------------------------------------------------------------
+
+
+class RouteRules:
+    """A route compiled once: how to key, fingerprint and bypass its messages."""
+
+    def __init__(self, route: Route):
+        self.route = route
+        self.scheme: Scheme = compile_scheme(route)
+
+    def key_of(self, payload: Any, attributes: Mapping[str, str]) -> str:
+        parts = []
+        for path in self.route.key:
+            if path.root == "payload" and payload is NOT_JSON:
+                raise PayloadError(f"key field {path} needs a JSON payload, and this payload is not JSON")
+            value = path.resolve(payload, attributes)
+            if value is MISSING or value is None:
+                raise PayloadError(f"key field {path} is missing")
+            if isinstance(value, (dict, list)):
+                raise PayloadError(f"key field {path} is an object or list, not a value")
+            parts.append(str(value).replace("\\", "\\\\").replace("|", "\\|"))
+        return "|".join(parts)
+
+    def bypassed(self, payload: Any, attributes: Mapping[str, str]) -> bool:
+        return any(_holds(c, payload, attributes) for c in self.route.bypass)
+
+    def accepts_subscription(self, subscription: str | None) -> bool:
+        expected = self.route.subscription
+        if not expected or not subscription:
+            return True
+        if "/" in expected:
+            return subscription == expected
+        return subscription.rsplit("/", 1)[-1] == expected
+
+
+def _holds(cond: Condition, payload: Any, attributes: Mapping[str, str]) -> bool:
+    value = (
+        MISSING if (cond.field.root == "payload" and payload is NOT_JSON) else cond.field.resolve(payload, attributes)
+    )
+    if cond.exists is not None:
+        return (value is not MISSING) == cond.exists
+    if value is MISSING:
+        return False
+    if cond.one_of is not None:
+        return value in cond.one_of
+    return bool(value == cond.equals)
+
+
+# --- 3. decide ----------------------------------------------------------------------
+
+
+def judge(
+    route: Route, msg: Message, fingerprint: str, state: KeyState | None, now: float, bypass: bool = False
+) -> Verdict:
+    """The decision table. Pure: the same inputs always give the same verdict."""
+    if state is None:
+        return Verdict(Decision.FORWARDED, "new key")
+    if state.decided(msg.message_id) is not None:
+        return Verdict(Decision.DUPLICATE, "message already forwarded")
+    lease = state.lease
+    if lease is not None and lease.live(now):
+        if lease.message_id == msg.message_id:
+            # Acking a redelivery acks the message itself: if the in-flight publish then
+            # failed, the content would be lost. Ask again after it settles.
+            return Verdict(Decision.CONTENDED, "this message is already in flight")
+        if lease.fingerprint == fingerprint:
+            return Verdict(Decision.DUPLICATE, "same content in flight")
+        return Verdict(Decision.CONTENDED, "other content for this key is in flight")
+    if bypass:
+        return Verdict(Decision.FORWARDED, "bypass rule")
+    if state.fingerprint == fingerprint:
+        if route.window is None or state.forwarded_at is None or now - state.forwarded_at < route.window:
+            return Verdict(Decision.SUPPRESSED, "unchanged since last forward")
+        if not _older(msg, state):
+            return Verdict(Decision.FORWARDED, "unchanged, but the window expired")
+    elif state.fingerprint is None:
+        return Verdict(Decision.FORWARDED, "new key")
+    if _older(msg, state) and route.stale == "suppress":
+        return Verdict(Decision.STALE, "published before the last forwarded message")
+    return Verdict(Decision.FORWARDED, "content changed")
+
+
+def _older(msg: Message, state: KeyState) -> bool:
+    return msg.publish_time is not None and state.publish_time is not None and (msg.publish_time < state.publish_time)
+
+
+# --- the engine ---------------------------------------------------------------------
+
+
+class Engine:
+    def __init__(
+        self,
+        config: Config,
+        store: StateStore,
+        publisher: Publisher,
+        recorder: DecisionRecorder,
+        clock: Clock | None = None,
+        instance: str | None = None,
+    ):
+        self.config = config
+        self.store = store
+        self.publisher = publisher
+        self.recorder = recorder
+        self.clock = clock or SystemClock()
+        self.instance = instance or uuid.uuid4().hex[:12]
+        self.rules = {r.name: RouteRules(r) for r in config.routes}
+        self.in_flight = 0
+
+    async def handle(self, route_name: str, msg: Message, trace: str | None = None) -> DecisionRecord:
+        started = time.perf_counter()
+        rules = self.rules.get(route_name)
+        if rules is None:
+            return self.reject(
+                route_name,
+                msg,
+                f"unknown route {route_name!r}",
+                started=started,
+                trace=trace,
+                cause="unknown_route",
+            )
+        self.in_flight += 1
+        try:
+            rec = await self._decide_and_act(rules, msg)
+        except PayloadError as exc:
+            return self.reject(route_name, msg, str(exc), started=started, trace=trace)
+        finally:
+            self.in_flight -= 1
+        return self._finish(rec, msg, started, trace)
+
+    def reject(
+        self,
+        route_name: str,
+        msg: Message | None,
+        reason: str,
+        *,
+        started: float | None = None,
+        trace: str | None = None,
+        message_id: str | None = None,
+        cause: str | None = None,
+    ) -> DecisionRecord:
+        """Record a message that was not understood (the surface answers 4xx)."""
+        rules = self.rules.get(route_name)
+        rec = DecisionRecord(
+            time=self.clock.now(),
+            route=route_name,
+            decision=Decision.REJECTED,
+            enforced=rules.route.enforced if rules else True,
+            message_id=msg.message_id if msg else (message_id or ""),
+            reason=reason,
+        )
+        if cause:
+            rec.extra["cause"] = cause
+        return self._finish(rec, msg, started or time.perf_counter(), trace)
+
+    async def _decide_and_act(self, rules: RouteRules, msg: Message) -> DecisionRecord:
+        route = rules.route
+        if not rules.accepts_subscription(msg.subscription):
+            raise PayloadError(f"pushed from subscription {msg.subscription!r}, route expects {route.subscription!r}")
+        # 1. extract
+        payload, fp = rules.scheme(msg.data)
+        key = rules.key_of(payload, msg.attributes)
+        bypass = rules.bypassed(payload, msg.attributes)
+        rec = DecisionRecord(
+            time=0.0,
+            route=route.name,
+            decision=Decision.FAILED,
+            enforced=route.enforced,
+            message_id=msg.message_id,
+            key=key,
+            fingerprint=fp,
+            message_fingerprint=message_fingerprint(msg.data, msg.attributes),
+            destination=route.destination,
+            publish_time=msg.publish_time,
+            delivery_attempt=msg.delivery_attempt,
+        )
+        if payload is NOT_JSON:
+            rec.extra["payload_kind"] = "raw"
+
+        for _ in range(CLAIM_ATTEMPTS):
+            # 2. look
+            try:
+                state = await self.store.read(route.name, key)
+            except StoreUnavailable as exc:
+                return await self._store_down(rules, msg, rec, exc)
+            now = self.clock.now()
+            # 3. decide
+            verdict = judge(route, msg, fp, state, now, bypass)
+            rec.previous_fingerprint = state.fingerprint if state else None
+            rec.reason = verdict.reason
+            if verdict.decision is not Decision.FORWARDED:
+                if route.enforced:
+                    rec.decision = verdict.decision
+                    return rec
+                return await self._shadow_forward(route, msg, rec, verdict.decision)
+            # 4. act: claim, publish under a heartbeat, commit
+            held = await self._claim(route, key, msg, fp, state, now, rec)
+            if held is None:
+                continue  # someone wrote first: look again and re-decide
+            if isinstance(held, DecisionRecord):
+                return held
+            return await self._publish_and_commit(route, key, msg, fp, state, held, rec)
+        rec.decision = Decision.CONTENDED
+        rec.reason = f"lost the claim race {CLAIM_ATTEMPTS} times"
+        return rec
+
+    async def _claim(
+        self,
+        route: Route,
+        key: str,
+        msg: Message,
+        fp: str,
+        state: KeyState | None,
+        now: float,
+        rec: DecisionRecord,
+    ) -> KeyState | DecisionRecord | None:
+        base = state or KeyState()
+        lease = Lease(
+            holder=f"{self.instance}/{uuid.uuid4().hex[:8]}",
+            fence=base.fence + 1,
+            expires_at=now + self.config.lease.duration,
+            fingerprint=fp,
+            message_id=msg.message_id,
+        )
+        new = KeyState(
+            fingerprint=base.fingerprint,
+            forwarded_at=base.forwarded_at,
+            message_id=base.message_id,
+            publish_time=base.publish_time,
+            recent=base.recent,
+            fence=lease.fence,
+            lease=lease,
+            expires_at=max(base.expires_at or 0.0, now + self._retention(route)),
+        )
+        try:
+            held = await self.store.claim(route.name, key, state, new)
+            if held is None:
+                # A claim whose reply was lost may still have landed: ours if the holder token is.
+                current = await self.store.read(route.name, key)
+                if current is not None and current.lease is not None and current.lease.holder == lease.holder:
+                    held = current
+        except StoreUnavailable as exc:
+            return await self._store_down(self.rules[route.name], msg, rec, exc)
+        if held is not None:
+            rec.fence = lease.fence
+            if state is not None and state.lease is not None and not state.lease.live(now):
+                log.warning(
+                    "lease_taken_over",
+                    route=route.name,
+                    key=key,
+                    fence=lease.fence,
+                    previous_holder=state.lease.holder,
+                    previous_fence=state.lease.fence,
+                    expired_for_s=round(now - state.lease.expires_at, 3),
+                )
+            else:
+                log.debug("lease_acquired", route=route.name, key=key, fence=lease.fence)
+        return held
+
+    async def _publish_and_commit(
+        self,
+        route: Route,
+        key: str,
+        msg: Message,
+        fp: str,
+        state: KeyState | None,
+        held: KeyState,
+        rec: DecisionRecord,
+    ) -> DecisionRecord:
+        heartbeat = Heartbeat(self.store, route.name, key, held, self.config.lease, self.clock)
+        try:
+            async with heartbeat:
+                rec.published_id = await self._publish(route, msg, fp)
+        except PublishFailed as exc:
+            await self._release(route.name, key, heartbeat.held)
+            rec.decision = Decision.FAILED
+            rec.reason = f"publish failed: {exc}"
+            rec.extra["cause"] = "publish"
+            return rec
+        except asyncio.CancelledError:
+            # Shutting down mid-publish: the message will be redelivered, so free the key now
+            # rather than make the redelivery wait out the lease.
+            await asyncio.shield(self._release(route.name, key, heartbeat.held))
+            raise
+        rec.decision = Decision.FORWARDED
+        if heartbeat.extended:
+            rec.extra["heartbeats"] = heartbeat.extended
+        base = state or KeyState()
+        now = self.clock.now()
+        new = KeyState(
+            fingerprint=fp,
+            forwarded_at=now,
+            message_id=msg.message_id,
+            publish_time=msg.publish_time if msg.publish_time is not None else base.publish_time,
+            recent=(*base.recent, (msg.message_id, fp))[-RECENT:],
+            fence=held.fence,
+            lease=None,
+            expires_at=now + self._retention(route),
+        )
+        try:
+            committed = await self.store.commit(route.name, key, heartbeat.held, new)
+        except StoreUnavailable as exc:
+            # Published but not recorded: the lease expires and the next copy of this
+            # content is forwarded once more. Never nack here: that would publish twice now.
+            log.error("commit_failed", route=route.name, key=key, fence=held.fence, error=str(exc))
+            committed = False
+        if not committed:
+            rec.extra["committed"] = False
+            log.warning("commit_refused", route=route.name, key=key, fence=held.fence)
+        return rec
+
+    async def _release(self, route: str, key: str, held: KeyState) -> None:
+        with contextlib.suppress(StoreUnavailable):
+            await self.store.release(route, key, held)
+        log.info("lease_released", route=route, key=key, fence=held.fence)
+
+    async def _publish(self, route: Route, msg: Message, fp: str) -> str:
+        attributes = dict(msg.attributes)
+        attributes[ATTR_FINGERPRINT] = fp
+        attributes[ATTR_SOURCE_ID] = msg.message_id
+        attributes[ATTR_ROUTE] = route.name
+        if msg.publish_time is not None:
+            attributes[ATTR_SOURCE_PUBLISH_TIME] = _rfc3339(msg.publish_time)
+        try:
+            return await self.publisher.publish(route.destination, msg.data, attributes, msg.ordering_key)
+        except PublishFailed:
+            raise
+        except Exception as exc:  # a publisher bug must still nack, never lose the message
+            raise PublishFailed(f"{type(exc).__name__}: {exc}") from exc
+
+    async def _shadow_forward(
+        self, route: Route, msg: Message, rec: DecisionRecord, would_be: Decision
+    ) -> DecisionRecord:
+        """Shadow mode: publish what enforce mode would have held back; record what it would have done."""
+        try:
+            rec.published_id = await self._publish(route, msg, rec.fingerprint or "")
+        except PublishFailed as exc:
+            rec.decision = Decision.FAILED
+            rec.reason = f"publish failed: {exc}"
+            rec.extra["cause"] = "publish"
+            return rec
+        rec.decision = would_be
+        return rec
+
+    async def _store_down(
+        self, rules: RouteRules, msg: Message, rec: DecisionRecord, exc: StoreUnavailable
+    ) -> DecisionRecord:
+        route = rules.route
+        log.error("store_unavailable", route=route.name, key=rec.key, error=str(exc), policy=route.on_store_error)
+        if route.on_store_error == "retry":
+            rec.decision = Decision.FAILED
+            rec.reason = f"store unavailable: {exc}"
+            rec.extra["cause"] = "store"
+            return rec
+        try:
+            rec.published_id = await self._publish(route, msg, rec.fingerprint or "")
+        except PublishFailed as pub_exc:
+            rec.decision = Decision.FAILED
+            rec.reason = f"store unavailable and publish failed: {pub_exc}"
+            rec.extra["cause"] = "publish"
+            return rec
+        rec.decision = Decision.FAIL_OPEN
+        rec.reason = f"store unavailable: {exc}"
+        return rec
+
+    def _retention(self, route: Route) -> float:
+        return max(self.config.state_ttl, route.window or 0.0)
+
+    def _finish(self, rec: DecisionRecord, msg: Message | None, started: float, trace: str | None) -> DecisionRecord:
+        rec.time = self.clock.now()
+        rec.latency_ms = round((time.perf_counter() - started) * 1000, 3)
+        rec.trace = trace
+        if msg is not None and rec.delivery_attempt is None:
+            rec.delivery_attempt = msg.delivery_attempt
+        self.recorder.record(rec)
+        _log_decision(rec)
+        return rec
+
+
+_LEVELS = {
+    Decision.FORWARDED: "info",
+    Decision.SUPPRESSED: "info",
+    Decision.DUPLICATE: "info",
+    Decision.CONTENDED: "info",
+    Decision.STALE: "warning",
+    Decision.FAIL_OPEN: "error",
+    Decision.REJECTED: "warning",
+    Decision.FAILED: "error",
+}
+
+
+def _log_decision(rec: DecisionRecord) -> None:
+    fields = {k: v for k, v in rec.as_dict().items() if v is not None and k != "time"}
+    if rec.trace:
+        fields["trace"] = rec.trace
+    getattr(log, _LEVELS[rec.decision])("decision", **fields)
+
+
+def _rfc3339(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1_000_000):06d}Z"

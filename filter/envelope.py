@@ -1,0 +1,113 @@
+"""Pub/Sub push envelopes → `Message`, with a reason for everything that is not one."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import calendar
+import re
+
+import msgspec
+
+from .model import Message
+
+
+class EnvelopeError(ValueError):
+    """The request body is not a Pub/Sub push envelope; the reason says what is wrong."""
+
+    def __init__(self, reason: str, message_id: str | None = None):
+        super().__init__(reason)
+        self.message_id = message_id
+
+
+class _PushMessage(msgspec.Struct, omit_defaults=True):
+    data: str | None = None
+    attributes: dict[str, str] | None = None
+    messageId: str | None = None
+    message_id: str | None = None
+    publishTime: str | None = None
+    publish_time: str | None = None
+    orderingKey: str | None = None
+    ordering_key: str | None = None
+
+
+class _Envelope(msgspec.Struct):
+    message: _PushMessage
+    subscription: str | None = None
+    deliveryAttempt: int | None = None
+
+
+_decoder = msgspec.json.Decoder(_Envelope)
+_RFC3339 = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(?:\.(\d+))?(Z|z|[+-]\d\d:\d\d)$")
+
+
+def parse_time(text: str) -> float:
+    """RFC 3339 with any number of fractional digits (Pub/Sub sends up to nine) → epoch seconds."""
+    m = _RFC3339.match(text)
+    if not m:
+        raise ValueError(f"{text!r} is not an RFC 3339 time")
+    y, mo, d, h, mi, s, frac, tz = m.groups()
+    seconds: float = calendar.timegm((int(y), int(mo), int(d), int(h), int(mi), int(s), 0, 0, 0))
+    if frac:
+        seconds += int(frac[:9].ljust(9, "0")) / 1e9
+    if tz not in ("Z", "z"):
+        sign = 1 if tz[0] == "+" else -1
+        seconds -= sign * (int(tz[1:3]) * 3600 + int(tz[4:6]) * 60)
+    return float(seconds)
+
+
+def parse_envelope(body: bytes) -> Message:
+    if not body:
+        raise EnvelopeError("empty body: expected a Pub/Sub push envelope")
+    try:
+        env = _decoder.decode(body)
+    except msgspec.ValidationError as exc:
+        raise EnvelopeError(f"not a push envelope: {exc}") from None
+    except msgspec.DecodeError as exc:
+        raise EnvelopeError(f"body is not JSON: {exc}") from None
+    m = env.message
+    message_id = m.messageId or m.message_id
+    if not message_id:
+        raise EnvelopeError("message.messageId is missing")
+    data = b""
+    if m.data:
+        try:
+            data = base64.b64decode(m.data, validate=True)
+        except (binascii.Error, ValueError):
+            raise EnvelopeError("message.data is not valid base64", message_id) from None
+    publish_time = None
+    stamp = m.publishTime or m.publish_time
+    if stamp:
+        try:
+            publish_time = parse_time(stamp)
+        except ValueError as exc:
+            raise EnvelopeError(f"message.publishTime: {exc}", message_id) from None
+    return Message(
+        data=data,
+        attributes=m.attributes or {},
+        message_id=message_id,
+        publish_time=publish_time,
+        ordering_key=m.orderingKey or m.ordering_key or None,
+        delivery_attempt=env.deliveryAttempt,
+        subscription=env.subscription,
+    )
+
+
+def make_envelope(
+    data: bytes,
+    message_id: str,
+    attributes: dict[str, str] | None = None,
+    subscription: str = "projects/local/subscriptions/local",
+    publish_time: str = "2026-01-01T00:00:00Z",
+    ordering_key: str | None = None,
+) -> bytes:
+    """Build a push envelope the way Pub/Sub does (for tests, examples and benches)."""
+    msg: dict[str, object] = {
+        "data": base64.b64encode(data).decode(),
+        "attributes": attributes or {},
+        "messageId": message_id,
+        "publishTime": publish_time,
+    }
+    if ordering_key:
+        msg["orderingKey"] = ordering_key
+    return msgspec.json.encode({"message": msg, "subscription": subscription})

@@ -1,0 +1,246 @@
+"""Fingerprints: what a message *is* and what its payload *says*. Pure functions, no I/O.
+
+Two values per message:
+
+* the message fingerprint covers the exact message (data bytes and attributes), and
+* the payload fingerprint covers only the content that counts for the route: the
+  selected fields of each row, rows in a defined order, in canonical JSON.
+
+Schemes for the payload fingerprint:
+
+``canonical`` (default)
+    JSON decoded; rows taken from ``rows`` (or the payload itself); fields kept by
+    ``include`` (all when empty) minus ``exclude``; rows ordered by ``row_key`` then by
+    their canonical text; canonical JSON (object keys sorted, no whitespace, UTF-8);
+    SHA-256. Numbers: a number with no fractional part is an integer whatever its
+    spelling (``1``, ``1.0``, ``1e0`` and ``-0.0``/``0`` are equal); any other number is
+    written as the shortest text that reads back to the same double (``25.50`` → ``25.5``).
+    So the value depends only on the content, never on key order, row order,
+    whitespace, the producer's float formatting or the Python version.
+``data_hash``
+    Seed 002's ``compute_data_hash``, bit for bit: rows sorted by ``row_key`` (the
+    seed's UNIQUE_KEYS), fields other than ``exclude`` in sorted order, ``str()`` of
+    each value joined with ``|``, rows joined with newlines.
+``event``
+    Seed 001's ``_hash_events``, bit for bit: per event the tuple (timestamp,
+    account_id, product_id, side, str(price), quantity, event_type) (or the fields named
+    in ``include``, in that order), sorted, ``json.dumps``-ed.
+
+A payload that is not JSON is fingerprinted over its raw bytes (``payload_kind`` says so).
+All values are written ``sha256:<64 hex>``; the seed schemes' hex part equals the seeds' own.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from operator import itemgetter
+from typing import Any
+
+import msgspec
+
+from .config import Route
+from .paths import MISSING
+
+PREFIX = "sha256:"
+SEED_EVENT_FIELDS = ("timestamp", "account_id", "product_id", "side", "price", "quantity", "event_type")
+SEED_EXCLUDED = ("processed_at", "data_hash", "last_updated")
+
+
+class PayloadError(ValueError):
+    """The payload is JSON but does not have the shape the route describes."""
+
+
+class NotJson:
+    """Marker for a payload that is not JSON (fingerprinted over its raw bytes)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOT_JSON"
+
+
+NOT_JSON = NotJson()
+
+
+def _integral_floats(text: str) -> float | int:
+    value = float(text)
+    if value.is_integer() and abs(value) < 2**63:
+        return int(value)
+    return value
+
+
+_canonical_decoder = msgspec.json.Decoder(float_hook=_integral_floats)
+_plain_decoder = msgspec.json.Decoder()
+_encoder = msgspec.json.Encoder(order="sorted")
+_encode = _encoder.encode
+
+
+def _hex(data: bytes) -> str:
+    return PREFIX + hashlib.sha256(data).hexdigest()
+
+
+def message_fingerprint(data: bytes, attributes: Mapping[str, str]) -> str:
+    """The exact message: data bytes (length-prefixed) then the attributes in key order."""
+    h = hashlib.sha256(len(data).to_bytes(8, "big"))
+    h.update(data)
+    h.update(_encode(dict(attributes)))
+    return PREFIX + h.hexdigest()
+
+
+def raw_fingerprint(data: bytes) -> str:
+    return _hex(data)
+
+
+@dataclass(frozen=True, slots=True)
+class Scheme:
+    """A route's payload fingerprint: how to decode, then how to hash the decoded value."""
+
+    name: str
+    decode: Callable[[bytes], Any]
+    digest: Callable[[Any], str]
+
+    def __call__(self, data: bytes) -> tuple[Any, str]:
+        """(decoded payload or NOT_JSON, fingerprint) for raw message data."""
+        payload = self.decode(data)
+        if payload is NOT_JSON:
+            return payload, raw_fingerprint(data)
+        return payload, self.digest(payload)
+
+
+def _decoder(decoder: msgspec.json.Decoder[Any]) -> Callable[[bytes], Any]:
+    def decode(data: bytes) -> Any:
+        try:
+            return decoder.decode(data)
+        except (msgspec.DecodeError, UnicodeDecodeError, ValueError, OverflowError):
+            return NOT_JSON
+
+    return decode
+
+
+def _rows(route: Route, payload: Any) -> list[Any]:
+    """The list of records the route hashes: at `rows`, or the payload as one record."""
+    if route.rows is None:
+        return payload if isinstance(payload, list) else [payload]
+    rows = route.rows.resolve(payload, {})
+    if rows is MISSING:
+        raise PayloadError(f"{route.rows} is missing from the payload")
+    if not isinstance(rows, list):
+        raise PayloadError(f"{route.rows} is a {type(rows).__name__}, not a list of rows")
+    return rows
+
+
+def _selector(route: Route) -> Callable[[Any], Any]:
+    exclude = frozenset(route.exclude)
+    include = tuple(k for k in route.include if k not in exclude)
+    if include:
+
+        def select(row: Any) -> Any:
+            if type(row) is not dict:
+                return row
+            return {k: row[k] for k in include if k in row}
+
+    elif exclude:
+
+        def select(row: Any) -> Any:
+            if type(row) is not dict:
+                return row
+            return {k: v for k, v in row.items() if k not in exclude}
+
+    else:
+
+        def select(row: Any) -> Any:
+            return row
+
+    return select
+
+
+def _canonical(route: Route) -> Callable[[Any], str]:
+    select = _selector(route)
+    row_key = tuple(route.row_key)
+    by_key = itemgetter(*row_key) if row_key else None
+
+    def ordered(rows: list[Any]) -> bytes:
+        """Canonical JSON of the list, rows in an order that depends only on content."""
+        if by_key is not None:
+            try:
+                rows.sort(key=by_key)
+                keys = [by_key(r) for r in rows]
+                # Equal keys would leave those rows in arrival order: only then pay for the total order.
+                if not any(a == b for a, b in itertools.pairwise(keys)):
+                    return _encode(rows)
+            except (TypeError, KeyError):
+                pass  # missing key fields or mixed types: fall through to the total order
+            encoded = sorted((_encode([_get(r, k) for k in row_key]), _encode(r)) for r in rows)
+            return b"[" + b",".join(e for _, e in encoded) + b"]"
+        return b"[" + b",".join(sorted(map(_encode, rows))) + b"]"
+
+    if route.rows is None:
+
+        def digest(payload: Any) -> str:
+            if isinstance(payload, list):
+                return _hex(ordered([select(r) for r in payload]))
+            return _hex(_encode(select(payload)))
+
+        return digest
+
+    def digest_rows(payload: Any) -> str:
+        return _hex(ordered([select(r) for r in _rows(route, payload)]))
+
+    return digest_rows
+
+
+def _get(row: Any, key: str) -> Any:
+    return row.get(key) if isinstance(row, dict) else None
+
+
+def _data_hash(route: Route) -> Callable[[Any], str]:
+    unique_keys = tuple(route.row_key)
+    excluded = frozenset(route.exclude)
+    include = frozenset(route.include) if route.include else None
+
+    def digest(payload: Any) -> str:
+        rows = [r for r in _rows(route, payload) if isinstance(r, dict)]
+        if include is not None:
+            rows = [{k: v for k, v in r.items() if k in include} for r in rows]
+        sort_key: Callable[[dict[str, Any]], Any] = lambda r: tuple(r.get(k) for k in unique_keys)  # noqa: E731
+        try:
+            rows = sorted(rows, key=sort_key)
+        except TypeError:
+            # The seed would crash on mixed types (e.g. None and str); order by text instead.
+            rows = sorted(rows, key=lambda r: tuple(str(r.get(k)) for k in unique_keys))
+        lines = ["|".join(str(r.get(k, "")) for k in sorted(r.keys()) if k not in excluded) for r in rows]
+        return _hex("\n".join(lines).encode("utf-8"))
+
+    return digest
+
+
+def _event(route: Route) -> Callable[[Any], str]:
+    fields: Sequence[str] = tuple(route.include) or SEED_EVENT_FIELDS
+
+    def signature(event: Any) -> tuple[Any, ...]:
+        if not isinstance(event, dict):
+            raise PayloadError("scheme 'event' needs each row to be a JSON object")
+        return tuple(str(event.get(f)) if f == "price" else event.get(f) for f in fields)
+
+    def digest(payload: Any) -> str:
+        signatures = [signature(e) for e in _rows(route, payload)]
+        try:
+            signatures.sort()
+        except TypeError:
+            signatures.sort(key=lambda s: json.dumps(s))
+        return _hex(json.dumps(signatures).encode())
+
+    return digest
+
+
+def compile_scheme(route: Route) -> Scheme:
+    """Build the route's payload fingerprint once; call it per message."""
+    if route.scheme == "canonical":
+        return Scheme("canonical", _decoder(_canonical_decoder), _canonical(route))
+    if route.scheme == "data_hash":
+        return Scheme("data_hash", _decoder(_plain_decoder), _data_hash(route))
+    return Scheme("event", _decoder(_plain_decoder), _event(route))

@@ -1,0 +1,61 @@
+"""Bound every store call in time: a per-attempt timeout and brief retries, then `StoreUnavailable`.
+
+Composed around any `StateStore`, so backends stay simple and the engine never hangs a
+request past its deadline on the store: the whole budget stays well under the ack deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
+
+from ..config import StoreErrors
+from ..model import KeyState
+from ..ports import StateStore, StoreUnavailable
+
+T = TypeVar("T")
+
+
+class GuardedStore:
+    def __init__(self, inner: StateStore, policy: StoreErrors):
+        self.inner = inner
+        self.policy = policy
+
+    async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
+        retrying = AsyncRetrying(
+            stop=stop_after_delay(self.policy.budget),
+            wait=wait_exponential_jitter(initial=0.05, max=0.5),
+            retry=retry_if_exception_type(StoreUnavailable),
+            reraise=True,
+        )
+        async for attempt in retrying:
+            with attempt:
+                try:
+                    return await asyncio.wait_for(op(), self.policy.timeout)
+                except TimeoutError:
+                    raise StoreUnavailable(f"no answer within {self.policy.timeout:g}s") from None
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def read(self, route: str, key: str) -> KeyState | None:
+        return await self._call(lambda: self.inner.read(route, key))
+
+    async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
+        return await self._call(lambda: self.inner.claim(route, key, seen, new))
+
+    async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
+        return await self._call(lambda: self.inner.extend(route, key, held, expires_at))
+
+    async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
+        return await self._call(lambda: self.inner.commit(route, key, held, new))
+
+    async def release(self, route: str, key: str, held: KeyState) -> None:
+        await self._call(lambda: self.inner.release(route, key, held))
+
+    async def ping(self) -> None:
+        await self._call(self.inner.ping)
+
+    async def close(self) -> None:
+        await self.inner.close()

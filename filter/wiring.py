@@ -1,0 +1,56 @@
+"""Config → engine: pick each backend named in the YAML. Google backends import lazily,
+so the embedded default starts without loading their client libraries."""
+
+from __future__ import annotations
+
+import os
+
+from .config import Config
+from .engine import Engine
+from .ports import DecisionRecorder, Publisher, StateStore
+from .records.batch import BatchingRecorder
+from .stores.guard import GuardedStore
+
+
+def project_of(cfg: Config, specific: str | None = None) -> str | None:
+    return specific or cfg.project or os.environ.get("GOOGLE_CLOUD_PROJECT")
+
+
+def make_store(cfg: Config) -> StateStore:
+    s = cfg.store
+    if s.backend == "sqlite":
+        from .stores.sqlite import SqliteStore
+
+        store: StateStore = SqliteStore(s.path)
+    else:
+        from .stores.firestore import FirestoreStore
+
+        store = FirestoreStore(project=project_of(cfg, s.project), database=s.database, collection=s.collection)
+    return GuardedStore(store, cfg.store_errors)
+
+
+def make_publisher(cfg: Config) -> Publisher:
+    p = cfg.publisher
+    if p.backend == "outbox":
+        from .publishers.outbox import OutboxPublisher
+
+        return OutboxPublisher(p.path)
+    from .publishers.pubsub import PubsubPublisher
+
+    return PubsubPublisher(project=project_of(cfg, p.project), timeout=p.timeout)
+
+
+def make_recorder(cfg: Config) -> DecisionRecorder:
+    r = cfg.records
+    if r.backend == "sqlite":
+        from .records.sqlite import SqliteSink
+
+        # Short interval: someone running `skip-rate` right after a curl should see it.
+        return BatchingRecorder(SqliteSink(r.path), batch_size=200, flush_interval=0.5)
+    from .records.bigquery import bigquery_recorder
+
+    return bigquery_recorder(r, project_of(cfg, r.project))
+
+
+def make_engine(cfg: Config) -> Engine:
+    return Engine(cfg, make_store(cfg), make_publisher(cfg), make_recorder(cfg))
