@@ -119,8 +119,12 @@ def cmd_skip_rate(args: argparse.Namespace) -> int:
 
             return decision_counts(cfg.records.path, since, args.by)
         from .records.bigquery import decision_counts as bq_counts
+        from .records.bigquery import make_client
+        from .wiring import project_of
 
-        return asyncio.run(bq_counts(cfg.records, since, args.by))  # type: ignore[arg-type]
+        client = make_client(project_of(cfg, cfg.records.project), cfg.records.location)
+        table = f"{client.project}.{cfg.records.dataset}.{cfg.records.table}"
+        return asyncio.run(bq_counts(client, since, args.by, table=table))
 
     while True:
         output = render(summarize(counts()), args.format)

@@ -66,7 +66,8 @@ class DecisionRecorder(Protocol):
 
     async def flush(self) -> None: ...
 
-    async def close(self) -> None: ...
+    async def close(self, deadline: float | None = None) -> None:
+        """Write what is waiting (giving up after `deadline` seconds), then release resources."""
 
 
 class Clock(Protocol):

@@ -143,7 +143,8 @@ async def engine_lifespan(engine: Engine) -> AsyncIterator[None]:
     try:
         yield
     finally:
-        await engine.recorder.close()
+        # A hung records backend must not hold up shutdown past the grace period.
+        await engine.recorder.close(deadline=engine.config.server.shutdown_grace)
         await engine.publisher.close()
         await engine.store.close()
         log.info("stopped", instance=engine.instance)

@@ -1,0 +1,37 @@
+# Two commands do all the set-up on a fresh machine:
+#   make serve   — install into .venv and run the filter on the embedded default (port $PORT, default 8080)
+#   make test    — install the test extra and run lint, types and every test tier (starts its own emulators)
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+CONFIG ?= examples/filter.yaml
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	touch $@
+
+$(VENV)/.installed-test: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[test]"
+	$(BIN)/python -c "import duckdb, duckdb_extensions; duckdb_extensions.import_extension('spatial', con=duckdb.connect())"
+	touch $@ $(VENV)/.installed
+
+.PHONY: serve test lint unit install
+install: $(VENV)/.installed
+
+serve: $(VENV)/.installed
+	$(BIN)/pubsub-filter serve --config $(CONFIG)
+
+lint: $(VENV)/.installed-test
+	$(BIN)/ruff check filter tests bench
+	$(BIN)/ruff format --check filter tests bench
+	$(BIN)/mypy
+
+unit: $(VENV)/.installed-test
+	$(BIN)/pytest tests/unit -q
+
+test: lint
+	$(BIN)/pytest -q
