@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from . import __version__
-from .config import CONFIG_ENV, Config, ConfigError, load, parse_duration
+from .config import CONFIG_ENV, Config, ConfigError, load
 
 
 def _config(path: str | None) -> Config:
@@ -104,39 +101,9 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
 
 
 def cmd_skip_rate(args: argparse.Namespace) -> int:
-    from .skiprate import render, summarize
+    from .skiprate import run
 
-    since = time.time() - parse_duration(args.since) if args.since else None
-
-    def counts() -> list[dict[str, Any]]:
-        if args.log:
-            from .decision_log import counts_from_log
-
-            return counts_from_log(args.log, since, args.by)
-        cfg = _config(args.config)
-        if cfg.records.backend == "sqlite":
-            from .records.sqlite import decision_counts
-
-            return decision_counts(cfg.records.path, since, args.by)
-        from .records.bigquery import decision_counts as bq_counts
-        from .records.bigquery import make_client
-        from .wiring import project_of
-
-        client = make_client(project_of(cfg, cfg.records.project), cfg.records.location)
-        table = f"{client.project}.{cfg.records.dataset}.{cfg.records.table}"
-        return asyncio.run(bq_counts(client, since, args.by, table=table))
-
-    while True:
-        output = render(summarize(counts()), args.format)
-        if args.watch:
-            print("\033[2J\033[H" + time.strftime("%H:%M:%S") + f"  (every {args.watch:g}s, Ctrl-C to stop)\n")
-        print(output)
-        if not args.watch:
-            return 0
-        try:
-            time.sleep(args.watch)
-        except KeyboardInterrupt:
-            return 0
+    return run(args)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,13 +9,18 @@ skip rate enforce mode would have had.
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import csv
 import io
+import time
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
+
+from .config import load, parse_duration
 
 DECISIONS = ("forwarded", "suppressed", "duplicate", "contended", "stale", "fail_open", "rejected", "failed")
 SKIPPED = ("suppressed", "duplicate", "stale")
@@ -96,4 +101,38 @@ def render(rows: list[SkipRow], fmt: str) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["SkipRow", "asdict", "render", "summarize"]
+def counts_for(args: argparse.Namespace, since: float | None) -> list[dict[str, Any]]:
+    """(route, bucket, decision, enforced, n) rows from the log lines or the configured records backend."""
+    if args.log:
+        from .decision_log import counts_from_log
+
+        return counts_from_log(args.log, since, args.by)
+    cfg = load(args.config)
+    if cfg.records.backend == "sqlite":
+        from .records.sqlite import decision_counts
+
+        return decision_counts(cfg.records.path, since, args.by)
+    from .records.bigquery import decision_counts as bq_counts
+    from .records.bigquery import make_client
+    from .wiring import project_of
+
+    client = make_client(project_of(cfg, cfg.records.project), cfg.records.location)
+    table = f"{client.project}.{cfg.records.dataset}.{cfg.records.table}"
+    return asyncio.run(bq_counts(client, since, args.by, table=table))
+
+
+def run(args: argparse.Namespace) -> int:
+    """`pubsub-filter skip-rate`: print (or keep refreshing) the table."""
+    since = time.time() - parse_duration(args.since) if args.since else None
+    while True:
+        output = render(summarize(counts_for(args, since)), args.format)
+        if args.watch:
+            print("\033[2J\033[H" + time.strftime("%H:%M:%S") + f"  (every {args.watch:g}s, Ctrl-C to stop)\n")
+        print(output)
+        if not args.watch:
+            return 0
+        try:
+            time.sleep(args.watch)
+        except KeyboardInterrupt:
+            return 0
+        since = time.time() - parse_duration(args.since) if args.since else None
