@@ -25,52 +25,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
+    from .serve import serve
 
-    from .logsetup import configure
-    from .push import create_app, engine_lifespan
-    from .wiring import make_engine
-
-    cfg = _config(args.config)
-    configure(project=cfg.project)
-    engine = make_engine(cfg)
-    authenticator = None
-    if cfg.auth.audience:
-        from .auth import PushAuthenticator
-
-        authenticator = PushAuthenticator(
-            audience=cfg.auth.audience,
-            service_account=cfg.auth.service_account,
-            issuers=tuple(cfg.auth.issuers),
-            certs_url=cfg.auth.certs_url,
-        )
-    import structlog
-
-    structlog.get_logger("pubsub_filter").info(
-        "config_loaded",
-        routes=[r.name for r in cfg.routes],
-        store=cfg.store.backend,
-        publisher=cfg.publisher.backend,
-        records=cfg.records.backend,
-        auth=bool(authenticator),
-    )
-    app = create_app(engine, authenticator, lifespan=lambda _app: engine_lifespan(engine))
-    port = args.port or int(os.environ.get("PORT", "8080"))
-    server = uvicorn.Server(
-        uvicorn.Config(
-            app,
-            host=args.host,
-            port=port,
-            loop="auto",
-            http="auto",
-            lifespan="on",
-            access_log=False,
-            log_level="warning",
-            timeout_graceful_shutdown=int(cfg.server.shutdown_grace),
-        )
-    )
-    server.run()
-    return 0
+    return serve(_config(args.config), args.host, args.port or int(os.environ.get("PORT", "8080")))
 
 
 def cmd_fingerprint(args: argparse.Namespace) -> int:
@@ -143,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--format", choices=["table", "json", "csv"], default="table")
     sp.add_argument("--log", help="read decision log lines from FILE (- for stdin) instead of the records backend")
     sp.add_argument("--watch", type=float, metavar="N", help="refresh every N seconds")
+    sp.add_argument("--chart", metavar="FILE.png", help="draw skip rate per route over time to a PNG (by hour)")
     sp.set_defaults(func=cmd_skip_rate)
     return p
 

@@ -65,6 +65,8 @@ def parse_envelope(body: bytes) -> Message:
         raise EnvelopeError(f"not a push envelope: {exc}") from None
     except msgspec.DecodeError as exc:
         raise EnvelopeError(f"body is not JSON: {exc}") from None
+    except UnicodeDecodeError:
+        raise EnvelopeError("body is not valid UTF-8 JSON") from None
     m = env.message
     message_id = m.messageId or m.message_id
     if not message_id:

@@ -7,10 +7,11 @@ request past its deadline on the store: the whole budget stays well under the ac
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_exponential_jitter
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
 
 from ..config import StoreErrors
 from ..model import KeyState
@@ -24,19 +25,30 @@ class GuardedStore:
         self.inner = inner
         self.policy = policy
 
+    async def _attempt(self, op: Callable[[], Awaitable[T]]) -> T:
+        try:
+            async with asyncio.timeout(self.policy.timeout):
+                return await op()
+        except TimeoutError:
+            raise StoreUnavailable(f"no answer within {self.policy.timeout:g}s") from None
+
     async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
+        started = time.monotonic()
+        try:
+            return await self._attempt(op)  # the common case: no retry machinery on the hot path
+        except StoreUnavailable:
+            remaining = self.policy.budget - (time.monotonic() - started)
+            if remaining <= 0:
+                raise
         retrying = AsyncRetrying(
-            stop=stop_after_delay(self.policy.budget),
-            wait=wait_exponential_jitter(initial=0.05, max=0.5),
+            stop=stop_after_delay(remaining),
+            wait=wait_random_exponential(multiplier=0.05, max=0.5),
             retry=retry_if_exception_type(StoreUnavailable),
             reraise=True,
         )
         async for attempt in retrying:
             with attempt:
-                try:
-                    return await asyncio.wait_for(op(), self.policy.timeout)
-                except TimeoutError:
-                    raise StoreUnavailable(f"no answer within {self.policy.timeout:g}s") from None
+                return await self._attempt(op)
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def read(self, route: str, key: str) -> KeyState | None:

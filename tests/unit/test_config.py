@@ -40,7 +40,12 @@ def test_defaults_are_all_embedded_in_the_working_directory(tmp_path: Path) -> N
     assert (cfg.store.backend, cfg.publisher.backend, cfg.records.backend) == ("sqlite", "outbox", "sqlite")
     assert cfg.publisher.path == "outbox.jsonl"  # type: ignore[union-attr]
     route = cfg.routes[0]
-    assert (route.mode, route.scheme, route.on_store_error, route.stale) == ("enforce", "canonical", "forward", "suppress")
+    assert (route.mode, route.scheme, route.on_store_error, route.stale) == (
+        "enforce",
+        "canonical",
+        "forward",
+        "suppress",
+    )
 
 
 def test_config_path_from_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -82,7 +87,9 @@ def test_route_names_are_unique(tmp_path: Path) -> None:
 
 
 def test_lease_timings_must_be_ordered(tmp_path: Path) -> None:
-    found = problems(tmp_path, {"lease": {"duration": "30s", "ack_deadline": "60s", "heartbeat": "10s"}, "routes": [a_route()]})
+    found = problems(
+        tmp_path, {"lease": {"duration": "30s", "ack_deadline": "60s", "heartbeat": "10s"}, "routes": [a_route()]}
+    )
     assert "need duration > ack_deadline > heartbeat" in found[0]
 
 
@@ -118,7 +125,10 @@ def test_missing_file_says_how_to_point_at_one(tmp_path: Path) -> None:
         load(tmp_path / "nope.yaml")
 
 
-@pytest.mark.parametrize(("text", "seconds"), [("90", 90), (90, 90), ("90s", 90), ("15m", 900), ("24h", 86400), ("7d", 604800), ("500ms", 0.5)])
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("90", 90), (90, 90), ("90s", 90), ("15m", 900), ("24h", 86400), ("7d", 604800), ("500ms", 0.5)],
+)
 def test_durations(text: Any, seconds: float) -> None:
     assert parse_duration(text) == seconds
 

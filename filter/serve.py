@@ -1,0 +1,67 @@
+"""`pubsub-filter serve`: the push endpoint under uvicorn, drained gracefully on SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+from collections.abc import Iterator
+
+import structlog
+import uvicorn
+
+from .config import Config
+from .logsetup import configure
+from .push import create_app, engine_lifespan
+from .wiring import make_engine
+
+
+class _GracefulServer(uvicorn.Server):
+    """Exit 0 after a SIGTERM shutdown: it is how Cloud Run stops every instance, not a failure.
+
+    uvicorn re-raises the captured signal once drained (so the process dies of it); keep
+    its graceful drain and drop only that re-raise, for SIGTERM.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
+
+
+def serve(cfg: Config, host: str, port: int) -> int:
+    configure(project=cfg.project)
+    engine = make_engine(cfg)
+    authenticator = None
+    if cfg.auth.audience:
+        from .auth import PushAuthenticator
+
+        authenticator = PushAuthenticator(
+            audience=cfg.auth.audience,
+            service_account=cfg.auth.service_account,
+            issuers=tuple(cfg.auth.issuers),
+            certs_url=cfg.auth.certs_url,
+        )
+    structlog.get_logger("pubsub_filter").info(
+        "config_loaded",
+        routes=[r.name for r in cfg.routes],
+        store=cfg.store.backend,
+        publisher=cfg.publisher.backend,
+        records=cfg.records.backend,
+        auth=authenticator is not None,
+        port=port,
+    )
+    app = create_app(engine, authenticator, lifespan=lambda _app: engine_lifespan(engine))
+    server = _GracefulServer(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            lifespan="on",
+            access_log=False,
+            log_level="warning",
+            timeout_graceful_shutdown=int(cfg.server.shutdown_grace),
+        )
+    )
+    server.run()
+    return 0

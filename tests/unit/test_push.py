@@ -1,0 +1,232 @@
+"""The push endpoint's HTTP contract: 200 for every acked decision, 4xx for every bad input, never a 5xx for one."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from filter.auth import PushAuthenticator
+from filter.config import parse
+from filter.engine import Engine
+from filter.envelope import make_envelope
+from filter.push import create_app
+from filter.stores.guard import GuardedStore
+from filter.stores.sqlite import SqliteStore
+from tests.support.fakes import MemoryPublisher, MemoryRecorder
+from tests.support.oidc import LocalGoogleCerts, google_claims
+
+AUDIENCE = "https://filter.example.run.app"
+PUSHER = "pusher@p.iam.gserviceaccount.com"
+CONFIG: dict[str, Any] = {
+    "server": {"max_body": 4096},
+    "routes": [
+        {"name": "reports", "destination": "phase3", "key": ["payload.game_date"], "subscription": "raw-reports"},
+    ],
+}
+
+
+def engine_for(tmp_path: Path, **overrides: Any) -> Engine:
+    cfg = parse({**CONFIG, **overrides})
+    store = GuardedStore(SqliteStore(tmp_path / "state.db"), cfg.store_errors)
+    return Engine(cfg, store, MemoryPublisher(), MemoryRecorder())
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    engine = engine_for(tmp_path)
+    transport = httpx.ASGITransport(app=create_app(engine))
+    async with httpx.AsyncClient(transport=transport, base_url="http://filter") as c:
+        c.engine = engine  # type: ignore[attr-defined]
+        yield c
+
+
+def envelope(payload: Any = None, message_id: str = "1", **kw: Any) -> bytes:
+    data = json.dumps({"game_date": "2025-01-10"} if payload is None else payload).encode()
+    kw.setdefault("subscription", "projects/p/subscriptions/raw-reports")
+    return make_envelope(data, message_id, **kw)
+
+
+async def test_forwarded_answers_200_with_the_decision(client: httpx.AsyncClient) -> None:
+    r = await client.post("/push/reports", content=envelope())
+    assert r.status_code == 200
+    assert r.json()["decision"] == "forwarded" and r.json()["fingerprint"].startswith("sha256:")
+
+
+async def test_suppressed_answers_200(client: httpx.AsyncClient) -> None:
+    await client.post("/push/reports", content=envelope(message_id="1"))
+    r = await client.post("/push/reports", content=envelope(message_id="2"))
+    assert (r.status_code, r.json()["decision"]) == (200, "suppressed")
+
+
+async def test_duplicate_answers_200(client: httpx.AsyncClient) -> None:
+    await client.post("/push/reports", content=envelope(message_id="1"))
+    r = await client.post("/push/reports", content=envelope(message_id="1"))
+    assert (r.status_code, r.json()["decision"]) == (200, "duplicate")
+
+
+async def test_snake_case_envelope_fields_are_accepted(client: httpx.AsyncClient) -> None:
+    body = {
+        "message": {
+            "data": base64.b64encode(b'{"game_date": "d"}').decode(),
+            "message_id": "5",
+            "publish_time": "2025-01-10T00:00:00.123456789Z",
+        },
+        "subscription": "projects/p/subscriptions/raw-reports",
+    }
+    r = await client.post("/push/reports", json=body)
+    assert (r.status_code, r.json()["decision"]) == (200, "forwarded")
+
+
+async def test_publish_failure_answers_500_so_pubsub_retries(client: httpx.AsyncClient) -> None:
+    client.engine.publisher.fail = True  # type: ignore[attr-defined]
+    r = await client.post("/push/reports", content=envelope())
+    assert (r.status_code, r.json()["decision"]) == (500, "failed")
+
+
+async def test_contended_answers_503_with_retry_after(client: httpx.AsyncClient) -> None:
+    import asyncio
+
+    pub = client.engine.publisher  # type: ignore[attr-defined]
+    pub.gate = asyncio.Event()
+    first = asyncio.create_task(client.post("/push/reports", content=envelope({"game_date": "d", "v": 1}, "1")))
+    await pub.started.wait()
+    r = await client.post("/push/reports", content=envelope({"game_date": "d", "v": 2}, "2"))
+    pub.gate.set()
+    await first
+    assert (r.status_code, r.json()["decision"], r.headers["retry-after"]) == (503, "contended", "1")
+
+
+# --- every malformed input class gets its 4xx -----------------------------------------
+
+BAD_BODIES = {
+    "empty body": (b"", "empty body"),
+    "not JSON": (b"{nope", "not JSON"),
+    "JSON but not an object": (b"[1, 2]", "not a push envelope"),
+    "no message": (b'{"subscription": "s"}', "not a push envelope"),
+    "message not an object": (b'{"message": "hi"}', "not a push envelope"),
+    "no message id": (b'{"message": {"data": "e30="}}', "messageId is missing"),
+    "data not a string": (b'{"message": {"data": 5, "messageId": "1"}}', "not a push envelope"),
+    "bad base64": (b'{"message": {"data": "***", "messageId": "1"}}', "not valid base64"),
+    "attributes not strings": (b'{"message": {"messageId": "1", "attributes": {"a": 1}}}', "not a push envelope"),
+    "bad publish time": (b'{"message": {"messageId": "1", "publishTime": "yesterday"}}', "publishTime"),
+    "invalid UTF-8": (b'{"message": {"messageId": "\xff\xfe"}}', "not valid UTF-8"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_BODIES))
+async def test_malformed_envelope_answers_400_with_the_reason(client: httpx.AsyncClient, case: str) -> None:
+    body, reason = BAD_BODIES[case]
+    r = await client.post("/push/reports", content=body)
+    assert r.status_code == 400
+    assert r.json()["decision"] == "rejected" and reason in r.json()["reason"]
+
+
+@pytest.mark.parametrize(
+    ("payload", "reason"),
+    [({"other": 1}, "key field payload.game_date is missing"), ({"game_date": {"a": 1}}, "object or list")],
+)
+async def test_payload_without_its_key_answers_400(client: httpx.AsyncClient, payload: Any, reason: str) -> None:
+    r = await client.post("/push/reports", content=envelope(payload))
+    assert (r.status_code, r.json()["reason"]) == (400, reason) or reason in r.json()["reason"]
+
+
+async def test_push_from_another_subscription_answers_400(client: httpx.AsyncClient) -> None:
+    r = await client.post("/push/reports", content=envelope(subscription="projects/p/subscriptions/elsewhere"))
+    assert r.status_code == 400 and "elsewhere" in r.json()["reason"]
+
+
+async def test_unknown_route_answers_404(client: httpx.AsyncClient) -> None:
+    r = await client.post("/push/nope", content=envelope())
+    assert (r.status_code, r.json()["decision"]) == (404, "rejected")
+
+
+async def test_body_over_the_limit_answers_413(client: httpx.AsyncClient) -> None:
+    r = await client.post("/push/reports", content=envelope({"game_date": "d", "pad": "x" * 5000}))
+    assert (r.status_code, r.json()["decision"]) == (413, "rejected")
+
+
+async def test_body_over_the_limit_without_content_length_answers_413(client: httpx.AsyncClient) -> None:
+    async def chunks() -> AsyncIterator[bytes]:
+        for _ in range(10):
+            yield b"x" * 1000
+
+    r = await client.post("/push/reports", content=chunks())
+    assert r.status_code == 413
+
+
+async def test_every_rejection_is_recorded(client: httpx.AsyncClient) -> None:
+    await client.post("/push/reports", content=b"{nope")
+    await client.post("/push/nope", content=envelope())
+    records = client.engine.recorder.records  # type: ignore[attr-defined]
+    assert [str(r.decision) for r in records] == ["rejected", "rejected"]
+
+
+async def test_get_on_push_is_405(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/push/reports")).status_code == 405
+
+
+# --- health ---------------------------------------------------------------------------
+
+
+async def test_healthz_answers_200(client: httpx.AsyncClient) -> None:
+    r = await client.get("/healthz")
+    assert (r.status_code, r.json()["status"]) == (200, "ok")
+
+
+async def test_readyz_answers_200_when_the_store_answers(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/readyz")).status_code == 200
+
+
+async def test_readyz_answers_503_when_the_store_does_not(client: httpx.AsyncClient) -> None:
+    from filter.ports import StoreUnavailable
+
+    class Down:
+        async def ping(self) -> None:
+            raise StoreUnavailable("gone")
+
+    client.engine.store = Down()  # type: ignore[attr-defined]
+    r = await client.get("/readyz")
+    assert (r.status_code, r.json()["status"]) == (503, "unavailable")
+
+
+# --- OIDC on ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def certs() -> Iterator[LocalGoogleCerts]:
+    with LocalGoogleCerts() as c:
+        yield c
+
+
+@pytest.fixture
+async def guarded(tmp_path: Path, certs: LocalGoogleCerts) -> AsyncIterator[httpx.AsyncClient]:
+    auth = PushAuthenticator(audience=AUDIENCE, service_account=PUSHER, certs_url=certs.url)
+    app = create_app(engine_for(tmp_path), auth)
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://filter") as c:
+        yield c
+
+
+async def test_with_auth_on_a_valid_token_is_let_through(guarded: httpx.AsyncClient, certs: LocalGoogleCerts) -> None:
+    token = certs.sign(google_claims(audience=AUDIENCE, email=PUSHER))
+    r = await guarded.post("/push/reports", content=envelope(), headers={"Authorization": f"Bearer {token}"})
+    assert (r.status_code, r.json()["decision"]) == (200, "forwarded")
+
+
+async def test_with_auth_on_a_missing_token_answers_401(guarded: httpx.AsyncClient) -> None:
+    assert (await guarded.post("/push/reports", content=envelope())).status_code == 401
+
+
+async def test_with_auth_on_the_wrong_pusher_answers_403(guarded: httpx.AsyncClient, certs: LocalGoogleCerts) -> None:
+    token = certs.sign(google_claims(audience=AUDIENCE, email="someone@else.com"))
+    r = await guarded.post("/push/reports", content=envelope(), headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 403
+
+
+async def test_with_auth_on_unknown_routes_are_not_revealed(guarded: httpx.AsyncClient) -> None:
+    assert (await guarded.post("/push/nope", content=envelope())).status_code == 401
