@@ -57,6 +57,13 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_explain(args: argparse.Namespace) -> int:
+    from .explain import run
+
+    attributes = dict(a.split("=", 1) for a in args.attribute)
+    return run(_config(args.config), args.route, args.payload, attributes, args.format)
+
+
 def cmd_skip_rate(args: argparse.Namespace) -> int:
     from .skiprate import run
 
@@ -92,6 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--verbose", "-v", action="store_true", help="also print the key and message fingerprint")
     sp.add_argument("payload", help="the message data (a file, or - for stdin)")
     sp.set_defaults(func=cmd_fingerprint)
+
+    sp = sub.add_parser("explain", help="what the filter would decide for a payload, and why (no side effects)")
+    with_config(sp)
+    sp.add_argument("--route", "-r", required=True)
+    sp.add_argument("--attribute", "-a", action="append", default=[], metavar="NAME=VALUE")
+    sp.add_argument("--format", choices=["text", "json"], default="text")
+    sp.add_argument("payload", help="the message data (a file, or - for stdin)")
+    sp.set_defaults(func=cmd_explain)
 
     sp = sub.add_parser("skip-rate", help="decisions and skip rate per route, hour or day")
     with_config(sp)

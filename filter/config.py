@@ -203,6 +203,9 @@ class Route(_Strict):
     on_store_error: Literal["forward", "retry"] = "forward"
     stale: Literal["suppress", "forward"] = "suppress"
     bypass: list[Condition] = []
+    rows_mode: Literal["whole", "changed"] = "whole"
+    removed_rows: Literal["attribute", "tombstone", "ignore"] = "attribute"
+    audit_sample: float = Field(default=0.0, ge=0.0, le=1.0)
 
     @field_validator("bypass", mode="before")
     @classmethod
@@ -225,6 +228,10 @@ class Route(_Strict):
             raise ValueError(f"fields both included and excluded: {sorted(overlap)}")
         if self.row_key and self.rows is None:
             raise ValueError("row_key is set but rows is not: row_key only orders rows")
+        if self.rows_mode == "changed" and not (self.rows is not None and self.row_key):
+            raise ValueError("rows_mode 'changed' needs rows and row_key: rows are matched by their key")
+        if self.rows_mode == "changed" and self.scheme != "canonical":
+            raise ValueError("rows_mode 'changed' works with scheme 'canonical' only")
         return self
 
     @property

@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import random
 import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
 import structlog
 
+from . import rows
 from .config import Condition, Config, Route
 from .fingerprint import NOT_JSON, PayloadError, Scheme, compile_scheme, message_fingerprint
 from .heartbeat import Heartbeat
@@ -44,6 +47,7 @@ ATTR_FINGERPRINT = "filter_fingerprint"
 ATTR_SOURCE_ID = "filter_source_message_id"
 ATTR_ROUTE = "filter_route"
 ATTR_SOURCE_PUBLISH_TIME = "filter_source_publish_time"
+ATTRIBUTE_LIMIT = 1024
 
 
 class SystemClock:
@@ -57,6 +61,16 @@ class Verdict:
     reason: str
 
 
+@dataclass(slots=True)
+class Outgoing:
+    """What a forward publishes (the data, possibly only the changed rows) and then commits."""
+
+    data: bytes
+    attributes: dict[str, str]
+    rows: bytes | None = None
+    full_fingerprint: str | None = None
+
+
 # --- 1. extract -------------------------------------------------------------------
 
 
@@ -66,6 +80,54 @@ class RouteRules:
     def __init__(self, route: Route):
         self.route = route
         self.scheme: Scheme = compile_scheme(route)
+        # the same content with nothing left out: what the noise audit compares
+        self.full_scheme: Scheme | None = (
+            compile_scheme(route.model_copy(update={"include": [], "exclude": [], "scheme": "canonical"}))
+            if route.audit_sample > 0
+            else None
+        )
+        self.tracks_rows = route.rows is not None and bool(route.row_key) and route.scheme == "canonical"
+
+    def row_digests(self, data: bytes) -> rows.RowDigests | None:
+        """Per-row digests of the whole document (the scheme's fast path may not have decoded all of it)."""
+        if not self.tracks_rows or self.route.rows is None:
+            return None
+        payload = self.scheme.decode(data)
+        if payload is NOT_JSON:
+            return None
+        found = self.route.rows.resolve(payload, {})
+        return rows.digest_rows(self.route, found) if isinstance(found, list) else None
+
+    def partial(self, data: bytes, diff: rows.RowDiff) -> tuple[bytes, dict[str, str]]:
+        """The payload with only new and changed rows (plus tombstones when asked), and attributes saying so."""
+        assert self.route.rows is not None
+        payload = msgspec.json.decode(data)  # plain decode: forward the producer's own number spellings
+        wanted = set(diff.added) | set(diff.changed)
+        keys = tuple(self.route.row_key)
+        parent, leaf = _parent(payload, self.route.rows.parts)
+        kept = [
+            r for r in (parent[leaf] if leaf else payload) if isinstance(r, dict) and rows.row_key_of(r, keys) in wanted
+        ]
+        attributes = {
+            "filter_rows_total": str(diff.total),
+            "filter_rows_changed": str(len(wanted)),
+            "filter_rows_removed": str(len(diff.removed)),
+        }
+        if self.route.removed_rows == "tombstone":
+            kept += [
+                {**dict(zip(keys, msgspec.json.decode(k), strict=False)), "filter_removed": True} for k in diff.removed
+            ]
+        elif self.route.removed_rows == "attribute" and diff.removed:
+            listed = msgspec.json.encode(diff.removed).decode()
+            if len(listed.encode()) > ATTRIBUTE_LIMIT:  # Pub/Sub caps attribute values at 1024 bytes
+                attributes["filter_rows_removed_truncated"] = "true"
+                listed = listed.encode()[:ATTRIBUTE_LIMIT].decode("utf-8", "ignore")
+            attributes["filter_rows_removed_keys"] = listed
+        if leaf:
+            parent[leaf] = kept
+        else:
+            payload = kept
+        return msgspec.json.encode(payload), attributes
 
     def key_of(self, payload: Any, attributes: Mapping[str, str]) -> str:
         parts = []
@@ -90,6 +152,16 @@ class RouteRules:
         if "/" in expected:
             return subscription == expected
         return subscription.rsplit("/", 1)[-1] == expected
+
+
+def _parent(payload: Any, parts: tuple[str, ...]) -> tuple[Any, str | None]:
+    """The object holding the rows list, and the rows' field name in it (None: the payload is the list)."""
+    if not parts:
+        return payload, None
+    node = payload
+    for part in parts[:-1]:
+        node = node[int(part)] if isinstance(node, list) else node[part]
+    return node, parts[-1]
 
 
 def _holds(cond: Condition, payload: Any, attributes: Mapping[str, str]) -> bool:
@@ -139,6 +211,56 @@ def judge(
     return Verdict(Decision.FORWARDED, "content changed")
 
 
+def look_closer(
+    rules: RouteRules,
+    msg: Message,
+    fp: str,
+    state: KeyState | None,
+    verdict: Verdict,
+    rng: random.Random,
+) -> tuple[Verdict, Outgoing, dict[str, Any]]:
+    """Refine a verdict with row-level detail and the noise audit; say what a forward would send.
+
+    Returns the final verdict, what to publish and commit, and details for the record
+    (which rows and fields changed). Only forwards, and sampled suppressions, pay for
+    this: the common suppress path does not get here with any work to do.
+    """
+    out = Outgoing(msg.data, {})
+    details: dict[str, Any] = {}
+    route = rules.route
+    if verdict.decision is Decision.SUPPRESSED:
+        if (
+            rules.full_scheme is not None
+            and state is not None
+            and state.full_fingerprint is not None
+            and rng.random() < route.audit_sample
+            and rules.full_scheme(msg.data)[1] != state.full_fingerprint
+        ):
+            verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
+        return verdict, out, details
+    if verdict.decision is not Decision.FORWARDED:
+        return verdict, out, details
+    if rules.full_scheme is not None:
+        out.full_fingerprint = rules.full_scheme(msg.data)[1]
+    digests = rules.row_digests(msg.data)
+    if digests is None:
+        return verdict, out, details
+    out.rows = rows.encode(digests)
+    if out.rows is None:
+        details["rows_state"] = "too large to keep"
+    before = rows.decode(state.rows) if state is not None else None
+    if before is None:
+        return verdict, out, details
+    diff = rows.diff(before, digests)
+    details.update(diff.summary())
+    content_changed = state is not None and state.fingerprint not in (None, fp)
+    if route.rows_mode == "changed" and content_changed:
+        if not (diff.added or diff.changed or (diff.removed and route.removed_rows != "ignore")):
+            return Verdict(Decision.SUPPRESSED, "no row added or changed"), out, details
+        out.data, out.attributes = rules.partial(msg.data, diff)
+    return verdict, out, details
+
+
 def _older(msg: Message, state: KeyState) -> bool:
     return msg.publish_time is not None and state.publish_time is not None and (msg.publish_time < state.publish_time)
 
@@ -163,6 +285,7 @@ class Engine:
         self.clock = clock or SystemClock()
         self.instance = instance or uuid.uuid4().hex[:12]
         self.rules = {r.name: RouteRules(r) for r in config.routes}
+        self.random = random.Random()
         self.in_flight = 0
 
     async def handle(self, route_name: str, msg: Message, trace: str | None = None) -> DecisionRecord:
@@ -245,6 +368,8 @@ class Engine:
             # 3. decide
             verdict = judge(route, msg, fp, state, now, bypass)
             rec.previous_fingerprint = state.fingerprint if state else None
+            verdict, out, details = look_closer(rules, msg, fp, state, verdict, self.random)
+            rec.extra.update(details)
             rec.reason = verdict.reason
             if verdict.decision is not Decision.FORWARDED:
                 if route.enforced:
@@ -257,7 +382,7 @@ class Engine:
                 continue  # someone wrote first: look again and re-decide
             if isinstance(held, DecisionRecord):
                 return held
-            return await self._publish_and_commit(route, key, msg, fp, state, held, rec)
+            return await self._publish_and_commit(route, key, msg, fp, state, held, rec, out)
         rec.decision = Decision.CONTENDED
         rec.reason = f"lost the claim race {CLAIM_ATTEMPTS} times"
         return rec
@@ -324,11 +449,12 @@ class Engine:
         state: KeyState | None,
         held: KeyState,
         rec: DecisionRecord,
+        out: Outgoing,
     ) -> DecisionRecord:
         heartbeat = Heartbeat(self.store, route.name, key, held, self.config.lease, self.clock)
         try:
             async with heartbeat:
-                rec.published_id = await self._publish(route, msg, fp)
+                rec.published_id = await self._publish(route, msg, fp, out)
         except PublishFailed as exc:
             await self._release(route.name, key, heartbeat.held)
             rec.decision = Decision.FAILED
@@ -354,6 +480,8 @@ class Engine:
             fence=held.fence,
             lease=None,
             expires_at=now + self._retention(route),
+            rows=out.rows,
+            full_fingerprint=out.full_fingerprint,
         )
         try:
             committed = await self.store.commit(route.name, key, heartbeat.held, new)
@@ -372,15 +500,18 @@ class Engine:
             await self.store.release(route, key, held)
         log.info("lease_released", route=route, key=key, fence=held.fence)
 
-    async def _publish(self, route: Route, msg: Message, fp: str) -> str:
+    async def _publish(self, route: Route, msg: Message, fp: str, out: Outgoing | None = None) -> str:
         attributes = dict(msg.attributes)
+        if out is not None:
+            attributes.update(out.attributes)
         attributes[ATTR_FINGERPRINT] = fp
         attributes[ATTR_SOURCE_ID] = msg.message_id
         attributes[ATTR_ROUTE] = route.name
         if msg.publish_time is not None:
             attributes[ATTR_SOURCE_PUBLISH_TIME] = _rfc3339(msg.publish_time)
         try:
-            return await self.publisher.publish(route.destination, msg.data, attributes, msg.ordering_key)
+            data = out.data if out is not None else msg.data
+            return await self.publisher.publish(route.destination, data, attributes, msg.ordering_key)
         except PublishFailed:
             raise
         except Exception as exc:  # a publisher bug must still nack, never lose the message
@@ -441,6 +572,7 @@ _LEVELS = {
     Decision.DUPLICATE: "info",
     Decision.CONTENDED: "info",
     Decision.STALE: "warning",
+    Decision.NOISE_ONLY: "info",
     Decision.FAIL_OPEN: "error",
     Decision.REJECTED: "warning",
     Decision.FAILED: "error",

@@ -31,6 +31,7 @@ class Decision(enum.StrEnum):
     DUPLICATE = "duplicate"  # this message was already decided, or its content is in flight
     CONTENDED = "contended"  # other content for this key is in flight: retry later
     STALE = "stale"  # older than what was last forwarded for the key
+    NOISE_ONLY = "noise_only"  # suppressed, but fields outside the selection changed (audit sample)
     FAIL_OPEN = "fail_open"  # the store was unreachable: forwarded anyway
     REJECTED = "rejected"  # malformed, unknown route, wrong subscription
     FAILED = "failed"  # could not be decided or published now: nacked, will be redelivered
@@ -70,6 +71,8 @@ class KeyState:
     fence: int = 0
     lease: Lease | None = None
     expires_at: float | None = None  # for the store's TTL: when the whole document may go
+    rows: bytes | None = None  # per-row digests of the last forward (see filter.rows), routes with row_key
+    full_fingerprint: str | None = None  # the last forward over all fields, for the noise audit
     version: Any = field(default=None, compare=False)
 
     def decided(self, message_id: str) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -36,19 +37,22 @@ CREATE TABLE IF NOT EXISTS key_state (
     lease_fingerprint TEXT,
     lease_message_id TEXT,
     expires_at REAL,
+    rows BLOB,
+    full_fingerprint TEXT,
     PRIMARY KEY (route, key)
 ) WITHOUT ROWID
 """
 
 _COLUMNS = (
     "version, fingerprint, forwarded_at, message_id, publish_time, recent, fence, "
-    "lease_holder, lease_fence, lease_expires, lease_fingerprint, lease_message_id, expires_at"
+    "lease_holder, lease_fence, lease_expires, lease_fingerprint, lease_message_id, expires_at, rows, full_fingerprint"
 )
+_ADDED_COLUMNS = {"rows": "BLOB", "full_fingerprint": "TEXT"}  # columns newer than the first release
 _SET = ", ".join(f"{c} = ?" for c in _COLUMNS.split(", ")[1:])
 
 
 def _row_to_state(row: tuple[Any, ...]) -> KeyState:
-    (version, fp, fwd_at, mid, pub, recent, fence, holder, lfence, lexp, lfp, lmid, exp) = row
+    (version, fp, fwd_at, mid, pub, recent, fence, holder, lfence, lexp, lfp, lmid, exp, rows, full_fp) = row
     lease = Lease(holder, lfence, lexp, lfp, lmid) if holder is not None else None
     return KeyState(
         fingerprint=fp,
@@ -59,6 +63,8 @@ def _row_to_state(row: tuple[Any, ...]) -> KeyState:
         fence=fence,
         lease=lease,
         expires_at=exp,
+        rows=rows,
+        full_fingerprint=full_fp,
         version=version,
     )
 
@@ -78,17 +84,24 @@ def _values(s: KeyState) -> tuple[Any, ...]:
         le.fingerprint if le else None,
         le.message_id if le else None,
         s.expires_at,
+        s.rows,
+        s.full_fingerprint,
     )
 
 
 class SqliteStore:
     def __init__(self, path: str | Path, busy_timeout: float = 5.0):
         self.path = str(path)
+        self.ops: Counter[str] = Counter()  # statements by kind, as FirestoreStore.ops counts RPCs
         try:
             self._db = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute(_SCHEMA)
+            present = {r[1] for r in self._db.execute("PRAGMA table_info(key_state)")}
+            for column, kind in _ADDED_COLUMNS.items():
+                if column not in present:
+                    self._db.execute(f"ALTER TABLE key_state ADD COLUMN {column} {kind}")
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
 
@@ -99,6 +112,7 @@ class SqliteStore:
             raise StoreUnavailable(f"sqlite {self.path}: {exc}") from exc
 
     def _get(self, route: str, key: str) -> KeyState | None:
+        self.ops["read"] += 1
         row = self._exec(f"SELECT {_COLUMNS} FROM key_state WHERE route = ? AND key = ?", (route, key)).fetchone()
         return _row_to_state(row) if row else None
 
@@ -106,9 +120,11 @@ class SqliteStore:
         return self._get(route, key)
 
     async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
+        self.ops["write"] += 1
+        self.ops["claim"] += 1
         if seen is None:
             cur = self._exec(
-                f"INSERT INTO key_state (route, key, {_COLUMNS}) VALUES (?, ?, 1, {', '.join('?' * 12)}) "
+                f"INSERT INTO key_state (route, key, {_COLUMNS}) VALUES (?, ?, 1, {', '.join('?' * 14)}) "
                 "ON CONFLICT (route, key) DO NOTHING",
                 (route, key, *_values(new)),
             )
@@ -125,6 +141,8 @@ class SqliteStore:
 
     async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
         assert held.lease is not None
+        self.ops["write"] += 1
+        self.ops["extend"] += 1
         row = self._exec(
             "UPDATE key_state SET version = version + 1, lease_expires = ? "
             "WHERE route = ? AND key = ? AND lease_fence = ? AND lease_holder = ? RETURNING version",
@@ -137,6 +155,8 @@ class SqliteStore:
 
     async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
         assert held.lease is not None
+        self.ops["write"] += 1
+        self.ops["commit"] += 1
         cur = self._exec(
             f"UPDATE key_state SET version = version + 1, {_SET} "
             "WHERE route = ? AND key = ? AND lease_fence = ? AND lease_holder = ?",
@@ -155,6 +175,8 @@ class SqliteStore:
 
     async def release(self, route: str, key: str, held: KeyState) -> None:
         assert held.lease is not None
+        self.ops["write"] += 1
+        self.ops["release"] += 1
         self._exec(
             "UPDATE key_state SET version = version + 1, lease_holder = NULL, lease_fence = NULL, "
             "lease_expires = NULL, lease_fingerprint = NULL, lease_message_id = NULL "

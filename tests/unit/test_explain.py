@@ -1,0 +1,107 @@
+"""`pubsub-filter explain`: the decision and its reasons, with no side effects."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from filter.cli import main
+from filter.config import load
+from filter.engine import Engine
+from filter.model import Message
+from filter.stores.sqlite import SqliteStore
+from filter.wiring import make_store
+from tests.support.fakes import MemoryPublisher, MemoryRecorder
+from tests.support.payloads import injury_report
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
+    config = {
+        "store": {"backend": "sqlite", "path": str(tmp_path / "state.db")},
+        "routes": [
+            {
+                "name": "injury",
+                "destination": "phase3",
+                "key": ["payload.game_date"],
+                "rows": "payload.players",
+                "row_key": ["player_lookup"],
+                "include": ["player_lookup", "injury_status", "reason"],
+            }
+        ],
+    }
+    path = tmp_path / "filter.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path, injury_report(50)
+
+
+async def forward(path: Path, report: dict[str, Any]) -> None:
+    cfg = load(path)
+    engine = Engine(cfg, make_store(cfg), MemoryPublisher(), MemoryRecorder())
+    await engine.handle("injury", Message(json.dumps(report).encode(), {}, "m1"))
+    await engine.store.close()
+
+
+def explain(path: Path, tmp_path: Path, payload: dict[str, Any], capsys: pytest.CaptureFixture[str]) -> dict[str, Any]:
+    file = tmp_path / "payload.json"
+    file.write_text(json.dumps(payload))
+    assert main(["explain", "--config", str(path), "--route", "injury", "--format", "json", str(file)]) == 0
+    result: dict[str, Any] = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    return result
+
+
+def test_explain_names_the_rows_and_fields_that_changed(
+    setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, report = setup
+    asyncio.run(forward(path, report))
+    changed = copy.deepcopy(report)
+    changed["players"][4]["reason"] = "Rest"
+    result = explain(path, tmp_path, changed, capsys)
+    assert (result["decision"], result["reason"]) == ("forwarded", "content changed")
+    assert result["rows_changed"] == 1 and result["changes"] == [{"row": '["player0004"]', "fields": ["reason"]}]
+    assert result["stored"]["source_message_id"] == "m1"
+
+
+def test_explain_says_why_unchanged_content_is_suppressed(
+    setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, report = setup
+    asyncio.run(forward(path, report))
+    result = explain(path, tmp_path, report, capsys)
+    assert (result["decision"], result["reason"]) == ("suppressed", "unchanged since last forward")
+
+
+def test_explain_writes_nothing(
+    setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, report = setup
+    asyncio.run(forward(path, report))
+    before = asyncio.run(SqliteStore(tmp_path / "state.db").read("injury", "2025-01-10"))
+    explain(path, tmp_path, injury_report(51), capsys)
+    after = asyncio.run(SqliteStore(tmp_path / "state.db").read("injury", "2025-01-10"))
+    assert before is not None and after is not None and before.version == after.version
+
+
+def test_explain_for_a_new_key_says_so(
+    setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, report = setup
+    result = explain(path, tmp_path, report, capsys)
+    assert (result["decision"], result["stored"]) == ("forwarded", None)
+
+
+def test_explain_of_a_payload_without_its_key_is_a_clear_error(
+    setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, _ = setup
+    file = tmp_path / "bad.json"
+    file.write_text('{"players": []}')
+    assert main(["explain", "--config", str(path), "--route", "injury", str(file)]) == 1
+    assert "key field payload.game_date is missing" in capsys.readouterr().err
