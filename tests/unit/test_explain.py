@@ -62,7 +62,7 @@ def test_explain_names_the_rows_and_fields_that_changed(
     path, report = setup
     asyncio.run(forward(path, report))
     changed = copy.deepcopy(report)
-    changed["players"][4]["reason"] = "Rest"
+    changed["players"][4]["reason"] = "Sprained ankle"
     result = explain(path, tmp_path, changed, capsys)
     assert (result["decision"], result["reason"]) == ("forwarded", "content changed")
     assert result["rows_changed"] == 1 and result["changes"] == [{"row": '["player0004"]', "fields": ["reason"]}]
