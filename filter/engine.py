@@ -489,7 +489,8 @@ class Engine:
             # Published but not recorded: the lease expires and the next copy of this
             # content is forwarded once more. Never nack here: that would publish twice now.
             log.error("commit_failed", route=route.name, key=key, fence=held.fence, error=str(exc))
-            committed = False
+            rec.extra["committed"] = False
+            return rec
         if not committed:
             rec.extra["committed"] = False
             log.warning("commit_refused", route=route.name, key=key, fence=held.fence)
@@ -580,7 +581,7 @@ _LEVELS = {
 
 
 def _log_decision(rec: DecisionRecord) -> None:
-    fields = {k: v for k, v in rec.as_dict().items() if v is not None and k != "time"}
+    fields = {k: v for k, v in rec.as_dict().items() if v is not None}
     if rec.trace:
         fields["trace"] = rec.trace
     getattr(log, _LEVELS[rec.decision])("decision", **fields)

@@ -38,7 +38,16 @@ class Decision(enum.StrEnum):
 
 
 #: Decisions after which the source message is acked (push answers 2xx).
-ACKED = frozenset({Decision.FORWARDED, Decision.SUPPRESSED, Decision.DUPLICATE, Decision.STALE, Decision.FAIL_OPEN})
+ACKED = frozenset(
+    {
+        Decision.FORWARDED,
+        Decision.SUPPRESSED,
+        Decision.DUPLICATE,
+        Decision.STALE,
+        Decision.FAIL_OPEN,
+        Decision.NOISE_ONLY,
+    }
+)
 
 
 @dataclass(frozen=True, slots=True)

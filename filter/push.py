@@ -87,6 +87,9 @@ def create_app(engine: Engine, authenticator: Any = None, lifespan: Any = None) 
                 log.warning("push_unauthorized", route=route, status=exc.status, reason=exc.reason)
                 return _json({"error": exc.reason}, exc.status)
         trace = trace_of(request)
+        if trace:
+            # Lifecycle lines (lease taken over, heartbeat failed...) then carry the request's trace too.
+            structlog.contextvars.bind_contextvars(trace=trace)
         if route not in engine.rules:
             rec = engine.reject(route, None, f"unknown route {route!r}", trace=trace, cause="unknown_route")
             return _json({"decision": "rejected", "reason": rec.reason}, 404)

@@ -230,3 +230,29 @@ async def test_with_auth_on_the_wrong_pusher_answers_403(guarded: httpx.AsyncCli
 
 async def test_with_auth_on_unknown_routes_are_not_revealed(guarded: httpx.AsyncClient) -> None:
     assert (await guarded.post("/push/nope", content=envelope())).status_code == 401
+
+
+@pytest.mark.parametrize(
+    ("decision", "cause", "status"),
+    [
+        ("forwarded", None, 200),
+        ("suppressed", None, 200),
+        ("duplicate", None, 200),
+        ("stale", None, 200),
+        ("fail_open", None, 200),
+        ("noise_only", None, 200),
+        ("contended", None, 503),
+        ("failed", "store", 503),
+        ("failed", "publish", 500),
+        ("rejected", None, 400),
+        ("rejected", "unknown_route", 404),
+    ],
+)
+def test_every_decision_has_its_push_answer(decision: str, cause: str | None, status: int) -> None:
+    from filter.model import Decision, DecisionRecord
+    from filter.push import status_for
+
+    rec = DecisionRecord(time=0, route="r", decision=Decision(decision), enforced=True, message_id="1")
+    if cause:
+        rec.extra["cause"] = cause
+    assert status_for(rec) == status
