@@ -1,0 +1,66 @@
+# syntax=docker/dockerfile:1
+#
+# pubsub-filter: a small, non-root image with the project installed in a venv.
+#
+#   docker build -t pubsub-filter .
+#   docker run --rm -p 8080:8080 -v "$PWD/filter.yaml:/etc/pubsub-filter/filter.yaml:ro" pubsub-filter
+#
+# The config is read from $PUBSUB_FILTER_CONFIG (mounted from Secret Manager on Cloud
+# Run); the push endpoint listens on $PORT (Cloud Run sets it; default 8080).
+
+# --- build: a wheel of the project, installed with its dependencies into /opt/venv -----
+FROM python:3.11.13-slim-bookworm AS builder
+
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_NO_CACHE_DIR=1
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY filter ./filter
+
+# Only the runtime dependencies: no test extra, no build tools in the venv. pip
+# byte-compiles what it installs, so a cold start does not compile every import (the
+# runtime sets PYTHONDONTWRITEBYTECODE and cannot write there anyway).
+RUN python -m venv /opt/venv \
+    && python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
+    && /opt/venv/bin/pip install --no-cache-dir --compile /wheels/pubsub_filter-*.whl \
+    && /opt/venv/bin/pip uninstall --yes pip setuptools
+
+# --- runtime: python slim + the venv, nothing else ---------------------------------------
+FROM python:3.11.13-slim-bookworm
+
+LABEL org.opencontainers.image.title="pubsub-filter" \
+      org.opencontainers.image.description="Pub/Sub sidecar that forwards a message only when its content changed" \
+      org.opencontainers.image.licenses="Apache-2.0"
+
+ENV PATH="/opt/venv/bin:${PATH}" \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PORT=8080 \
+    PUBSUB_FILTER_CONFIG=/etc/pubsub-filter/filter.yaml
+
+# A fixed, unprivileged uid/gid (10001) so platforms can check runAsNonRoot. The working
+# directory is the only writable place: the embedded SQLite state and outbox go there
+# when the config uses them.
+RUN groupadd --gid 10001 filter \
+    && useradd --no-log-init --uid 10001 --gid filter --home-dir /var/lib/pubsub-filter \
+       --no-create-home --shell /usr/sbin/nologin filter \
+    && mkdir -p /etc/pubsub-filter /var/lib/pubsub-filter \
+    && chown filter:filter /var/lib/pubsub-filter
+
+COPY --from=builder /opt/venv /opt/venv
+
+WORKDIR /var/lib/pubsub-filter
+USER 10001:10001
+EXPOSE 8080
+
+# /healthz answers without touching the store. Cloud Run ignores HEALTHCHECK and uses
+# the probes Terraform sets; this serves `docker run` and compose. A pull worker run from
+# this image (different CMD) should be started with --no-healthcheck.
+HEALTHCHECK --interval=30s --timeout=5s --start-period=20s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/healthz' % os.environ.get('PORT', '8080'), timeout=4)"]
+
+# Exec form: pubsub-filter is PID 1 and receives SIGTERM directly (uvicorn drains
+# in-flight requests for server.shutdown_grace, then exits 0).
+ENTRYPOINT ["pubsub-filter"]
+CMD ["serve"]

@@ -1,0 +1,348 @@
+# Log-based metrics over the service's structured logs, and alerts on them.
+#
+# Every decision is one log line with jsonPayload.message = "decision" and the fields
+# route, decision (forwarded|suppressed|duplicate|contended|stale|fail_open|rejected|
+# failed) and enforced. Lifecycle lines carry jsonPayload.message = lease_taken_over,
+# heartbeat_failed, store_unavailable, publish_failed or push_unauthorized, with a route
+# field.
+
+locals {
+  log_source = join(" AND ", [
+    "resource.type=\"cloud_run_revision\"",
+    "resource.labels.service_name=\"${google_cloud_run_v2_service.this.name}\"",
+  ])
+
+  # Counters of one kind of line each, labelled by route.
+  event_metrics = {
+    contention = {
+      match       = "jsonPayload.message=\"decision\" AND jsonPayload.decision=\"contended\""
+      description = "Push requests answered 503 because another version of the same key was in flight (lease contention)."
+    }
+    fail_open = {
+      match       = "jsonPayload.message=\"decision\" AND jsonPayload.decision=\"fail_open\""
+      description = "Messages forwarded without a dedup decision because the state store was unreachable."
+    }
+    lease_takeovers = {
+      match       = "jsonPayload.message=\"lease_taken_over\""
+      description = "Expired leases taken over from a holder that stopped heartbeating."
+    }
+    heartbeat_failures = {
+      match       = "jsonPayload.message=\"heartbeat_failed\""
+      description = "Lease heartbeats (extensions) that failed while a publish was under way."
+    }
+    store_unavailable = {
+      match       = "jsonPayload.message=\"store_unavailable\""
+      description = "State store calls that failed or exceeded store_errors.budget."
+    }
+    push_unauthorized = {
+      match       = "jsonPayload.message=\"push_unauthorized\""
+      description = "Push requests refused by the filter's OIDC check (wrong audience or service account)."
+    }
+    publish_failures = {
+      # the engine records a failed publish as decision "failed" with cause "publish"
+      match       = "(jsonPayload.message=\"publish_failed\" OR (jsonPayload.message=\"decision\" AND jsonPayload.decision=\"failed\" AND jsonPayload.cause=\"publish\"))"
+      description = "Publishes to a destination topic that were not confirmed (the source message was nacked)."
+    }
+  }
+
+  user_metric_prefix = "logging.googleapis.com/user"
+
+  skipped_decisions = ["suppressed", "duplicate", "stale"]
+  passed_decisions  = ["forwarded", "fail_open"]
+  # `decided` as in `pubsub-filter skip-rate`: every decision after which the source
+  # message was acked. contended/failed come back and are counted when decided;
+  # rejected ones were never understood.
+  decided_decisions = concat(local.passed_decisions, local.skipped_decisions)
+
+  skip_rate_routes = {
+    for name, _ in local.routes : name => lookup(var.skip_rate_thresholds, name, var.skip_rate_threshold)
+    if lookup(var.skip_rate_thresholds, name, var.skip_rate_threshold) > 0
+  }
+}
+
+resource "google_logging_metric" "decisions" {
+  project     = var.project
+  name        = "${var.name}/decisions"
+  description = "pubsub-filter decisions by route, decision and enforced (false in shadow mode)."
+  filter      = "${local.log_source} AND jsonPayload.message=\"decision\""
+
+  metric_descriptor {
+    metric_kind  = "DELTA"
+    value_type   = "INT64"
+    unit         = "1"
+    display_name = "pubsub-filter decisions (${var.name})"
+
+    labels {
+      key         = "route"
+      value_type  = "STRING"
+      description = "Route name."
+    }
+    labels {
+      key         = "decision"
+      value_type  = "STRING"
+      description = "forwarded, suppressed, duplicate, contended, stale, fail_open, rejected or failed."
+    }
+    labels {
+      key         = "enforced"
+      value_type  = "BOOL"
+      description = "False when the route runs in shadow mode."
+    }
+  }
+
+  label_extractors = {
+    route    = "EXTRACT(jsonPayload.route)"
+    decision = "EXTRACT(jsonPayload.decision)"
+    enforced = "EXTRACT(jsonPayload.enforced)"
+  }
+}
+
+resource "google_logging_metric" "events" {
+  for_each = local.event_metrics
+
+  project     = var.project
+  name        = "${var.name}/${each.key}"
+  description = each.value.description
+  filter      = "${local.log_source} AND ${each.value.match}"
+
+  metric_descriptor {
+    metric_kind  = "DELTA"
+    value_type   = "INT64"
+    unit         = "1"
+    display_name = "pubsub-filter ${replace(each.key, "_", " ")} (${var.name})"
+
+    labels {
+      key         = "route"
+      value_type  = "STRING"
+      description = "Route name."
+    }
+  }
+
+  label_extractors = {
+    route = "EXTRACT(jsonPayload.route)"
+  }
+}
+
+# --- alerts --------------------------------------------------------------------------
+
+# Skip rate below the threshold, per route. Written as its complement so that a route
+# that skips nothing at all still alerts: a ratio condition has no value where its
+# numerator has no time series, and a log-based counter has no series for a label value
+# it never saw. So instead of
+#     skipped / decided < X        (silent when skipped has no series)
+# the condition is
+#     (forwarded + fail_open) / decided > 1 - X
+# which is the same test (decided = forwarded + fail_open + skipped), and whose
+# numerator only lacks a series when nothing was forwarded, i.e. skip rate 1.
+resource "google_monitoring_alert_policy" "skip_rate" {
+  for_each = local.skip_rate_routes
+
+  project      = var.project
+  display_name = "pubsub-filter ${var.name}: skip rate of ${each.key} below ${each.value}"
+  combiner     = "OR"
+  severity     = "WARNING"
+  user_labels  = var.labels
+
+  conditions {
+    display_name = "${each.key}: (suppressed + duplicate + stale) / decided < ${each.value} over ${var.skip_rate_window}"
+
+    condition_threshold {
+      filter = join(" AND ", [
+        "metric.type=\"${local.user_metric_prefix}/${google_logging_metric.decisions.name}\"",
+        "resource.type=\"cloud_run_revision\"",
+        "metric.label.route=\"${each.key}\"",
+        "metric.label.decision=one_of(${join(",", formatlist("\"%s\"", local.passed_decisions))})",
+      ])
+      denominator_filter = join(" AND ", [
+        "metric.type=\"${local.user_metric_prefix}/${google_logging_metric.decisions.name}\"",
+        "resource.type=\"cloud_run_revision\"",
+        "metric.label.route=\"${each.key}\"",
+        "metric.label.decision=one_of(${join(",", formatlist("\"%s\"", local.decided_decisions))})",
+      ])
+      comparison      = "COMPARISON_GT"
+      threshold_value = 1 - each.value
+      duration        = "0s"
+
+      aggregations {
+        alignment_period     = var.skip_rate_window
+        per_series_aligner   = "ALIGN_SUM"
+        cross_series_reducer = "REDUCE_SUM"
+        group_by_fields      = ["metric.label.route"]
+      }
+      denominator_aggregations {
+        alignment_period     = var.skip_rate_window
+        per_series_aligner   = "ALIGN_SUM"
+        cross_series_reducer = "REDUCE_SUM"
+        group_by_fields      = ["metric.label.route"]
+      }
+
+      trigger {
+        count = 1
+      }
+    }
+  }
+
+  notification_channels = var.notification_channels
+
+  alert_strategy {
+    auto_close = var.alert_auto_close
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    subject   = "pubsub-filter: ${each.key} skip rate below ${each.value}"
+    content   = <<-EOT
+      Route **${each.key}** forwarded more than ${1 - each.value} of what it decided over ${var.skip_rate_window}.
+
+      Usually a field that changes on every scrape (a timestamp, a run id, an odds price)
+      is being fingerprinted. Compare two consecutive forwards for one key:
+      `pubsub-filter skip-rate --by hour` to see when it started, then
+      `pubsub-filter fingerprint` on two payloads and add the changing field to the
+      route's `exclude` list. Shadow routes (enforced=false) report what enforce mode
+      would have skipped.
+    EOT
+  }
+}
+
+resource "google_monitoring_alert_policy" "contention" {
+  project      = var.project
+  display_name = "pubsub-filter ${var.name}: lease contention above ${var.contention_per_hour_threshold}/h"
+  combiner     = "OR"
+  severity     = "WARNING"
+  user_labels  = var.labels
+
+  conditions {
+    display_name = "contended decisions per route per hour > ${var.contention_per_hour_threshold}"
+
+    condition_threshold {
+      filter          = "metric.type=\"${local.user_metric_prefix}/${google_logging_metric.events["contention"].name}\" AND resource.type=\"cloud_run_revision\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = var.contention_per_hour_threshold
+      duration        = "0s"
+
+      aggregations {
+        alignment_period     = "3600s"
+        per_series_aligner   = "ALIGN_SUM"
+        cross_series_reducer = "REDUCE_SUM"
+        group_by_fields      = ["metric.label.route"]
+      }
+
+      trigger {
+        count = 1
+      }
+    }
+  }
+
+  notification_channels = var.notification_channels
+
+  alert_strategy {
+    auto_close = var.alert_auto_close
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    subject   = "pubsub-filter: lease contention"
+    content   = <<-EOT
+      Different versions of the same key keep arriving while one is being published, and
+      the later ones are answered 503 until the first commits. A few are normal (a rerun
+      racing a scrape); many mean publishes are slow (see publish latency and
+      `publish_failures`) or a producer emits several versions per key at once. If it
+      persists, messages may reach the dead-letter topic: check that
+      max_delivery_attempts still covers lease.duration / minimum_backoff.
+    EOT
+  }
+}
+
+resource "google_monitoring_alert_policy" "heartbeat_failures" {
+  project      = var.project
+  display_name = "pubsub-filter ${var.name}: heartbeat failures above ${var.heartbeat_failures_per_hour_threshold}/h"
+  combiner     = "OR"
+  severity     = "ERROR"
+  user_labels  = var.labels
+
+  conditions {
+    display_name = "heartbeat_failed lines per hour > ${var.heartbeat_failures_per_hour_threshold}"
+
+    condition_threshold {
+      filter          = "metric.type=\"${local.user_metric_prefix}/${google_logging_metric.events["heartbeat_failures"].name}\" AND resource.type=\"cloud_run_revision\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = var.heartbeat_failures_per_hour_threshold
+      duration        = "0s"
+
+      aggregations {
+        alignment_period     = "3600s"
+        per_series_aligner   = "ALIGN_SUM"
+        cross_series_reducer = "REDUCE_SUM"
+      }
+
+      trigger {
+        count = 1
+      }
+    }
+  }
+
+  notification_channels = var.notification_channels
+
+  alert_strategy {
+    auto_close = var.alert_auto_close
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    subject   = "pubsub-filter: lease heartbeats failing"
+    content   = <<-EOT
+      Leases could not be extended while publishes were under way. A lease that lapses can
+      be taken over by another instance (see `lease_takeovers`); the fencing token keeps
+      the late holder from overwriting the result, but the key may be published twice.
+      Check Firestore latency and errors and the `store_unavailable` metric; check that
+      the service has CPU between requests (cpu_always_allocated).
+    EOT
+  }
+}
+
+resource "google_monitoring_alert_policy" "fail_open" {
+  project      = var.project
+  display_name = "pubsub-filter ${var.name}: failing open"
+  combiner     = "OR"
+  severity     = "ERROR"
+  user_labels  = var.labels
+
+  conditions {
+    display_name = "fail_open decisions per route in 5 minutes > ${var.fail_open_threshold}"
+
+    condition_threshold {
+      filter          = "metric.type=\"${local.user_metric_prefix}/${google_logging_metric.events["fail_open"].name}\" AND resource.type=\"cloud_run_revision\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = var.fail_open_threshold
+      duration        = "0s"
+
+      aggregations {
+        alignment_period     = "300s"
+        per_series_aligner   = "ALIGN_SUM"
+        cross_series_reducer = "REDUCE_SUM"
+        group_by_fields      = ["metric.label.route"]
+      }
+
+      trigger {
+        count = 1
+      }
+    }
+  }
+
+  notification_channels = var.notification_channels
+
+  alert_strategy {
+    auto_close = var.alert_auto_close
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    subject   = "pubsub-filter: failing open"
+    content   = <<-EOT
+      The state store (Firestore) was unreachable or slower than store_errors.budget, and
+      routes with on_store_error = forward are forwarding every message without dedup.
+      Nothing is lost, but downstream phases recompute. Check Firestore status and the
+      `store_unavailable` metric; routes that must never forward blindly can set
+      on_store_error = retry (they are then nacked and retried instead).
+    EOT
+  }
+}

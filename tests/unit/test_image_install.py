@@ -1,0 +1,194 @@
+"""What the Docker image does, without Docker: wheel -> fresh venv -> `pubsub-filter serve`.
+
+The wheel is built from exactly the files the image's build context holds (the
+.dockerignore allow-list: pyproject.toml, README.md, filter/), installed with its
+runtime dependencies only into a new venv that, as in the image, holds no pip or
+setuptools. The installed console script must then serve a push end to end on $PORT and exit
+0 on SIGTERM. Dependencies come from the package index pip is configured with (its
+cache makes repeat runs fast).
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import venv
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD_CONTEXT = ("pyproject.toml", "README.md", "filter")
+
+MINIMAL_CONFIG = """\
+routes:
+  - name: injury-report
+    destination: phase3-injury
+    key: [payload.game_id]
+    rows: payload.players
+    row_key: [player_lookup]
+    exclude: [processed_at, scrape_time]
+"""
+
+# Variables that would point the served process at something other than its own files.
+_FOREIGN_ENV = ("PUBSUB_", "FIRESTORE_", "BIGQUERY_", "GOOGLE_", "PORT", "HOST", "PYTHON")
+
+
+def _run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv holding only the project wheel and its runtime dependencies; returns its bin/."""
+    base = tmp_path_factory.mktemp("image")
+    context = base / "context"
+    context.mkdir()
+    for name in BUILD_CONTEXT:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, context / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(src, context / name)
+
+    wheels = base / "wheels"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    # The image builds in an isolated environment; the wheel is the same without one,
+    # and reusing this interpreter's setuptools saves a download.
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    _run([*pip, "wheel", *isolation, "--no-deps", "--wheel-dir", str(wheels), str(context)], timeout=300)
+    (wheel,) = wheels.glob("pubsub_filter-*.whl")
+
+    # Like the image's venv once built: the project and its dependencies, no pip, no
+    # setuptools. This interpreter's pip installs into it.
+    env_dir = base / "venv"
+    venv.EnvBuilder(with_pip=False, clear=True).create(env_dir)
+    bin_dir = env_dir / "bin"
+    _run([*pip, "--python", str(bin_dir / "python"), "install", str(wheel)], timeout=600)
+    return bin_dir
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _post_json(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, cwd: Path, log: Path) -> None:
+        self.proc, self.port, self.cwd, self.log = proc, port, cwd, log
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+    def wait_healthy(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                pytest.fail(f"serve exited {self.proc.returncode} before it was healthy:\n{self.output()}")
+            try:
+                status, _ = _get(f"{self.url}/healthz")
+            except OSError:
+                status = 0
+            if status == 200:
+                return
+            time.sleep(0.05)
+        pytest.fail(f"/healthz did not answer 200 in time:\n{self.output()}")
+
+
+@pytest.fixture
+def served(installed: Path, tmp_path: Path) -> Iterator[Served]:
+    cwd = tmp_path / "run"
+    cwd.mkdir()
+    config = cwd / "filter.yaml"
+    config.write_text(MINIMAL_CONFIG, encoding="utf-8")
+    port = _free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_ENV)}
+    env.update(PORT=str(port), HOST="127.0.0.1", PYTHONUNBUFFERED="1")
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(installed / "pubsub-filter"), "serve", "--config", str(config)],
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield Served(proc, port, cwd, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_console_script_from_the_wheel_runs(installed: Path) -> None:
+    proc = _run([str(installed / "pubsub-filter"), "--help"], timeout=60)
+    assert "serve" in proc.stdout
+
+
+def test_installed_service_forwards_a_push_on_port_and_exits_0_on_sigterm(served: Served) -> None:
+    served.wait_healthy(deadline=time.monotonic() + 60)
+
+    payload = {
+        "game_id": "0022400561",
+        "players": [
+            {"player_lookup": "lebronjames", "injury_status": "questionable", "processed_at": "2024-01-01T10:00:00Z"}
+        ],
+        "scrape_time": "2024-01-01T09:58:00Z",
+    }
+    envelope = {
+        "message": {
+            "data": base64.b64encode(json.dumps(payload).encode()).decode(),
+            "attributes": {"source": "nbac_injury_report"},
+            "messageId": "1",
+            "publishTime": "2024-01-01T00:00:00Z",
+        },
+        "subscription": "projects/p/subscriptions/s",
+    }
+    status, body = _post_json(f"{served.url}/push/injury-report", envelope)
+    assert status == 200, (body, served.output())
+    assert body["decision"] == "forwarded", body
+
+    served.proc.send_signal(signal.SIGTERM)
+    try:
+        code = served.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"serve did not exit within 30 s of SIGTERM:\n{served.output()}")
+    assert code == 0, served.output()

@@ -1,0 +1,439 @@
+"""The deployables agree with the code: Terraform wiring, the decisions schema, the Dockerfile.
+
+The .tf files are parsed with python-hcl2 to check the shape of what they declare. What
+Terraform computes from the config (route keys, durations, the timing rules) is evaluated
+by Terraform itself: `config.tf` reads only variables, so `terraform console` evaluates
+it without providers or network (those tests skip when terraform is not on PATH).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from filter.config import load, parse_duration
+
+hcl2 = pytest.importorskip("hcl2")
+
+ROOT = Path(__file__).resolve().parents[2]
+INFRA = ROOT / "infra"
+MODULE = INFRA / "modules" / "pubsub-filter"
+EXAMPLE_CONFIG = INFRA / "example-config.yaml"
+SCHEMA_JSON = MODULE / "decisions_schema.json"
+DOCKERFILE = ROOT / "Dockerfile"
+
+TERRAFORM = shutil.which("terraform")
+needs_terraform = pytest.mark.skipif(TERRAFORM is None, reason="terraform is not on PATH")
+
+# The decisions table as the product defines it: (name, type, mode).
+DECISION_COLUMNS = [
+    ("time", "TIMESTAMP", "REQUIRED"),
+    ("route", "STRING", "REQUIRED"),
+    ("decision", "STRING", "REQUIRED"),
+    ("enforced", "BOOL", "NULLABLE"),
+    ("message_id", "STRING", "NULLABLE"),
+    ("key", "STRING", "NULLABLE"),
+    ("reason", "STRING", "NULLABLE"),
+    ("fingerprint", "STRING", "NULLABLE"),
+    ("message_fingerprint", "STRING", "NULLABLE"),
+    ("previous_fingerprint", "STRING", "NULLABLE"),
+    ("destination", "STRING", "NULLABLE"),
+    ("published_id", "STRING", "NULLABLE"),
+    ("fence", "INT64", "NULLABLE"),
+    ("publish_time", "TIMESTAMP", "NULLABLE"),
+    ("delivery_attempt", "INT64", "NULLABLE"),
+    ("latency_ms", "FLOAT64", "NULLABLE"),
+    ("trace", "STRING", "NULLABLE"),
+    ("extra", "JSON", "NULLABLE"),
+]
+
+
+# --- reading the .tf files ---------------------------------------------------------------
+
+_META_KEYS = {"__is_block__", "__comments__", "__inline_comments__", "__start_line__", "__end_line__"}
+
+
+def _unquote(value: Any) -> Any:
+    if isinstance(value, str) and len(value) >= 2 and value[0] == value[-1] == '"':
+        return value[1:-1]
+    return value
+
+
+def _plain(node: Any) -> Any:
+    """The same shape whichever python-hcl2 produced it (4.x plain strings, 8.x quoted)."""
+    if isinstance(node, dict):
+        return {_unquote(k): _plain(v) for k, v in node.items() if k not in _META_KEYS}
+    if isinstance(node, list):
+        return [_plain(v) for v in node]
+    return _unquote(node)
+
+
+@cache
+def _parse(path: Path) -> dict[str, Any]:
+    text = path.read_text(encoding="utf-8")
+    try:
+        from hcl2 import SerializationOptions
+
+        options = SerializationOptions(with_comments=False, explicit_blocks=False, strip_string_quotes=True)
+        data = hcl2.loads(text, serialization_options=options)
+    except ImportError:  # python-hcl2 < 8
+        data = hcl2.loads(text)
+    return _plain(data)
+
+
+def _blocks(directory: Path, kind: str) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for path in sorted(directory.glob("*.tf")):
+        out.extend(_parse(path).get(kind, []))
+    return out
+
+
+def resources(directory: Path = MODULE) -> dict[tuple[str, str], dict[str, Any]]:
+    out: dict[tuple[str, str], dict[str, Any]] = {}
+    for block in _blocks(directory, "resource"):
+        for rtype, named in block.items():
+            for name, body in named.items():
+                out[(rtype, name)] = body
+    return out
+
+
+def tf_locals(directory: Path = MODULE) -> dict[str, Any]:
+    merged: dict[str, Any] = {}
+    for block in _blocks(directory, "locals"):
+        merged.update(block)
+    return merged
+
+
+def variables(directory: Path) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for block in _blocks(directory, "variable"):
+        out.update(block)
+    return out
+
+
+def expr(value: Any) -> str:
+    """An HCL expression with whitespace removed, for comparisons across parser versions."""
+    return re.sub(r"\s+", "", str(value))
+
+
+def only(block: Any) -> dict[str, Any]:
+    """A nested block (a one-element list in the parsed form)."""
+    if isinstance(block, list):
+        assert len(block) == 1, block
+        return block[0]
+    return block
+
+
+# --- evaluating config.tf with Terraform ---------------------------------------------------
+
+
+def example_config() -> dict[str, Any]:
+    return yaml.safe_load(EXAMPLE_CONFIG.read_text(encoding="utf-8"))
+
+
+def evaluate(tmp_path: Path, expression: str, config: dict[str, Any] | None = None, **tfvars: Any) -> Any:
+    """Evaluate an expression over the module's config-derived locals with `terraform console`."""
+    cfg = example_config() if config is None else config
+    work = tmp_path / f"tf-{len(list(tmp_path.glob('tf-*')))}"
+    work.mkdir()
+    for name in ("config.tf", "variables.tf"):
+        shutil.copy(MODULE / name, work / name)
+    values = {
+        "project": "test-project",
+        "region": "us-west2",
+        "image": "example.invalid/pubsub-filter:test",
+        "source_topics": {r["name"]: f"raw-{r['name']}" for r in cfg["routes"]},
+        "config_yaml": yaml.safe_dump(cfg, sort_keys=False),
+        **tfvars,
+    }
+    (work / "terraform.tfvars.json").write_text(json.dumps(values), encoding="utf-8")
+    env = {**os.environ, "TF_IN_AUTOMATION": "1", "TF_INPUT": "0", "CHECKPOINT_DISABLE": "1"}
+    # a CLI config file that does not exist only makes terraform print a warning
+    if not Path(env.get("TF_CLI_CONFIG_FILE") or Path.home() / ".terraformrc").exists():
+        env["TF_CLI_CONFIG_FILE"] = os.devnull
+    assert TERRAFORM is not None
+    proc = subprocess.run(
+        [TERRAFORM, "console"],
+        input=f"jsonencode({expression})\n",
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+# --- the example config ------------------------------------------------------------------
+
+
+def test_example_config_validates_with_the_filters_own_loader() -> None:
+    cfg = load(EXAMPLE_CONFIG)
+    assert [r.name for r in cfg.routes] == ["injury-report", "odds-props", "scoreboard"]
+    assert (cfg.store.backend, cfg.publisher.backend, cfg.records.backend) == ("firestore", "pubsub", "bigquery")
+    assert cfg.auth.audience and cfg.auth.service_account
+
+
+# --- subscriptions -----------------------------------------------------------------------
+
+
+def test_push_subscriptions_are_declared_per_route_with_oidc_and_dead_letter_policy() -> None:
+    push = resources()[("google_pubsub_subscription", "push")]
+    assert expr(push["for_each"]) == "${local.routes}"
+    routes = expr(tf_locals()["routes"])
+    assert routes.startswith("${{forrinlocal.config.routes:r.name=>")
+    assert expr(tf_locals()["config"]) == "${yamldecode(var.config_yaml)}"
+
+    push_config = only(push["push_config"])
+    assert expr(push_config["push_endpoint"]) == "${google_cloud_run_v2_service.this.uri}/push/${each.key}"
+    oidc = only(push_config["oidc_token"])
+    assert expr(oidc["service_account_email"]) == "${local.push_sa_email}"
+    dead_letter = only(push["dead_letter_policy"])
+    assert expr(dead_letter["dead_letter_topic"]) == "${google_pubsub_topic.dead_letter[each.key].id}"
+    assert expr(dead_letter["max_delivery_attempts"]) == "${local.max_delivery_attempts}"
+    assert expr(push["ack_deadline_seconds"]) == "${local.ack_deadline_seconds}"
+    assert set(only(push["retry_policy"])) == {"minimum_backoff", "maximum_backoff"}
+
+
+def test_root_example_feeds_the_module_the_config_file() -> None:
+    module = _blocks(INFRA, "module")[0]["pubsub_filter"]
+    assert module["source"] == "./modules/pubsub-filter"
+    assert expr(module["config_yaml"]) == "${local.config_yaml}"
+    assert expr(tf_locals(INFRA)["config_yaml"]) == "${file(var.config_path)}"
+    assert variables(INFRA)["config_path"]["default"] == "example-config.yaml"
+
+
+@needs_terraform
+def test_every_route_in_the_example_config_gets_its_subscription(tmp_path: Path) -> None:
+    routes = evaluate(tmp_path, "local.routes")
+    cfg = example_config()
+    assert sorted(routes) == sorted(r["name"] for r in cfg["routes"])
+    for r in cfg["routes"]:
+        # the filter rejects pushes from any other subscription than the route's own
+        assert routes[r["name"]]["subscription"] == r["subscription"]
+        assert routes[r["name"]]["source_topic"] == f"raw-{r['name']}"
+        assert routes[r["name"]]["dead_letter"] == f"pubsub-filter-{r['name']}-dead-letter"
+
+
+def test_oidc_audience_is_the_configs_auth_audience() -> None:
+    push = resources()[("google_pubsub_subscription", "push")]
+    oidc = only(only(push["push_config"])["oidc_token"])
+    assert expr(oidc["audience"]) == "${coalesce(local.auth_audience,google_cloud_run_v2_service.this.uri)}"
+    assert expr(tf_locals()["auth_audience"]) == "${try(local.config.auth.audience,null)}"
+    service = resources()[("google_cloud_run_v2_service", "this")]
+    # Cloud Run only accepts tokens for its URL or a custom audience
+    assert "local.auth_audience" in expr(service["custom_audiences"])
+
+
+@needs_terraform
+def test_oidc_audience_evaluates_to_the_example_configs(tmp_path: Path) -> None:
+    assert evaluate(tmp_path, "local.auth_audience") == example_config()["auth"]["audience"]
+
+
+def test_each_dead_letter_topic_has_a_pull_subscription() -> None:
+    res = resources()
+    topic = res[("google_pubsub_topic", "dead_letter")]
+    sub = res[("google_pubsub_subscription", "dead_letter")]
+    assert expr(topic["for_each"]) == expr(sub["for_each"]) == "${local.routes}"
+    assert expr(sub["topic"]) == "${google_pubsub_topic.dead_letter[each.key].id}"
+    assert "push_config" not in sub
+    assert only(sub["expiration_policy"])["ttl"] == ""  # never expires while idle
+
+
+def test_pubsub_service_agent_can_dead_letter_and_mint_push_tokens() -> None:
+    res = resources()
+    publish = res[("google_pubsub_topic_iam_member", "service_agent_publishes_dead_letter")]
+    subscribe = res[("google_pubsub_subscription_iam_member", "service_agent_subscribes_source")]
+    tokens = res[("google_service_account_iam_member", "service_agent_mints_push_tokens")]
+    assert (publish["role"], subscribe["role"]) == ("roles/pubsub.publisher", "roles/pubsub.subscriber")
+    assert tokens["role"] == "roles/iam.serviceAccountTokenCreator"
+    agent = expr(tf_locals()["pubsub_service_agent"])
+    assert agent == "serviceAccount:service-${data.google_project.this.number}@gcp-sa-pubsub.iam.gserviceaccount.com"
+    for binding in (publish, subscribe, tokens):
+        assert expr(binding["member"]) == "${local.pubsub_service_agent}"
+
+
+# --- timing rules ------------------------------------------------------------------------
+
+
+def _with_lease(**lease: Any) -> dict[str, Any]:
+    cfg = example_config()
+    cfg["lease"] = lease
+    return cfg
+
+
+@needs_terraform
+def test_cloud_run_timeout_is_computed_from_lease_duration(tmp_path: Path) -> None:
+    service = resources()[("google_cloud_run_v2_service", "this")]
+    assert expr(only(service["template"])["timeout"]) == "${local.request_timeout_seconds}s"
+    for lease in ({"duration": "120s"}, {"duration": "15m", "ack_deadline": "300s", "heartbeat": "60s"}):
+        got = evaluate(tmp_path, "local.request_timeout_seconds", _with_lease(**lease))
+        duration = parse_duration(lease["duration"])
+        assert got >= duration
+        assert got == min(3600, max(60, math.ceil(duration) + 30))
+
+
+@needs_terraform
+def test_lease_durations_parse_as_the_filter_parses_them(tmp_path: Path) -> None:
+    lease = {"duration": "2h", "ack_deadline": "1.5m", "heartbeat": 20}
+    got = evaluate(tmp_path, "local.lease", _with_lease(**lease))
+    assert got == {k: parse_duration(v) for k, v in lease.items()}
+
+
+@needs_terraform
+def test_ack_deadline_is_the_configs_lease_ack_deadline(tmp_path: Path) -> None:
+    cfg = load(EXAMPLE_CONFIG)
+    assert evaluate(tmp_path, "local.ack_deadline_seconds") == math.ceil(cfg.lease.ack_deadline)
+
+
+@needs_terraform
+@pytest.mark.parametrize(
+    ("duration", "minimum_backoff", "margin", "expected"),
+    [
+        ("120s", "10s", 5, 12 + 5),  # ceil(120 / 10) + margin
+        ("30s", "20s", 5, 2 + 5),
+        ("15s", "600s", 1, 5),  # 1 + 1, clamped up to Pub/Sub's minimum
+        ("20m", "10s", 5, 100),  # 120 + 5, clamped down to Pub/Sub's maximum
+    ],
+)
+def test_max_delivery_attempts_covers_lease_contention(
+    tmp_path: Path, duration: str, minimum_backoff: str, margin: int, expected: int
+) -> None:
+    cfg = _with_lease(duration=duration, ack_deadline="11s", heartbeat="10s")
+    got = evaluate(
+        tmp_path,
+        "{attempts = local.max_delivery_attempts, floor = local.contention_attempts}",
+        cfg,
+        minimum_backoff=minimum_backoff,
+        delivery_attempts_margin=margin,
+    )
+    assert got["attempts"] == expected
+    assert got["floor"] == math.ceil(parse_duration(duration) / parse_duration(minimum_backoff))
+
+
+# --- Firestore, BigQuery -----------------------------------------------------------------
+
+
+def test_firestore_ttl_policy_is_on_the_stores_expiry_field() -> None:
+    try:
+        from filter.stores import TTL_FIELD as expected
+    except ImportError:
+        expected = "expires_at"
+    field = resources()[("google_firestore_field", "ttl")]
+    assert expr(field["field"]) == "${local.ttl_field}"
+    assert tf_locals()["ttl_field"] == expected
+    assert "ttl_config" in field
+    assert expr(field["collection"]) == "${local.store_collection}"
+    assert expr(field["database"]) == "${local.store_database}"
+
+
+@needs_terraform
+def test_firestore_ttl_collection_and_database_come_from_the_config(tmp_path: Path) -> None:
+    got = evaluate(tmp_path, "[local.store_collection, local.store_database]")
+    assert got == [example_config()["store"]["collection"], example_config()["store"]["database"]]
+    default = example_config()
+    default["store"] = {"backend": "firestore"}
+    assert evaluate(tmp_path, "[local.store_collection, local.store_database]", default) == [
+        "pubsub-filter",
+        "(default)",
+    ]
+
+
+def test_bigquery_table_is_partitioned_by_time_and_clustered_by_route_and_decision() -> None:
+    table = resources()[("google_bigquery_table", "decisions")]
+    partitioning = only(table["time_partitioning"])
+    assert (partitioning["type"], partitioning["field"]) == ("DAY", "time")
+    assert expr(partitioning["expiration_ms"]) == "${local.records_partition_expiration_days*86400000}"
+    assert table["clustering"] == ["route", "decision"]
+    assert expr(table["schema"]) == '${file("${path.module}/decisions_schema.json")}'
+
+
+def test_decisions_schema_json_has_the_decision_columns() -> None:
+    schema = json.loads(SCHEMA_JSON.read_text(encoding="utf-8"))
+    assert [(c["name"], c["type"], c.get("mode", "NULLABLE")) for c in schema] == DECISION_COLUMNS
+
+
+def test_decisions_schema_json_matches_the_python_recorder() -> None:
+    bq = pytest.importorskip("filter.records.bigquery")
+    schema = json.loads(SCHEMA_JSON.read_text(encoding="utf-8"))
+    ours = [(c["name"], c["type"], c.get("mode", "NULLABLE")) for c in schema]
+    theirs = [(f.name, f.field_type, f.mode or "NULLABLE") for f in bq.SCHEMA]
+    assert ours == theirs
+    assert list(getattr(bq, "CLUSTERING", ["route", "decision"])) == ["route", "decision"]
+
+
+# --- documentation of the interface ------------------------------------------------------
+
+
+@pytest.mark.parametrize("directory", [INFRA, MODULE], ids=["root", "module"])
+def test_every_variable_has_a_description_and_a_type(directory: Path) -> None:
+    declared = variables(directory)
+    assert declared
+    missing = {n for n, v in declared.items() if not v.get("description") or not v.get("type")}
+    assert not missing
+
+
+# --- the Dockerfile ----------------------------------------------------------------------
+
+
+def _final_stage() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the last stage, continuation lines joined."""
+    lines: list[str] = []
+    pending = ""
+    for raw in DOCKERFILE.read_text(encoding="utf-8").splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            pending += line[:-1] + " "
+            continue
+        lines.append(pending + line)
+        pending = ""
+    instructions = [(ln.split(None, 1)[0].upper(), ln.split(None, 1)[1] if " " in ln else "") for ln in lines]
+    last_from = max(i for i, (op, _) in enumerate(instructions) if op == "FROM")
+    return instructions[last_from:]
+
+
+def test_dockerfile_final_stage_runs_as_a_non_root_user() -> None:
+    users = [args.strip() for op, args in _final_stage() if op == "USER"]
+    assert users, "the final stage never sets USER"
+    user = users[-1].split(":")[0]
+    assert user not in ("root", "0")
+
+
+def test_dockerfile_entrypoint_and_cmd_are_exec_form() -> None:
+    stage = dict(_final_stage())
+    assert json.loads(stage["ENTRYPOINT"]) == ["pubsub-filter"]
+    assert json.loads(stage["CMD"]) == ["serve"]
+
+
+def test_dockerfile_final_stage_copies_only_the_venv_from_the_builder() -> None:
+    stage = _final_stage()
+    base = stage[0][1]
+    assert re.fullmatch(r"python:3\.11\.\d+-slim(-\w+)?", base), base
+    copies = [args for op, args in stage if op == "COPY"]
+    assert copies == ["--from=builder /opt/venv /opt/venv"]
+    assert not [args for op, args in stage if op == "RUN" and re.search(r"pip|apt-get|gcc", args)]
+    assert "[test]" not in DOCKERFILE.read_text(encoding="utf-8")
+
+
+def test_dockerfile_sets_the_config_path_and_python_env() -> None:
+    env = " ".join(args for op, args in _final_stage() if op == "ENV")
+    assert "PUBSUB_FILTER_CONFIG=/etc/pubsub-filter/filter.yaml" in env
+    assert "PYTHONUNBUFFERED=1" in env and "PYTHONDONTWRITEBYTECODE=1" in env
+    service = resources()[("google_cloud_run_v2_service", "this")]
+    container = only(only(service["template"])["containers"])
+    env_names = {e["name"] for e in container["env"]}
+    assert "PUBSUB_FILTER_CONFIG" in env_names
