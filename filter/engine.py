@@ -22,7 +22,7 @@ import random
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -358,12 +358,16 @@ class Engine:
         if payload is NOT_JSON:
             rec.extra["payload_kind"] = "raw"
 
+        state: KeyState | None = None
+        looked = False  # a lost claim already read what beat it: decide again on that, no second read
         for _ in range(CLAIM_ATTEMPTS):
             # 2. look
-            try:
-                state = await self.store.read(route.name, key)
-            except StoreUnavailable as exc:
-                return await self._store_down(rules, msg, rec, exc)
+            if not looked:
+                try:
+                    state = await self.store.read(route.name, key)
+                except StoreUnavailable as exc:
+                    return await self._store_down(rules, msg, rec, exc)
+            looked = False
             now = self.clock.now()
             # 3. decide
             verdict = judge(route, msg, fp, state, now, bypass)
@@ -377,11 +381,13 @@ class Engine:
                     return rec
                 return await self._shadow_forward(route, msg, rec, verdict.decision)
             # 4. act: claim, publish under a heartbeat, commit
-            held = await self._claim(route, key, msg, fp, state, now, rec)
+            claimed = await self._claim(route, key, msg, fp, state, now, rec)
+            if isinstance(claimed, DecisionRecord):
+                return claimed
+            held, current = claimed
             if held is None:
-                continue  # someone wrote first: look again and re-decide
-            if isinstance(held, DecisionRecord):
-                return held
+                state, looked = current, True  # someone wrote first: re-decide on what they wrote
+                continue
             return await self._publish_and_commit(route, key, msg, fp, state, held, rec, out)
         rec.decision = Decision.CONTENDED
         rec.reason = f"lost the claim race {CLAIM_ATTEMPTS} times"
@@ -396,7 +402,8 @@ class Engine:
         state: KeyState | None,
         now: float,
         rec: DecisionRecord,
-    ) -> KeyState | DecisionRecord | None:
+    ) -> tuple[KeyState | None, KeyState | None] | DecisionRecord:
+        """Take the lease: (our leased state, None), or (None, the state that beat us)."""
         base = state or KeyState()
         lease = Lease(
             holder=f"{self.instance}/{uuid.uuid4().hex[:8]}",
@@ -405,23 +412,18 @@ class Engine:
             fingerprint=fp,
             message_id=msg.message_id,
         )
-        new = KeyState(
-            fingerprint=base.fingerprint,
-            forwarded_at=base.forwarded_at,
-            message_id=base.message_id,
-            publish_time=base.publish_time,
-            recent=base.recent,
-            fence=lease.fence,
-            lease=lease,
-            expires_at=max(base.expires_at or 0.0, now + self._retention(route)),
+        # Everything else stays as it was: a released lease must leave the last forward intact.
+        new = replace(
+            base, fence=lease.fence, lease=lease, expires_at=max(base.expires_at or 0.0, now + self._retention(route))
         )
+        current = None
         try:
             held = await self.store.claim(route.name, key, state, new)
             if held is None:
                 # A claim whose reply was lost may still have landed: ours if the holder token is.
                 current = await self.store.read(route.name, key)
                 if current is not None and current.lease is not None and current.lease.holder == lease.holder:
-                    held = current
+                    held, current = current, None
         except StoreUnavailable as exc:
             return await self._store_down(self.rules[route.name], msg, rec, exc)
         if held is not None:
@@ -438,7 +440,7 @@ class Engine:
                 )
             else:
                 log.debug("lease_acquired", route=route.name, key=key, fence=lease.fence)
-        return held
+        return held, current
 
     async def _publish_and_commit(
         self,

@@ -115,5 +115,5 @@ class MemoryRecorder:
     async def flush(self) -> None:
         self.flushes += 1
 
-    async def close(self) -> None:
+    async def close(self, deadline: float | None = None) -> None:
         self.closed = True

@@ -15,20 +15,29 @@ MESSAGES = 150
 
 
 def test_two_processes_racing_one_key_never_publish_concurrently(tmp_path: Path) -> None:
+    # Output goes to files, not pipes: a worker blocked on a full pipe while holding the lease
+    # would stall the other one for the whole lease.
+    logs = {name: (tmp_path / f"{name}.out").open("w+") for name in ("p1", "p2")}
     procs = [
         subprocess.Popen(
             [sys.executable, "-m", "tests.support.race_worker", str(tmp_path), name, str(MESSAGES)],
             cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=log,
+            stderr=subprocess.STDOUT,
             text=True,
         )
-        for name in ("p1", "p2")
+        for name, log in logs.items()
     ]
     outputs = []
-    for p in procs:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
+    for p, log in zip(procs, logs.values(), strict=True):
+        try:
+            p.wait(timeout=120)
+        finally:
+            if p.poll() is None:
+                p.kill()
+        log.seek(0)
+        out = log.read()
+        assert p.returncode == 0, out[-2000:]
         outputs.append(json.loads(out.strip().splitlines()[-1]))
 
     # every message was acked with a decision

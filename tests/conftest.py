@@ -1,0 +1,54 @@
+"""Suite-wide fixtures: the Pub/Sub and Firestore emulators, started lazily by the first test that asks.
+
+A missing SDK, emulator component or java FAILS the test with what to install; it never
+skips. Each emulator is one JVM we own, stopped by PID at the end of the session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TypeVar
+
+import pytest
+
+from tests.support.emulators import Emulator, EmulatorError, FirestoreEmulator, PubsubEmulator
+
+E = TypeVar("E", bound=Emulator)
+
+
+def _session_emulator(emu: E) -> Iterator[E]:
+    try:
+        emu.start()
+    except EmulatorError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield emu
+    finally:
+        pid = emu.pid
+        emu.stop()
+        assert not emu.running, f"the {emu.name} emulator (pid {pid}) is still running"
+
+
+@pytest.fixture(scope="session")
+def pubsub_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PubsubEmulator]:
+    """The Pub/Sub emulator for the session: `.host`, `.project`, `.reset()`, `.env()`, `.stop()`/`.start()`."""
+    emu = PubsubEmulator(log_dir=tmp_path_factory.mktemp("pubsub-emulator"))
+    yield from _session_emulator(emu)
+
+
+@pytest.fixture(scope="session")
+def firestore_emulator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FirestoreEmulator]:
+    """The Firestore emulator for the session; restartable on the same port (`.stop()`, `.start()`)."""
+    emu = FirestoreEmulator(log_dir=tmp_path_factory.mktemp("firestore-emulator"))
+    yield from _session_emulator(emu)
+
+
+@pytest.fixture
+def firestore(firestore_emulator: FirestoreEmulator) -> Iterator[FirestoreEmulator]:
+    """The Firestore emulator, running (restarted if a previous test left it stopped) and wiped."""
+    try:
+        firestore_emulator.start()
+        firestore_emulator.reset()
+    except EmulatorError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    yield firestore_emulator

@@ -1,0 +1,188 @@
+"""The engine end to end over each StateStore backend: decisions, cost per decision, racing processes.
+
+The publisher and recorder are in-memory fakes of our own interfaces (tests/support/fakes.py);
+the store is real: a SQLite file, or the Firestore emulator.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from filter.config import Config, parse
+from filter.engine import ATTR_FINGERPRINT, Engine
+from filter.model import Decision, Message
+from filter.stores.guard import GuardedStore
+from tests.contract.conftest import OpenStore
+from tests.support.fakes import MemoryPublisher, MemoryRecorder
+
+ROUTE = "reports"
+KEY = "2025-01-10"
+T0 = 1_767_225_600.0  # publish times: 2026-01-01T00:00:00Z onwards
+
+
+def config(**lease: str) -> Config:
+    return parse(
+        {
+            "routes": [{"name": ROUTE, "destination": "phase3", "key": ["attributes.key"], "exclude": ["scraped"]}],
+            "lease": lease or {"duration": "60s", "ack_deadline": "30s", "heartbeat": "10s"},
+            # generous: these tests are about semantics, on a shared 2-core machine
+            "store_errors": {"timeout": "10s", "budget": "20s"},
+        }
+    )
+
+
+def engine(store: Any, publisher: MemoryPublisher, cfg: Config | None = None, instance: str = "one") -> Engine:
+    cfg = cfg or config()
+    return Engine(cfg, GuardedStore(store, cfg.store_errors), publisher, MemoryRecorder(), instance=instance)
+
+
+class Feed:
+    """Messages with increasing ids and publish times, as a subscription would deliver them."""
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __call__(self, content: Any, message_id: str | None = None, key: str = KEY, at: float | None = None) -> Message:
+        self.n += 1
+        body = {"game_date": key, "status": content, "scraped": f"09:{self.n:02d}"}
+        return Message(
+            data=json.dumps(body).encode(),
+            attributes={"key": key},
+            message_id=message_id or f"m{self.n}",
+            publish_time=at if at is not None else T0 + self.n,
+        )
+
+
+# --- decisions ----------------------------------------------------------------------
+
+
+async def test_forwarded_then_suppressed_then_changed_forwarded_then_redelivery_duplicate(store: Any) -> None:
+    pub, feed = MemoryPublisher(), Feed()
+    e = engine(store, pub)
+    first = feed("out")
+    assert (await e.handle(ROUTE, first)).decision is Decision.FORWARDED
+    assert (await e.handle(ROUTE, feed("out"))).decision is Decision.SUPPRESSED  # only `scraped` moved
+    changed = await e.handle(ROUTE, feed("in"))
+    assert (changed.decision, changed.reason) == (Decision.FORWARDED, "content changed")
+    again = await e.handle(ROUTE, first)  # Pub/Sub redelivers the first message
+    assert again.decision is Decision.DUPLICATE
+    assert [json.loads(d)["status"] for d in pub.data] == ["out", "in"]
+    state = await store.read(ROUTE, KEY)
+    assert state.fingerprint == changed.fingerprint and state.lease is None
+
+
+async def test_a_then_b_then_a_forwards_all_three(store: Any) -> None:
+    pub, feed = MemoryPublisher(), Feed()
+    e = engine(store, pub)
+    got = [(await e.handle(ROUTE, feed(s))).decision for s in ("out", "in", "out")]
+    assert got == [Decision.FORWARDED] * 3
+    assert [json.loads(d)["status"] for d in pub.data] == ["out", "in", "out"]
+    state = await store.read(ROUTE, KEY)
+    assert [mid for mid, _ in state.recent] == ["m1", "m2", "m3"]
+
+
+async def test_failed_publish_releases_the_lease_and_the_redelivery_forwards(store: Any) -> None:
+    pub, feed = MemoryPublisher(fail=True), Feed()
+    e = engine(store, pub)
+    msg = feed("out")
+    rec = await e.handle(ROUTE, msg)
+    assert (rec.decision, rec.extra["cause"]) == (Decision.FAILED, "publish")
+    state = await store.read(ROUTE, KEY)
+    assert state.lease is None and state.fingerprint is None
+    pub.fail = False
+    assert (await e.handle(ROUTE, msg)).decision is Decision.FORWARDED
+    assert len(pub.published) == 1
+
+
+async def test_heartbeat_extends_a_slow_publish_and_the_commit_still_lands(store: Any) -> None:
+    gate = asyncio.Event()
+    pub, feed = MemoryPublisher(gate=gate), Feed()
+    e = engine(store, pub, config(duration="5s", ack_deadline="4s", heartbeat="100ms"))
+    slow = asyncio.create_task(e.handle(ROUTE, feed("out")))
+    await pub.started.wait()
+    for _ in range(500):  # bounded wait until two extensions (each moves the version) have returned
+        if store.ops["extend"] >= 3:  # beats are sequential: the third started after the second returned
+            break
+        await asyncio.sleep(0.02)
+    assert store.ops["extend"] >= 3, "the heartbeat never extended the lease"
+    gate.set()
+    rec = await slow
+    assert rec.decision is Decision.FORWARDED and rec.extra.get("heartbeats", 0) >= 2
+    assert rec.extra.get("committed", True) is True
+    state = await store.read(ROUTE, KEY)
+    assert state.lease is None and state.fingerprint == rec.fingerprint
+
+
+# --- what a decision costs ------------------------------------------------------------
+
+
+async def test_the_suppress_path_is_one_read_and_no_write(store: Any) -> None:
+    pub, feed = MemoryPublisher(), Feed()
+    e = engine(store, pub)
+    await e.handle(ROUTE, feed("out"))
+    store.ops.clear()
+    assert (await e.handle(ROUTE, feed("out"))).decision is Decision.SUPPRESSED
+    assert (store.ops["read"], store.ops["write"]) == (1, 0)
+
+
+async def test_the_forward_path_is_one_read_one_claim_one_commit(store: Any) -> None:
+    pub, feed = MemoryPublisher(), Feed()
+    e = engine(store, pub)
+    for status in ("out", "in"):  # a new key, then a changed one
+        store.ops.clear()
+        assert (await e.handle(ROUTE, feed(status))).decision is Decision.FORWARDED
+        assert (store.ops["read"], store.ops["write"], store.ops["claim"], store.ops["commit"]) == (1, 2, 1, 1)
+        assert store.ops["conflict"] == 0
+
+
+# --- two processes --------------------------------------------------------------------
+
+
+async def test_two_engines_with_different_content_for_one_key_do_not_both_publish(open_store: OpenStore) -> None:
+    gate = asyncio.Event()
+    pub, feed = MemoryPublisher(gate=gate, track="key"), Feed()
+    one = engine(open_store(), pub, instance="one")
+    two = engine(open_store(), pub, instance="two")
+    first = asyncio.create_task(one.handle(ROUTE, feed("out")))
+    await pub.started.wait()
+    second = await two.handle(ROUTE, feed("in"))  # while `one` is still publishing
+    assert (second.decision, second.reason) == (Decision.CONTENDED, "other content for this key is in flight")
+    assert pub.attempts == 1
+    gate.set()
+    assert (await first).decision is Decision.FORWARDED
+    retried = await two.handle(ROUTE, feed("in"))  # Pub/Sub redelivers after the 503
+    assert retried.decision is Decision.FORWARDED
+    assert [json.loads(d)["status"] for d in pub.data] == ["out", "in"]
+    assert pub.max_in_flight_by[KEY] == 1
+
+
+async def test_two_engines_racing_one_key_never_publish_at_the_same_time(open_store: OpenStore) -> None:
+    pub, feed = MemoryPublisher(delay=0.01, track="key"), Feed()
+    engines = [engine(open_store(), pub, instance="one"), engine(open_store(), pub, instance="two")]
+    rounds = 12
+
+    async def deliver(e: Engine, msg: Message) -> Decision:
+        """Handle until acked, as Pub/Sub redelivers after a 503; the final decision."""
+        for _ in range(200):
+            rec = await e.handle(ROUTE, msg)
+            if rec.decision is not Decision.CONTENDED:
+                return rec.decision
+            await asyncio.sleep(0.005)
+        raise AssertionError(f"{msg.message_id} was contended 200 times")
+
+    outcomes: list[Decision] = []
+    for r in range(rounds):
+        msgs = [feed(f"r{r}-one"), feed(f"r{r}-two")]
+        outcomes += await asyncio.gather(*(deliver(e, m) for e, m in zip(engines, msgs, strict=True)))
+    # The loser of a round is forwarded after the winner, or (if the winner was the newer
+    # message) acked as stale: never published out of order, never at the same time.
+    assert set(outcomes) <= {Decision.FORWARDED, Decision.STALE}
+    assert outcomes.count(Decision.FORWARDED) == len(pub.published) >= rounds
+    assert pub.max_in_flight_by[KEY] == 1, "two processes published for one key at the same time"
+    times = [json.loads(d)["scraped"] for d in pub.data]
+    assert times == sorted(times), "published out of order"
+    state = await engines[0].store.read(ROUTE, KEY)
+    assert state is not None and state.lease is None
+    assert state.fingerprint == pub.published[-1].attributes[ATTR_FINGERPRINT]

@@ -1,0 +1,230 @@
+"""PubsubPublisher against the Pub/Sub emulator: what lands, what fails, and that waiting never blocks the loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Iterator
+from typing import TypeVar
+
+import pytest
+from google.api_core import exceptions as gexc
+
+from filter.config import ConfigError
+from filter.ports import PublishFailed
+from filter.publishers.pubsub import PubsubPublisher
+from tests.support.emulators import PubsubEmulator
+from tests.support.net import free_port
+from tests.support.pubsub_helpers import DelayProxy, PubsubAdmin, emulator_env, unique
+
+pytestmark = pytest.mark.emulator
+
+T = TypeVar("T")
+
+
+@pytest.fixture
+def admin(pubsub_emulator: PubsubEmulator) -> Iterator[PubsubAdmin]:
+    a = PubsubAdmin(pubsub_emulator)
+    yield a
+    a.cleanup()
+
+
+@contextlib.asynccontextmanager
+async def publisher_at(host: str, project: str, budget: float = 10.0) -> AsyncIterator[PubsubPublisher]:
+    with emulator_env(host):
+        pub = PubsubPublisher(project=project, timeout=budget)
+    try:
+        yield pub
+    finally:
+        await pub.close()
+
+
+@pytest.fixture
+async def publisher(pubsub_emulator: PubsubEmulator) -> AsyncIterator[PubsubPublisher]:
+    async with publisher_at(pubsub_emulator.host, pubsub_emulator.project) as pub:
+        yield pub
+
+
+async def with_loop_watch(aw: Awaitable[T]) -> tuple[T | BaseException, float, float]:
+    """Run `aw` while a 10 ms ticker watches the loop: (result or exception, elapsed s, largest tick gap s)."""
+    loop = asyncio.get_running_loop()
+    gaps: list[float] = []
+
+    async def tick() -> None:
+        last = loop.time()
+        while True:
+            await asyncio.sleep(0.01)
+            now = loop.time()
+            gaps.append(now - last)
+            last = now
+
+    ticker = asyncio.create_task(tick())
+    started = time.monotonic()
+    try:
+        result: T | BaseException = await aw
+    except Exception as exc:
+        result = exc
+    finally:
+        elapsed = time.monotonic() - started
+        ticker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await ticker
+    return result, elapsed, max(gaps, default=0.0)
+
+
+async def test_publish_lands_with_data_and_attributes_intact(publisher: PubsubPublisher, admin: PubsubAdmin) -> None:
+    topic = admin.topic("dest")
+    sub = admin.pull_subscription(topic)
+    data = b'{"game_id": "0022500001", "status": "Out"}\x00\xff\xfe not utf-8'
+    attributes = {"source": "nbacom", "filter_fingerprint": "sha256:" + "ab" * 32, "unicode": "Dončić ✓"}
+
+    published_id = await publisher.publish(topic, data, attributes)
+
+    [got] = await asyncio.to_thread(admin.pull, sub, 1)
+    assert got.message_id == published_id
+    assert got.data == data
+    assert got.attributes == attributes
+    assert got.ordering_key == ""
+    await asyncio.to_thread(admin.assert_nothing_more, sub, 1.0)
+
+
+async def test_full_topic_path_is_used_as_is(publisher: PubsubPublisher, admin: PubsubAdmin) -> None:
+    other = f"projects/other-project/topics/{unique('elsewhere')}"
+    admin.publisher.create_topic(name=other)
+    sub = f"projects/other-project/subscriptions/{unique('pull')}"
+    admin.subscriber.create_subscription(name=sub, topic=other)
+    try:
+        await publisher.publish(other, b"cross-project", {})
+        resp = admin.subscriber.pull(request={"subscription": sub, "max_messages": 10}, timeout=10)
+        assert [bytes(r.message.data) for r in resp.received_messages] == [b"cross-project"]
+    finally:
+        admin.subscriber.delete_subscription(subscription=sub)
+        admin.publisher.delete_topic(topic=other)
+
+
+async def test_ordering_key_is_kept_in_order(publisher: PubsubPublisher, admin: PubsubAdmin) -> None:
+    topic = admin.topic("ordered")
+    sub = admin.pull_subscription(topic, ordered=True)
+    sent = [(f"game-{i % 2}", f"{i:02d}".encode()) for i in range(12)]
+
+    for key, data in sent:
+        await publisher.publish(topic, data, {"n": data.decode()}, ordering_key=key)
+    # An unordered publish on the same (ordering-enabled) client still works.
+    await publisher.publish(topic, b"no-key", {}, None)
+
+    got = await asyncio.to_thread(admin.pull, sub, len(sent) + 1)
+    assert len(got) == len(sent) + 1
+    for key in ("game-0", "game-1"):
+        assert [m.data for m in got if m.ordering_key == key] == [d for k, d in sent if k == key]
+    assert [m.data for m in got if m.ordering_key == ""] == [b"no-key"]
+
+
+async def test_missing_topic_fails_naming_the_topic(
+    publisher: PubsubPublisher, pubsub_emulator: PubsubEmulator
+) -> None:
+    missing = unique("missing")
+    started = time.monotonic()
+    with pytest.raises(PublishFailed) as err:
+        await publisher.publish(missing, b"x", {})
+    assert str(err.value) == f"topic projects/{pubsub_emulator.project}/topics/{missing} does not exist"
+    assert time.monotonic() - started < 5, "NotFound is not transient: it must not be retried"
+
+
+async def test_ordering_key_is_not_stuck_after_a_failed_publish(publisher: PubsubPublisher, admin: PubsubAdmin) -> None:
+    topic_id = unique("late")
+    with pytest.raises(PublishFailed, match="does not exist"):
+        await publisher.publish(topic_id, b"first", {}, ordering_key="k")
+    # The topic appears (an operator fixed the infra); the same key publishes again at once.
+    admin.publisher.create_topic(name=admin.topic_path(topic_id))
+    try:
+        sub = admin.pull_subscription(topic_id, ordered=True)
+        started = time.monotonic()
+        await publisher.publish(topic_id, b"second", {}, ordering_key="k")
+        assert time.monotonic() - started < 2
+        got = await asyncio.to_thread(admin.pull, sub, 1)
+        assert [(m.data, m.ordering_key) for m in got] == [(b"second", "k")]
+    finally:
+        with contextlib.suppress(gexc.NotFound):
+            admin.publisher.delete_topic(topic=admin.topic_path(topic_id))
+
+
+async def test_publish_after_close_fails_instead_of_hanging(
+    pubsub_emulator: PubsubEmulator, admin: PubsubAdmin
+) -> None:
+    topic = admin.topic("closed")
+    async with publisher_at(pubsub_emulator.host, pubsub_emulator.project) as pub:
+        await pub.publish(topic, b"before", {}, ordering_key="k")
+    started = time.monotonic()
+    for key in ("k", None):
+        with pytest.raises(PublishFailed, match="closed"):
+            await asyncio.wait_for(pub.publish(topic, b"after", {}, ordering_key=key), 5)
+    assert time.monotonic() - started < 1
+    await pub.close()  # closing twice is harmless
+
+
+async def test_slow_confirmation_does_not_block_the_event_loop(
+    pubsub_emulator: PubsubEmulator, admin: PubsubAdmin
+) -> None:
+    topic = admin.topic("slow")
+    sub = admin.pull_subscription(topic)
+    with DelayProxy(pubsub_emulator.host, delay=0.6) as proxy:
+        async with publisher_at(proxy.host, pubsub_emulator.project, budget=10) as pub:
+            result, elapsed, gap = await with_loop_watch(pub.publish(topic, b"slow", {"a": "b"}, ordering_key="k"))
+    assert isinstance(result, str), result
+    assert elapsed >= 0.6
+    assert gap < 0.3, f"the event loop stalled for {gap:.3f}s while a publish was being confirmed"
+    got = await asyncio.to_thread(admin.pull, sub, 1)
+    assert [m.message_id for m in got] == [result]
+
+
+async def test_unconfirmed_publish_fails_within_the_timeout(
+    pubsub_emulator: PubsubEmulator, admin: PubsubAdmin
+) -> None:
+    topic = admin.topic("hung")
+    with DelayProxy(pubsub_emulator.host, delay=5.0) as proxy:
+        async with publisher_at(proxy.host, pubsub_emulator.project, budget=1.0) as pub:
+            result, elapsed, gap = await with_loop_watch(pub.publish(topic, b"x", {}, ordering_key="k"))
+            assert isinstance(result, PublishFailed), result
+            assert topic in str(result)
+            assert 0.9 <= elapsed < 2.5, elapsed
+            assert gap < 0.3
+
+
+async def test_unreachable_service_is_retried_then_fails_within_the_timeout(pubsub_emulator: PubsubEmulator) -> None:
+    nowhere = f"127.0.0.1:{free_port()}"
+    async with publisher_at(nowhere, pubsub_emulator.project, budget=1.5) as pub:
+        result, elapsed, gap = await with_loop_watch(pub.publish("anything", b"x", {}, ordering_key="k"))
+    assert isinstance(result, PublishFailed), result
+    assert "ServiceUnavailable" in str(result) or "not confirmed" in str(result), str(result)
+    assert f"projects/{pubsub_emulator.project}/topics/anything" in str(result)
+    # Retried (the log shows each attempt) until another attempt would not fit in the budget.
+    assert 0.5 <= elapsed < 2.5, elapsed
+    assert gap < 0.3
+
+
+async def test_reserved_attribute_names_fail_clearly(publisher: PubsubPublisher, admin: PubsubAdmin) -> None:
+    topic = admin.topic("reserved")
+    with pytest.raises(PublishFailed, match=r"\['timeout', 'topic'\]"):
+        await publisher.publish(topic, b"x", {"topic": "injuries", "timeout": "5"})
+
+
+def test_bad_destination_is_named() -> None:
+    with emulator_env("127.0.0.1:1"):
+        pub = PubsubPublisher(project="p")
+    with pytest.raises(PublishFailed, match="neither a topic id"):
+        pub.topic_path("topics/x")
+    assert pub.topic_path("phase3-injuries") == "projects/p/topics/phase3-injuries"
+    assert pub.topic_path("projects/q/topics/t") == "projects/q/topics/t"
+    asyncio.run(pub.close())
+
+
+def test_project_is_required_under_the_emulator(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PUBSUB_EMULATOR_HOST", "127.0.0.1:1")
+    monkeypatch.delenv("GOOGLE_CLOUD_PROJECT", raising=False)
+    with pytest.raises(ConfigError, match="project:"):
+        PubsubPublisher(project=None)
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "from-env")
+    pub = PubsubPublisher(project=None)
+    assert pub.project == "from-env"
+    asyncio.run(pub.close())
