@@ -53,14 +53,16 @@ module "pubsub_filter" {
   deletion_protection       = var.deletion_protection
   create_destination_topics = var.create_destination_topics
 
-  minimum_backoff = var.minimum_backoff
-  maximum_backoff = var.maximum_backoff
+  minimum_backoff         = var.minimum_backoff
+  enable_message_ordering = var.enable_message_ordering
+  maximum_backoff         = var.maximum_backoff
 
   notification_channels                 = var.notification_channels
   skip_rate_threshold                   = var.skip_rate_threshold
   skip_rate_thresholds                  = var.skip_rate_thresholds
   contention_per_hour_threshold         = var.contention_per_hour_threshold
   heartbeat_failures_per_hour_threshold = var.heartbeat_failures_per_hour_threshold
+  lease_takeovers_per_hour_threshold    = var.lease_takeovers_per_hour_threshold
 
   depends_on = [google_project_service.apis]
 }

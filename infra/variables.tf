@@ -132,3 +132,15 @@ variable "heartbeat_failures_per_hour_threshold" {
   type        = number
   default     = 5
 }
+
+variable "enable_message_ordering" {
+  description = "Deliver each entity's messages in publish order on the push subscriptions (needs an ordering key per entity on the source messages)."
+  type        = bool
+  default     = true
+}
+
+variable "lease_takeovers_per_hour_threshold" {
+  description = "Alert when more than this many leases are taken over (held past their expiry) in an hour."
+  type        = number
+  default     = 3
+}

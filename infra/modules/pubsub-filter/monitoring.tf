@@ -1,7 +1,7 @@
 # Log-based metrics over the service's structured logs, and alerts on them.
 #
 # Every decision is one log line with jsonPayload.message = "decision" and the fields
-# route, decision (forwarded|suppressed|duplicate|contended|stale|fail_open|rejected|
+# route, decision (forwarded|suppressed|duplicate|contended|stale|noise_only|fail_open|rejected|
 # failed) and enforced. Lifecycle lines carry jsonPayload.message = lease_taken_over,
 # heartbeat_failed, store_unavailable, publish_failed or push_unauthorized, with a route
 # field.
@@ -47,7 +47,7 @@ locals {
 
   user_metric_prefix = "logging.googleapis.com/user"
 
-  skipped_decisions = ["suppressed", "duplicate", "stale"]
+  skipped_decisions = ["suppressed", "duplicate", "stale", "noise_only"]
   passed_decisions  = ["forwarded", "fail_open"]
   # `decided` as in `pubsub-filter skip-rate`: every decision after which the source
   # message was acked. contended/failed come back and are counted when decided;
@@ -143,7 +143,7 @@ resource "google_monitoring_alert_policy" "skip_rate" {
   user_labels  = var.labels
 
   conditions {
-    display_name = "${each.key}: (suppressed + duplicate + stale) / decided < ${each.value} over ${var.skip_rate_window}"
+    display_name = "${each.key}: (suppressed + duplicate + stale + noise_only) / decided < ${each.value} over ${var.skip_rate_window}"
 
     condition_threshold {
       filter = join(" AND ", [
@@ -295,6 +295,52 @@ resource "google_monitoring_alert_policy" "heartbeat_failures" {
       the late holder from overwriting the result, but the key may be published twice.
       Check Firestore latency and errors and the `store_unavailable` metric; check that
       the service has CPU between requests (cpu_always_allocated).
+    EOT
+  }
+}
+
+resource "google_monitoring_alert_policy" "lease_takeovers" {
+  project      = var.project
+  display_name = "pubsub-filter ${var.name}: lease takeovers above ${var.lease_takeovers_per_hour_threshold}/h"
+  combiner     = "OR"
+  severity     = "WARNING"
+  user_labels  = var.labels
+
+  conditions {
+    display_name = "lease_taken_over lines per hour > ${var.lease_takeovers_per_hour_threshold}"
+
+    condition_threshold {
+      filter          = "metric.type=\"${local.user_metric_prefix}/${google_logging_metric.events["lease_takeovers"].name}\" AND resource.type=\"cloud_run_revision\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = var.lease_takeovers_per_hour_threshold
+      duration        = "0s"
+
+      aggregations {
+        alignment_period     = "3600s"
+        per_series_aligner   = "ALIGN_SUM"
+        cross_series_reducer = "REDUCE_SUM"
+      }
+
+      trigger {
+        count = 1
+      }
+    }
+  }
+
+  notification_channels = var.notification_channels
+
+  alert_strategy {
+    auto_close = var.alert_auto_close
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    subject   = "pubsub-filter: leases held past their expiry and taken over"
+    content   = <<-EOT
+      An instance held a key's lease past its expiry (it died, or its heartbeat could not
+      reach Firestore) and another instance took the key over with a higher fence. The
+      late holder's commit is refused, but its publish may already have gone out: the
+      content can reach downstream twice. Seed 004's threshold: more than 3 an hour.
     EOT
   }
 }

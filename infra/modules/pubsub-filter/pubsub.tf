@@ -39,6 +39,10 @@ resource "google_pubsub_subscription" "push" {
   labels                     = var.labels
   ack_deadline_seconds       = local.ack_deadline_seconds
   message_retention_duration = var.message_retention_duration
+  # Messages published with an ordering key (one per entity) are then delivered in order, and
+  # a nacked one (503 `contended`) is redelivered before any later one: which version ends up
+  # last downstream is then the publish order (README, "Ordering"). No effect without keys.
+  enable_message_ordering = var.enable_message_ordering
 
   push_config {
     push_endpoint = "${google_cloud_run_v2_service.this.uri}/push/${each.key}"

@@ -246,6 +246,12 @@ variable "heartbeat_failures_per_hour_threshold" {
   default     = 5
 }
 
+variable "lease_takeovers_per_hour_threshold" {
+  description = "Alert when the service logs more than this many `lease_taken_over` lines (leases held past their expiry) in an hour."
+  type        = number
+  default     = 3
+}
+
 variable "fail_open_threshold" {
   description = "Alert when a route has more than this many `fail_open` decisions (forwarded because the store was unreachable) in 5 minutes. 0 = any."
   type        = number
@@ -256,4 +262,10 @@ variable "alert_auto_close" {
   description = "How long an open incident stays open after its condition stops being met."
   type        = string
   default     = "3600s"
+}
+
+variable "enable_message_ordering" {
+  description = "Deliver each entity's messages in publish order on the push subscriptions (needs an ordering key per entity on the source messages). Recommended: it is what makes the newest version the last one downstream."
+  type        = bool
+  default     = true
 }
