@@ -1,4 +1,7 @@
-"""`pubsub-filter`: serve, check, fingerprint, skip-rate. Each command is a thin shell over a module."""
+"""`pubsub-filter`: serve, pull, replay, provision, check, fingerprint, explain, skip-rate.
+
+Each command is a thin shell over the module that does the work.
+"""
 
 from __future__ import annotations
 
@@ -70,6 +73,110 @@ def cmd_skip_rate(args: argparse.Namespace) -> int:
     return run(args)
 
 
+# --- pull, replay, provision ---------------------------------------------------------------------
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from .pull import run
+
+    return run(_config(args.config), args.route)
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from .replay import run
+
+    return run(args)
+
+
+def cmd_provision(args: argparse.Namespace) -> int:
+    from .provision import run
+
+    return run(_config(args.config), args)
+
+
+def _add_worker_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    def with_config(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--config", "-c", help=f"config file (default: ${CONFIG_ENV}, then ./filter.yaml)")
+
+    sp = sub.add_parser("pull", help="run the streaming-pull worker (beside a workload) until SIGTERM")
+    with_config(sp)
+    sp.add_argument(
+        "--route", "-r", action="append", default=[], metavar="NAME", help="pull only this route (repeatable)"
+    )
+    sp.set_defaults(func=cmd_pull)
+
+    sp = sub.add_parser(
+        "replay",
+        help="republish what a dead-letter subscription holds (or run it through the filter)",
+        description="Pull a dead-letter subscription and republish each message to the topic it came from "
+        "(or --to TOPIC, or --through-filter). A message is acked only after its republish is confirmed; "
+        "whatever is not replayed stays in the dead-letter subscription for a rerun.",
+    )
+    sp.add_argument(
+        "subscription",
+        nargs="?",
+        help="the dead-letter subscription (id or projects/P/subscriptions/S); "
+        "default with --config and --route: <route subscription>-dlq-sub",
+    )
+    sp.add_argument("--config", "-c", help="config file: needed by --through-filter and --route")
+    sp.add_argument("--project", help="default: the config's project, then $GOOGLE_CLOUD_PROJECT")
+    sp.add_argument("--route", "-r", metavar="NAME", help="the route whose dead letters these are")
+    sp.add_argument("--to", metavar="TOPIC", help="republish here instead of to each message's source topic")
+    sp.add_argument(
+        "--through-filter",
+        action="store_true",
+        help="decide each message with its route (unchanged → suppressed, older → stale) instead of "
+        "republishing it to the source topic",
+    )
+    sp.add_argument("--dry-run", action="store_true", help="list what would be replayed; ack nothing")
+    sp.add_argument("--max", type=int, metavar="N", help="replay at most N messages")
+    sp.add_argument(
+        "--where",
+        action="append",
+        default=[],
+        metavar="EXPR",
+        help="only messages with attributes.NAME=VALUE or payload.a.b=VALUE (also !=); repeatable, all must hold",
+    )
+    sp.add_argument("--rate", metavar="N/s", help="at most N messages a second (also N/m, N/h)")
+    sp.add_argument("--since", metavar="WHEN", help="originally published at or after WHEN (24h, 7d or RFC 3339)")
+    sp.add_argument("--until", metavar="WHEN", help="originally published before WHEN (24h, 7d or RFC 3339)")
+    sp.add_argument(
+        "--wait", type=float, default=5.0, metavar="S", help="how long a pull waits for messages (default 5)"
+    )
+    sp.add_argument("--verbose", "-v", action="store_true", help="log every replayed message to stderr")
+    sp.set_defaults(func=cmd_replay)
+
+    sp = sub.add_parser(
+        "provision",
+        help="create the topics and subscriptions the config needs (idempotent)",
+        description="Create each route's destination topic, source topic, subscription (push or pull, "
+        "ack deadline = lease.ack_deadline, retry 10s-600s, dead-letter policy) and dead-letter topic "
+        "<subscription>-dlq with its pull subscription <subscription>-dlq-sub. A second run changes nothing.",
+    )
+    with_config(sp)
+    how = sp.add_mutually_exclusive_group(required=True)
+    how.add_argument("--push-endpoint", metavar="BASE_URL", help="push subscriptions to BASE_URL/push/ROUTE")
+    how.add_argument("--pull", action="store_true", help="pull subscriptions (for pubsub-filter pull)")
+    sp.add_argument("--project", help="default: the config's project, then $GOOGLE_CLOUD_PROJECT")
+    sp.add_argument(
+        "--source-topic",
+        action="append",
+        default=[],
+        metavar="ROUTE=TOPIC",
+        help="the topic feeding ROUTE (repeatable). Default: the topic an existing subscription is attached "
+        "to, else the subscription id without its -sub suffix or sub- prefix (injuries-sub → injuries)",
+    )
+    sp.add_argument(
+        "--max-delivery-attempts",
+        type=int,
+        default=None,
+        metavar="N",
+        help="before dead-lettering (5-100; default ceil(lease.duration / 10s) + 5, the rule infra/ uses)",
+    )
+    sp.add_argument("--dry-run", action="store_true", help="print what would be created or updated; change nothing")
+    sp.set_defaults(func=cmd_provision)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="pubsub-filter",
@@ -117,6 +224,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--watch", type=float, metavar="N", help="refresh every N seconds")
     sp.add_argument("--chart", metavar="FILE.png", help="draw skip rate per route over time to a PNG (by hour)")
     sp.set_defaults(func=cmd_skip_rate)
+    _add_worker_commands(sub)
     return p
 
 

@@ -144,6 +144,14 @@ class ServerConfig(_Strict):
     shutdown_grace: Duration = 10.0
 
 
+class PullConfig(_Strict):
+    """Flow control for `pubsub-filter pull` (per subscription)."""
+
+    max_messages: int = Field(default=100, ge=1)
+    max_bytes: Size = 50 * 1024 * 1024
+    max_lease_duration: Duration | None = None  # default: lease.duration
+
+
 class AuthConfig(_Strict):
     """OIDC verification of Pub/Sub push requests (off when `audience` is unset)."""
 
@@ -247,6 +255,7 @@ class Config(_Strict):
     store_errors: StoreErrors = Field(default_factory=StoreErrors)
     server: ServerConfig = Field(default_factory=ServerConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
+    pull: PullConfig = Field(default_factory=PullConfig)
     project: str | None = None
     state_ttl: Duration = 30 * 86400.0  # how long a key's state lives after its last forward
     routes: list[Route] = Field(min_length=1)

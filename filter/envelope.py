@@ -6,10 +6,15 @@ import base64
 import binascii
 import calendar
 import re
+from collections.abc import Mapping
+from typing import Annotated
 
 import msgspec
+import structlog
 
 from .model import Message
+
+log = structlog.get_logger("pubsub_filter.envelope")
 
 
 class EnvelopeError(ValueError):
@@ -34,7 +39,8 @@ class _PushMessage(msgspec.Struct, omit_defaults=True):
 class _Envelope(msgspec.Struct):
     message: _PushMessage
     subscription: str | None = None
-    deliveryAttempt: int | None = None
+    # Pub/Sub's is an int32; anything past int64 would fail the decision record's INTEGER column.
+    deliveryAttempt: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)] | None = None
 
 
 _decoder = msgspec.json.Decoder(_Envelope)
@@ -56,6 +62,27 @@ def parse_time(text: str) -> float:
     return float(seconds)
 
 
+#: Set by `pubsub-filter replay` on what it republishes: when the content was first published.
+ATTR_ORIGINAL_TIME = "filter_replay_original_publish_time"
+
+
+def effective_publish_time(attributes: Mapping[str, str], publish_time: float | None) -> float | None:
+    """The publish time the stale guard should compare: the original one for a replayed message.
+
+    A replay republishes old content with a new publish time and records the original in
+    `filter_replay_original_publish_time`; without it, a replayed old message would look
+    newer than everything forwarded since and pass the stale guard. Push and pull both
+    build their `Message.publish_time` through this function.
+    """
+    text = attributes.get(ATTR_ORIGINAL_TIME)
+    if text:
+        try:
+            return parse_time(text)
+        except ValueError:
+            log.warning("bad_replay_publish_time", attribute=ATTR_ORIGINAL_TIME, value=text[:64])
+    return publish_time
+
+
 def parse_envelope(body: bytes) -> Message:
     if not body:
         raise EnvelopeError("empty body: expected a Pub/Sub push envelope")
@@ -67,6 +94,8 @@ def parse_envelope(body: bytes) -> Message:
         raise EnvelopeError(f"body is not JSON: {exc}") from None
     except UnicodeDecodeError:
         raise EnvelopeError("body is not valid UTF-8 JSON") from None
+    except RecursionError:
+        raise EnvelopeError("body is nested too deeply to be a push envelope") from None
     m = env.message
     message_id = m.messageId or m.message_id
     if not message_id:
@@ -88,7 +117,7 @@ def parse_envelope(body: bytes) -> Message:
         data=data,
         attributes=m.attributes or {},
         message_id=message_id,
-        publish_time=publish_time,
+        publish_time=effective_publish_time(m.attributes or {}, publish_time),
         ordering_key=m.orderingKey or m.ordering_key or None,
         delivery_attempt=env.deliveryAttempt,
         subscription=env.subscription,

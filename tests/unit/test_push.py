@@ -256,3 +256,18 @@ def test_every_decision_has_its_push_answer(decision: str, cause: str | None, st
     if cause:
         rec.extra["cause"] = cause
     assert status_for(rec) == status
+
+
+async def test_a_replayed_message_is_judged_by_its_original_publish_time(client: httpx.AsyncClient) -> None:
+    # forwarded at 12:00; then an old dead letter of other content, replayed at 13:00, first published at 11:00
+    await client.post(
+        "/push/reports", content=envelope({"game_date": "d", "v": 2}, "1", publish_time="2026-01-01T12:00:00Z")
+    )
+    replayed = envelope(
+        {"game_date": "d", "v": 1},
+        "2",
+        publish_time="2026-01-01T13:00:00Z",
+        attributes={"filter_replay_original_publish_time": "2026-01-01T11:00:00Z"},
+    )
+    r = await client.post("/push/reports", content=replayed)
+    assert (r.status_code, r.json()["decision"]) == (200, "stale")

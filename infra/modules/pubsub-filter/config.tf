@@ -51,13 +51,20 @@ locals {
 
   # One entry per route. The subscription name is the route's `subscription` (the filter
   # rejects pushes from any other subscription when it is set), else `<name>-<route>`.
+  subscriptions = {
+    for r in local.config.routes : r.name => (
+      try(r.subscription, null) != null ? element(split("/", r.subscription), length(split("/", r.subscription)) - 1) : "${var.name}-${r.name}"
+    )
+  }
+  # Dead letters are `<subscription>-dlq` with a pull subscription `<subscription>-dlq-sub`: the
+  # names `pubsub-filter provision` uses and `pubsub-filter replay --config --route` looks for.
   routes = {
     for r in local.config.routes : r.name => {
       name         = r.name
-      subscription = try(r.subscription, null) != null ? element(split("/", r.subscription), length(split("/", r.subscription)) - 1) : "${var.name}-${r.name}"
+      subscription = local.subscriptions[r.name]
       source_topic = lookup(var.source_topics, r.name, null)
       destination  = r.destination
-      dead_letter  = "${var.name}-${r.name}-dead-letter"
+      dead_letter  = "${local.subscriptions[r.name]}-dlq"
     }
   }
 
