@@ -224,7 +224,7 @@ def test_every_route_in_the_example_config_gets_its_subscription(tmp_path: Path)
         # the filter rejects pushes from any other subscription than the route's own
         assert routes[r["name"]]["subscription"] == r["subscription"]
         assert routes[r["name"]]["source_topic"] == f"raw-{r['name']}"
-        assert routes[r["name"]]["dead_letter"] == f"pubsub-filter-{r['name']}-dead-letter"
+        assert routes[r["name"]]["dead_letter"] == f"{routes[r['name']]['subscription']}-dlq"
 
 
 def test_oidc_audience_is_the_configs_auth_audience() -> None:
