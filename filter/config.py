@@ -35,15 +35,18 @@ def parse_duration(value: Any) -> float:
     """`90`, `90s`, `15m`, `24h`, `7d`, `500ms` → seconds."""
     if isinstance(value, bool):
         raise ValueError("a duration is a number of seconds or a string like 90s, 15m, 24h, 7d")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    else:
-        m = _DURATION.match(str(value))
-        if not m:
-            raise ValueError(f"{value!r} is not a duration: write e.g. 90s, 15m, 24h or 7d")
-        seconds = float(m.group(1)) * _UNITS[m.group(2)]
-    if seconds <= 0:
-        raise ValueError("a duration must be positive")
+    try:
+        if isinstance(value, (int, float)):
+            seconds = float(value)
+        else:
+            m = _DURATION.match(str(value))
+            if not m:
+                raise ValueError(f"{value!r} is not a duration: write e.g. 90s, 15m, 24h or 7d")
+            seconds = float(m.group(1)) * _UNITS[m.group(2)]
+    except OverflowError:
+        raise ValueError("that duration is too large") from None
+    if not 0 < seconds < 10 * 365 * 86400:  # also rejects nan and inf
+        raise ValueError("a duration must be positive and under ten years")
     return seconds
 
 

@@ -61,7 +61,8 @@ def trace_of(request: Request) -> str | None:
 
 async def _body(request: Request, limit: int) -> bytes:
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    # isascii: '²'.isdigit() is True, and int('²') raises
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise _TooLarge
     chunks, size = [], 0
     async for chunk in request.stream():
