@@ -143,7 +143,7 @@ class StoreErrors(_Strict):
 
 
 class ServerConfig(_Strict):
-    max_body: Size = 10 * 1024 * 1024
+    max_body: Annotated[Size, Field(ge=1024)] = 10 * 1024 * 1024
     shutdown_grace: Duration = 10.0
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import binascii
 import calendar
 import re
 from collections.abc import Mapping
@@ -26,7 +25,7 @@ class EnvelopeError(ValueError):
 
 
 class _PushMessage(msgspec.Struct, omit_defaults=True):
-    data: str | None = None
+    data: bytes | None = None  # msgspec decodes the base64 itself, in C: the biggest cost per message
     attributes: dict[str, str] | None = None
     messageId: str | None = None
     message_id: str | None = None
@@ -83,12 +82,32 @@ def effective_publish_time(attributes: Mapping[str, str], publish_time: float | 
     return publish_time
 
 
+class _IdOnly(msgspec.Struct):
+    messageId: str | None = None
+    message_id: str | None = None
+
+
+class _EnvelopeIdOnly(msgspec.Struct):
+    message: _IdOnly
+
+
+def _message_id_of(body: bytes) -> str | None:
+    """The message id of an envelope that failed validation, so its rejection can name it."""
+    try:
+        m = msgspec.json.decode(body, type=_EnvelopeIdOnly).message
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return None
+    return m.messageId or m.message_id
+
+
 def parse_envelope(body: bytes) -> Message:
     if not body:
         raise EnvelopeError("empty body: expected a Pub/Sub push envelope")
     try:
         env = _decoder.decode(body)
     except msgspec.ValidationError as exc:
+        if "base64" in str(exc) and "$.message.data" in str(exc):
+            raise EnvelopeError("message.data is not valid base64", _message_id_of(body)) from None
         raise EnvelopeError(f"not a push envelope: {exc}") from None
     except msgspec.DecodeError as exc:
         raise EnvelopeError(f"body is not JSON: {exc}") from None
@@ -100,12 +119,7 @@ def parse_envelope(body: bytes) -> Message:
     message_id = m.messageId or m.message_id
     if not message_id:
         raise EnvelopeError("message.messageId is missing")
-    data = b""
-    if m.data:
-        try:
-            data = base64.b64decode(m.data, validate=True)
-        except (binascii.Error, ValueError):
-            raise EnvelopeError("message.data is not valid base64", message_id) from None
+    data = m.data or b""
     publish_time = None
     stamp = m.publishTime or m.publish_time
     if stamp:

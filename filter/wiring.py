@@ -21,11 +21,13 @@ def make_store(cfg: Config) -> StateStore:
     if s.backend == "sqlite":
         from .stores.sqlite import SqliteStore
 
-        store: StateStore = SqliteStore(s.path)
+        return GuardedStore(SqliteStore(s.path), cfg.store_errors, inline=True)
     else:
         from .stores.firestore import FirestoreStore
 
-        store = FirestoreStore(project=project_of(cfg, s.project), database=s.database, collection=s.collection)
+        store: StateStore = FirestoreStore(
+            project=project_of(cfg, s.project), database=s.database, collection=s.collection
+        )
     return GuardedStore(store, cfg.store_errors)
 
 

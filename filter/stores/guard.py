@@ -21,11 +21,16 @@ T = TypeVar("T")
 
 
 class GuardedStore:
-    def __init__(self, inner: StateStore, policy: StoreErrors):
+    """`inline=True` for a store whose calls never suspend (SQLite): a timeout could not fire."""
+
+    def __init__(self, inner: StateStore, policy: StoreErrors, inline: bool = False):
         self.inner = inner
         self.policy = policy
+        self.inline = inline
 
     async def _attempt(self, op: Callable[[], Awaitable[T]]) -> T:
+        if self.inline:
+            return await op()
         try:
             async with asyncio.timeout(self.policy.timeout):
                 return await op()

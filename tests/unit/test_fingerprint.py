@@ -240,3 +240,11 @@ def test_event_scheme_float_prices_match_seed_float_prices() -> None:
     payload = {"events": [{**e.__dict__, "timestamp": e.timestamp.isoformat()} for e in events]}
     r = route(key=["attributes.request"], rows="payload.events", scheme="event")
     assert fp(r, payload) == "sha256:" + hash_events(events)
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1e400"])
+def test_numbers_beyond_double_range_never_collide_with_null(number: str) -> None:
+    r = route(key=["payload.k"])
+    big = compile_scheme(r)(f'{{"k": 1, "v": {number}}}'.encode())
+    assert big[0] is NOT_JSON  # fingerprinted over the raw bytes
+    assert big[1] != fp(r, b'{"k": 1, "v": null}')
