@@ -1,0 +1,356 @@
+"""Row-level change detection: what `rows_mode: changed` costs and saves next to `rows_mode: whole`.
+
+    .venv/bin/python bench/rows.py [--rows 450] [--changed 5] [--forwards 100] [--rounds 5] [--firestore]
+
+One key, an NBA.com injury report of `--rows` players (tests/support/payloads.py, ~290 KB
+at 450 rows), through the real `Engine` over `GuardedStore` over the embedded SQLite store
+(and with `--firestore` the Firestore emulator, started here and stopped at the end), with
+the in-memory publisher and recorder of tests/support/fakes.py. Decision log lines are
+filtered out (level error), so the figures are the engine, the fingerprint, the row work
+and the store.
+
+The stream per mode: one report (new key, not measured), then `--forwards` times:
+* a forward: `--changed` rows get another injury status (different rows each time) and
+  every row new scrape metadata, so the payload fingerprint changes;
+* a suppress: the same statuses again under new scrape metadata (a rescrape).
+
+Modes, each on fresh state, in rotated order every round:
+* changed: `rows_mode: changed`: forwards publish only the added/changed rows;
+* whole:   `rows_mode: whole`: forwards publish the whole report (row digests are still
+           kept, for the decision record's which-rows-changed detail);
+* no-rows (reference): the same route without `row_key`, so no row state is kept at all:
+           what the row state itself costs on both paths.
+
+Reported per mode (medians over rounds of per-round medians): µs per forwarded and per
+suppressed decision (wall and process CPU), bytes published per forward, the stored row
+state (bytes), and changed/whole ratios taken within each round. Row work happens on
+forwards only, so the suppress path should cost the same in both modes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime as dt
+import json
+import logging
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import structlog  # noqa: E402
+
+from filter.config import Config, parse  # noqa: E402
+from filter.engine import Engine  # noqa: E402
+from filter.model import Decision, Message  # noqa: E402
+from filter.stores.guard import GuardedStore  # noqa: E402
+from tests.support.emulators import EmulatorError, FirestoreEmulator  # noqa: E402
+from tests.support.fakes import MemoryPublisher, MemoryRecorder  # noqa: E402
+from tests.support.payloads import STATUSES, injury_report  # noqa: E402
+
+ROUTE = "injury"
+KEY = "2026-01-10"
+T0 = 1_767_225_600.0
+INCLUDE = ["player_lookup", "team", "game_date", "game_id", "injury_status", "reason", "reason_category"]
+MODES = ("changed", "whole", "no-rows")
+
+
+def config(mode: str) -> Config:
+    route: dict[str, Any] = {
+        "name": ROUTE,
+        "destination": "phase3-injury-report",
+        "key": ["payload.game_date"],
+        "rows": "payload.players",
+        "include": INCLUDE,
+    }
+    if mode != "no-rows":
+        route |= {"row_key": ["player_lookup", "game_id"], "rows_mode": mode}
+    return parse({"routes": [route], "store_errors": {"timeout": "10s", "budget": "20s"}})
+
+
+# --- the stream ---------------------------------------------------------------------------
+
+
+@dataclass
+class Step:
+    forward: Message
+    suppress: Message
+
+
+def messages(rows: int, changed: int, forwards: int, game_date: str = KEY) -> tuple[Message, list[Step]]:
+    """The first report, then (changed report, rescrape of it) pairs. Built once, before timing."""
+    statuses = [STATUSES[i % len(STATUSES)] for i in range(rows)]
+    seq = iter(range(1, 10**9))
+
+    def make(seed: int) -> Message:
+        rep = injury_report(rows, seed=seed, game_date=game_date)  # new scrape metadata per seed
+        for row, status in zip(rep["players"], statuses, strict=True):
+            row["injury_status"] = status
+        n = next(seq)
+        return Message(json.dumps(rep).encode(), {}, f"m{n}", publish_time=T0 + n)
+
+    first = make(0)
+    steps = []
+    cursor = 0
+    for i in range(forwards):
+        for _ in range(changed):  # different rows every time, walking through the report
+            j = cursor % rows
+            statuses[j] = STATUSES[(STATUSES.index(statuses[j]) + 1) % len(STATUSES)]  # always another
+            cursor += 1
+        steps.append(Step(make(2 * i + 1), make(2 * i + 2)))
+    return first, steps
+
+
+# --- one mode, one round ------------------------------------------------------------------
+
+
+@dataclass
+class Run:
+    mode: str
+    fwd_wall: list[float] = field(default_factory=list)  # µs per decision
+    fwd_cpu: list[float] = field(default_factory=list)
+    sup_wall: list[float] = field(default_factory=list)
+    sup_cpu: list[float] = field(default_factory=list)
+    published_bytes: list[int] = field(default_factory=list)
+    published_rows: list[int] = field(default_factory=list)
+    row_state: int = 0
+    decisions: Counter[str] = field(default_factory=Counter)
+
+
+async def timed(engine: Engine, msg: Message) -> tuple[Decision, float, float]:
+    c0, w0 = time.process_time(), time.perf_counter()
+    rec = await engine.handle(ROUTE, msg)
+    w1, c1 = time.perf_counter(), time.process_time()
+    return rec.decision, (w1 - w0) * 1e6, (c1 - c0) * 1e6
+
+
+async def run_mode(mode: str, store: Any, first: Message, steps: list[Step], warm: tuple[Message, list[Step]]) -> Run:
+    cfg = config(mode)
+    publisher = MemoryPublisher()
+    engine = Engine(cfg, GuardedStore(store, cfg.store_errors), publisher, MemoryRecorder(), instance=mode)
+    # warm up on another key: imports, caches, the store's first statements (not measured)
+    await engine.handle(ROUTE, warm[0])
+    for step in warm[1]:
+        await engine.handle(ROUTE, step.forward)
+        await engine.handle(ROUTE, step.suppress)
+    run = Run(mode)
+    await engine.handle(ROUTE, first)
+    published_before = len(publisher.published)
+    for step in steps:
+        decision, wall, cpu = await timed(engine, step.forward)
+        run.decisions[str(decision)] += 1
+        if decision is Decision.FORWARDED:
+            run.fwd_wall.append(wall)
+            run.fwd_cpu.append(cpu)
+        decision, wall, cpu = await timed(engine, step.suppress)
+        run.decisions[str(decision)] += 1
+        if decision is Decision.SUPPRESSED:
+            run.sup_wall.append(wall)
+            run.sup_cpu.append(cpu)
+    for p in publisher.published[published_before:]:
+        run.published_bytes.append(len(p.data) + sum(len(k) + len(v) for k, v in p.attributes.items()))
+        run.published_rows.append(len(json.loads(p.data)["players"]))
+    state = await store.read(ROUTE, KEY)
+    run.row_state = len(state.rows) if state is not None and state.rows else 0
+    return run
+
+
+def check(run: Run, forwards: int, changed: int, rows: int) -> list[str]:
+    """What each mode must have done; a bench that measured the wrong thing says so."""
+    problems = []
+    if run.decisions != Counter({"forwarded": forwards, "suppressed": forwards}):
+        problems.append(f"{run.mode}: decisions {dict(run.decisions)}, expected {forwards} of each")
+    want = changed if run.mode == "changed" else rows
+    if any(n != want for n in run.published_rows):
+        problems.append(f"{run.mode}: forwards published {sorted(set(run.published_rows))} rows, expected {want}")
+    return problems
+
+
+# --- the run ------------------------------------------------------------------------------
+
+
+def med(xs: list[float]) -> float:
+    return statistics.median(xs) if xs else float("nan")
+
+
+def summarize(runs: list[list[Run]]) -> dict[str, dict[str, float]]:
+    """Per mode: medians over rounds of per-round medians; ratios to `whole` per round, then median."""
+    out: dict[str, dict[str, float]] = {}
+    for mode in MODES:
+        per = [r for rnd in runs for r in rnd if r.mode == mode]
+        if not per:
+            continue
+        s = {
+            "fwd_us": med([med(r.fwd_wall) for r in per]),
+            "fwd_cpu_us": med([med(r.fwd_cpu) for r in per]),
+            "sup_us": med([med(r.sup_wall) for r in per]),
+            "sup_cpu_us": med([med(r.sup_cpu) for r in per]),
+            "bytes": med([med([float(b) for b in r.published_bytes]) for r in per]),
+            "row_state": med([float(r.row_state) for r in per]),
+        }
+        for k in ("fwd_us", "sup_us", "bytes", "fwd_cpu_us", "sup_cpu_us"):
+            pairs = []
+            for rnd in runs:
+                this = next((r for r in rnd if r.mode == mode), None)
+                whole = next((r for r in rnd if r.mode == "whole"), None)
+                if this is None or whole is None:
+                    continue
+                pick: Callable[[Run], float] = {
+                    "fwd_us": lambda r: med(r.fwd_wall),
+                    "sup_us": lambda r: med(r.sup_wall),
+                    "fwd_cpu_us": lambda r: med(r.fwd_cpu),
+                    "sup_cpu_us": lambda r: med(r.sup_cpu),
+                    "bytes": lambda r: med([float(b) for b in r.published_bytes]),
+                }[k]
+                pairs.append(pick(this) / pick(whole))
+            s[f"{k}_vs_whole"] = med(pairs)
+        out[mode] = s
+    return out
+
+
+def table(backend: str, summary: dict[str, dict[str, float]]) -> str:
+    head = [
+        "backend", "rows_mode", "µs/fwd wall / CPU", "vs whole", "µs/supp wall / CPU", "vs whole",
+        "bytes published/fwd", "vs whole", "row state stored",
+    ]  # fmt: skip
+    rows = []
+    for mode, s in summary.items():
+        rows.append(
+            [
+                backend,
+                mode if mode != "no-rows" else "whole, no row_key (ref)",
+                f"{s['fwd_us']:,.0f} / {s['fwd_cpu_us']:,.0f}",
+                f"{s['fwd_us_vs_whole']:.2f}x / {s['fwd_cpu_us_vs_whole']:.2f}x",
+                f"{s['sup_us']:,.0f} / {s['sup_cpu_us']:,.0f}",
+                f"{s['sup_us_vs_whole']:.2f}x / {s['sup_cpu_us_vs_whole']:.2f}x",
+                f"{s['bytes']:,.0f}",
+                f"{s['bytes_vs_whole']:.3f}x",
+                f"{s['row_state']:,.0f} B",
+            ]
+        )
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |"]
+    lines.append("|-" + "-|-".join("-" * w for w in widths) + "-|")
+    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def machine() -> str:
+    cpu = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, {dt.date.today().isoformat()}"
+
+
+async def bench_backend(
+    name: str, open_store: Callable[[str], Any], args: argparse.Namespace
+) -> tuple[dict[str, dict[str, float]], list[str]]:
+    first, steps = messages(args.rows, args.changed, args.forwards)
+    warm = messages(args.rows, args.changed, args.warmup, game_date="2025-12-31")
+    runs: list[list[Run]] = []
+    problems: list[str] = []
+    for rnd in range(args.rounds):
+        order = MODES[rnd % len(MODES) :] + MODES[: rnd % len(MODES)]
+        this: list[Run] = []
+        for mode in order:
+            store = open_store(f"r{rnd}-{mode}")
+            try:
+                run = await run_mode(mode, store, first, steps, warm)
+            finally:
+                await store.close()
+            problems += check(run, args.forwards, args.changed, args.rows)
+            this.append(run)
+            print(
+                f"{name} round {rnd + 1} {mode:<8} fwd {med(run.fwd_wall):8.0f} µs  supp {med(run.sup_wall):6.0f} µs  "
+                f"bytes/fwd {med([float(b) for b in run.published_bytes]):9,.0f}  row state {run.row_state:,} B",
+                file=sys.stderr,
+                flush=True,
+            )
+        runs.append(this)
+    return summarize(runs), problems
+
+
+async def main_async(args: argparse.Namespace) -> int:
+    size = len(messages(args.rows, args.changed, 1)[0].data)
+    print(machine())
+    print(
+        f"{args.rows}-row injury report (~{size / 1024:.0f} KiB), {args.changed} rows changed per forward, "
+        f"{args.forwards} forwards + {args.forwards} suppressions per mode and round, {args.rounds} rounds; "
+        "engine + GuardedStore + store, in-memory publisher and recorder"
+    )
+    tables: list[str] = []
+    problems: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bench-rows-") as tmp:
+        from filter.stores.sqlite import SqliteStore
+
+        summary, found = await bench_backend("sqlite", lambda tag: SqliteStore(Path(tmp) / f"{tag}.db"), args)
+        tables.append(table("sqlite", summary))
+        problems += found
+        if args.firestore:
+            from filter.stores.firestore import FirestoreStore
+
+            emu = FirestoreEmulator(log_dir=Path(tmp) / "firestore")
+            try:
+                await asyncio.get_running_loop().run_in_executor(None, emu.start)
+            except EmulatorError as exc:
+                print(f"firestore: cannot start the emulator: {exc}", file=sys.stderr)
+                return 2
+            try:
+
+                def open_fs(tag: str) -> FirestoreStore:
+                    with emu.env():
+                        return FirestoreStore(project=emu.project, collection=f"bench-rows-{tag}")
+
+                summary, found = await bench_backend("firestore-emu", open_fs, args)
+                tables.append(table("firestore-emu", summary))
+                problems += found
+            finally:
+                emu.stop()
+    print()
+    for t in tables:
+        print(t)
+    for p in problems:
+        print(f"PROBLEM: {p}")
+    return 1 if problems else 0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=450, help="players per injury report")
+    ap.add_argument("--changed", type=int, default=5, help="rows whose status changes per forward")
+    ap.add_argument("--forwards", type=int, default=100, help="forwards (and as many suppressions) per mode and round")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--warmup", type=int, default=10, help="forward+suppress pairs on another key first, per run")
+    ap.add_argument(
+        "--firestore", action="store_true", help="also on the Firestore emulator (started and stopped here)"
+    )
+    args = ap.parse_args()
+    if not 0 < args.changed <= args.rows:
+        ap.error("--changed must be between 1 and --rows")
+    # Decisions are logged at info; keep the bench about the engine and the store.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    try:
+        return asyncio.run(main_async(args))
+    except KeyboardInterrupt:  # the emulator, if any, was stopped by the finally above
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
