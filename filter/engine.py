@@ -379,7 +379,8 @@ class Engine:
                 if route.enforced:
                     rec.decision = verdict.decision
                     return rec
-                return await self._shadow_forward(route, msg, rec, verdict.decision)
+                # shadow mode: publish what enforce mode would hold back, record what it would do
+                return await self._forward_unleased(route, msg, rec, verdict.decision)
             # 4. act: claim, publish under a heartbeat, commit
             claimed = await self._claim(route, key, msg, fp, state, now, rec)
             if isinstance(claimed, DecisionRecord):
@@ -520,18 +521,18 @@ class Engine:
         except Exception as exc:  # a publisher bug must still nack, never lose the message
             raise PublishFailed(f"{type(exc).__name__}: {exc}") from exc
 
-    async def _shadow_forward(
-        self, route: Route, msg: Message, rec: DecisionRecord, would_be: Decision
+    async def _forward_unleased(
+        self, route: Route, msg: Message, rec: DecisionRecord, decision: Decision
     ) -> DecisionRecord:
-        """Shadow mode: publish what enforce mode would have held back; record what it would have done."""
+        """Publish with no lease and no commit (shadow mode, fail-open): record `decision` once it went out."""
         try:
             rec.published_id = await self._publish(route, msg, rec.fingerprint or "")
         except PublishFailed as exc:
             rec.decision = Decision.FAILED
-            rec.reason = f"publish failed: {exc}"
+            rec.reason = f"{rec.reason}; publish failed: {exc}" if rec.reason else f"publish failed: {exc}"
             rec.extra["cause"] = "publish"
             return rec
-        rec.decision = would_be
+        rec.decision = decision
         return rec
 
     async def _store_down(
@@ -544,16 +545,8 @@ class Engine:
             rec.reason = f"store unavailable: {exc}"
             rec.extra["cause"] = "store"
             return rec
-        try:
-            rec.published_id = await self._publish(route, msg, rec.fingerprint or "")
-        except PublishFailed as pub_exc:
-            rec.decision = Decision.FAILED
-            rec.reason = f"store unavailable and publish failed: {pub_exc}"
-            rec.extra["cause"] = "publish"
-            return rec
-        rec.decision = Decision.FAIL_OPEN
         rec.reason = f"store unavailable: {exc}"
-        return rec
+        return await self._forward_unleased(route, msg, rec, Decision.FAIL_OPEN)
 
     def _retention(self, route: Route) -> float:
         return max(self.config.state_ttl, route.window or 0.0)
