@@ -38,10 +38,11 @@ from ..ports import PublishFailed
 
 log = structlog.get_logger("pubsub_filter.publisher")
 
-#: Errors worth another attempt: the service (or the path to it) is briefly unhappy.
+#: Errors worth another attempt: the service (or the path to it) is briefly unhappy and did not
+#: take the message. Not DeadlineExceeded: a publish that timed out may still have landed, and
+#: publishing is not idempotent, so a retry would put a second copy downstream.
 TRANSIENT: tuple[type[BaseException], ...] = (
     gexc.ServiceUnavailable,
-    gexc.DeadlineExceeded,
     gexc.InternalServerError,
     gexc.Aborted,
     gexc.Unknown,
@@ -115,8 +116,6 @@ class PubsubPublisher:
             raise ValueError("timeout must be positive")
         self.project = resolve_project(project)
         self.timeout = float(timeout)
-        # One RPC may take a third of the budget, so a hung call still leaves room to retry.
-        self.attempt_timeout = min(self.timeout, max(1.0, self.timeout / 3))
         self._client: Any = pubsub_v1.PublisherClient(
             batch_settings=pubsub_v1.types.BatchSettings(max_messages=100, max_latency=MAX_LATENCY),
             publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True),
@@ -229,7 +228,8 @@ class PubsubPublisher:
     ) -> str:
         try:
             gfuture = self._client.publish(
-                topic, data, ordering_key=key, retry=None, timeout=self.attempt_timeout, **attributes
+                # the whole remaining budget: a slow publish is waited for, never sent twice
+                topic, data, ordering_key=key, retry=None, timeout=max(remaining, 1.0), **attributes
             )
         except RuntimeError as exc:  # the client was stopped under us
             raise PublishFailed(f"the publisher is closed (shutting down): {exc}") from exc
