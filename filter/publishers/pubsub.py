@@ -229,7 +229,12 @@ class PubsubPublisher:
         try:
             gfuture = self._client.publish(
                 # the whole remaining budget: a slow publish is waited for, never sent twice
-                topic, data, ordering_key=key, retry=None, timeout=max(remaining, 1.0), **attributes
+                topic,
+                data,
+                ordering_key=key,
+                retry=None,
+                timeout=max(remaining, 1.0),
+                **attributes,
             )
         except RuntimeError as exc:  # the client was stopped under us
             raise PublishFailed(f"the publisher is closed (shutting down): {exc}") from exc
