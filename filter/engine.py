@@ -30,6 +30,7 @@ import structlog
 
 from . import rows
 from .config import Condition, Config, Route
+from .envelope import format_time
 from .fingerprint import NOT_JSON, PayloadError, Scheme, compile_scheme, message_fingerprint
 from .heartbeat import Heartbeat
 from .model import Decision, DecisionRecord, KeyState, Lease, Message
@@ -512,7 +513,7 @@ class Engine:
         attributes[ATTR_SOURCE_ID] = msg.message_id
         attributes[ATTR_ROUTE] = route.name
         if msg.publish_time is not None:
-            attributes[ATTR_SOURCE_PUBLISH_TIME] = _rfc3339(msg.publish_time)
+            attributes[ATTR_SOURCE_PUBLISH_TIME] = format_time(msg.publish_time)
         try:
             data = out.data if out is not None else msg.data
             return await self.publisher.publish(route.destination, data, attributes, msg.ordering_key)
@@ -580,7 +581,3 @@ def _log_decision(rec: DecisionRecord) -> None:
     if rec.trace:
         fields["trace"] = rec.trace
     getattr(log, _LEVELS[rec.decision])("decision", **fields)
-
-
-def _rfc3339(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1_000_000):06d}Z"

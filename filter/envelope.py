@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import calendar
+import datetime as dt
 import re
 from collections.abc import Mapping
 from typing import Annotated
@@ -44,6 +45,11 @@ class _Envelope(msgspec.Struct):
 
 _decoder = msgspec.json.Decoder(_Envelope)
 _RFC3339 = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(?:\.(\d+))?(Z|z|[+-]\d\d:\d\d)$")
+
+
+def format_time(ts: float) -> str:
+    """Epoch seconds → RFC 3339 UTC with microseconds, rounded (the inverse of `parse_time`)."""
+    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
 def parse_time(text: str) -> float:

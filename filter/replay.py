@@ -55,7 +55,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
 import re
@@ -69,7 +68,7 @@ from typing import IO, Any
 
 import structlog
 
-from .envelope import ATTR_ORIGINAL_TIME, effective_publish_time, parse_time
+from .envelope import ATTR_ORIGINAL_TIME, effective_publish_time, format_time, parse_time
 
 log = structlog.get_logger("pubsub_filter.replay")
 
@@ -110,10 +109,6 @@ def _parses(text: str | None) -> bool:
     return True
 
 
-def rfc3339(ts: float) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
-
-
 # --- one dead-lettered message ---------------------------------------------------------------
 
 
@@ -133,7 +128,7 @@ class DeadLetter:
 
         m = received.message
         stamp = m.publish_time
-        text = stamp.rfc3339() if hasattr(stamp, "rfc3339") else rfc3339(timestamp(stamp) or 0.0)
+        text = stamp.rfc3339() if hasattr(stamp, "rfc3339") else format_time(timestamp(stamp) or 0.0)
         return cls(
             ack_id=received.ack_id,
             message_id=str(m.message_id),

@@ -50,7 +50,7 @@ import pytest
 import structlog
 
 from filter import logsetup
-from filter.envelope import make_envelope
+from filter.envelope import format_time, make_envelope
 from filter.model import ACKED, KeyState
 from filter.ports import StoreUnavailable
 from filter.stores.firestore import from_document
@@ -85,8 +85,7 @@ def wait_until(condition: Callable[[], Any], timeout: float, what: Callable[[], 
         time.sleep(poll)
 
 
-def rfc3339(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1_000_000):06d}Z"
+rfc3339 = format_time  # the product's own formatter: publish times in envelopes the rig builds
 
 
 def log_time(event: dict[str, Any]) -> float:

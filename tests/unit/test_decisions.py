@@ -394,3 +394,9 @@ async def test_every_decision_is_recorded_once(world: World) -> None:
     await world.send("reports", report("out"))
     await world.send("nope", {})
     assert [r.decision for r in world.recorder.records] == [Decision.FORWARDED, Decision.SUPPRESSED, Decision.REJECTED]
+
+
+async def test_forwarded_source_publish_time_keeps_its_milliseconds(world: World) -> None:
+    # 1736528405.123 is stored as 1736528405.1229999...: truncating would write .122999
+    await world.send("reports", report("out"), publish_time=1736528405.123)
+    assert world.publisher.published[0][2]["filter_source_publish_time"] == "2025-01-10T17:00:05.123000Z"
