@@ -506,15 +506,17 @@ class Engine:
         log.info("lease_released", route=route, key=key, fence=held.fence)
 
     async def _publish(self, route: Route, msg: Message, fp: str, out: Outgoing | None = None) -> str:
-        attributes = dict(msg.attributes)
-        if out is not None:
-            attributes.update(out.attributes)
-        attributes[ATTR_FINGERPRINT] = fp
-        attributes[ATTR_SOURCE_ID] = msg.message_id
-        attributes[ATTR_ROUTE] = route.name
-        if msg.publish_time is not None:
-            attributes[ATTR_SOURCE_PUBLISH_TIME] = format_time(msg.publish_time)
+        # Everything inside the try: any failure here must become PublishFailed, so the caller
+        # releases the lease and the message is nacked, never left holding the key.
         try:
+            attributes = dict(msg.attributes)
+            if out is not None:
+                attributes.update(out.attributes)
+            attributes[ATTR_FINGERPRINT] = fp
+            attributes[ATTR_SOURCE_ID] = msg.message_id
+            attributes[ATTR_ROUTE] = route.name
+            if msg.publish_time is not None:
+                attributes[ATTR_SOURCE_PUBLISH_TIME] = format_time(msg.publish_time)
             data = out.data if out is not None else msg.data
             return await self.publisher.publish(route.destination, data, attributes, msg.ordering_key)
         except PublishFailed:

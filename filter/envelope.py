@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import base64
 import calendar
-import datetime as dt
 import re
+import time
 from collections.abc import Mapping
 from typing import Annotated
 
@@ -48,8 +48,13 @@ _RFC3339 = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(?:\.(\d+
 
 
 def format_time(ts: float) -> str:
-    """Epoch seconds → RFC 3339 UTC with microseconds, rounded (the inverse of `parse_time`)."""
-    return dt.datetime.fromtimestamp(ts, dt.UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+    """Epoch seconds → RFC 3339 UTC with microseconds, rounded (the inverse of `parse_time`).
+
+    Rounded, not truncated: .123 is stored as .12299999..., and gmtime, unlike datetime, takes
+    any year `parse_time` can produce (a 9999-12-31 stamp with a negative offset is year 10000).
+    """
+    seconds, micros = divmod(round(ts * 1_000_000), 1_000_000)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}Z"
 
 
 def parse_time(text: str) -> float:

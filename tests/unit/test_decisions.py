@@ -400,3 +400,12 @@ async def test_forwarded_source_publish_time_keeps_its_milliseconds(world: World
     # 1736528405.123 is stored as 1736528405.1229999...: truncating would write .122999
     await world.send("reports", report("out"), publish_time=1736528405.123)
     assert world.publisher.published[0][2]["filter_source_publish_time"] == "2025-01-10T17:00:05.123000Z"
+
+
+async def test_a_failure_while_building_the_publish_releases_the_lease(world: World) -> None:
+    # no surface produces an infinite publish time; it stands for any bug before the publish call
+    rec = await world.send("reports", report("out"), publish_time=float("inf"))
+    assert (rec.decision, rec.extra["cause"]) == (Decision.FAILED, "publish")
+    state = await world.state("reports", "2025-01-10")
+    assert state is not None and state.lease is None  # the redelivery is not made to wait out a lease
+    assert (await world.send("reports", report("out"))).decision is Decision.FORWARDED
