@@ -17,7 +17,6 @@ The engine knows nothing of HTTP, Firestore or Pub/Sub: it talks to the interfac
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 import uuid
@@ -256,9 +255,13 @@ def look_closer(
     details.update(diff.summary())
     content_changed = state is not None and state.fingerprint not in (None, fp)
     if route.rows_mode == "changed" and content_changed:
-        if not (diff.added or diff.changed or (diff.removed and route.removed_rows != "ignore")):
-            return Verdict(Decision.SUPPRESSED, "no row added or changed"), out, details
-        out.data, out.attributes = rules.partial(msg.data, diff)
+        if diff.any:
+            out.data, out.attributes = rules.partial(msg.data, diff)
+        else:
+            # The fingerprint says the content changed and no row digest does (rows that are
+            # not objects, say): forward it whole. Row mode only ever narrows what a forward
+            # carries; it never turns a change into a suppression.
+            details["rows_forwarded"] = "whole payload: the change is outside the row digests"
     return verdict, out, details
 
 
@@ -370,6 +373,8 @@ class Engine:
                     return await self._store_down(rules, msg, rec, exc)
             looked = False
             now = self.clock.now()
+            if state is not None and state.expired(now):
+                state = state.forgotten()  # the TTL may not have run yet: expired state never decides
             # 3. decide
             verdict = judge(route, msg, fp, state, now, bypass)
             rec.previous_fingerprint = state.fingerprint if state else None
@@ -489,10 +494,10 @@ class Engine:
         )
         try:
             committed = await self.store.commit(route.name, key, heartbeat.held, new)
-        except StoreUnavailable as exc:
+        except Exception as exc:  # whatever the store raised: the publish landed, so this is an ack
             # Published but not recorded: the lease expires and the next copy of this
             # content is forwarded once more. Never nack here: that would publish twice now.
-            log.error("commit_failed", route=route.name, key=key, fence=held.fence, error=str(exc))
+            log.error("commit_failed", route=route.name, key=key, fence=held.fence, error=_describe(exc))
             rec.extra["committed"] = False
             return rec
         if not committed:
@@ -501,9 +506,13 @@ class Engine:
         return rec
 
     async def _release(self, route: str, key: str, held: KeyState) -> None:
-        with contextlib.suppress(StoreUnavailable):
+        fence = held.lease.fence if held.lease else held.fence
+        try:
             await self.store.release(route, key, held)
-        log.info("lease_released", route=route, key=key, fence=held.fence)
+        except Exception as exc:  # the lease then lapses by itself; the nack still goes out
+            log.error("lease_release_failed", route=route, key=key, fence=fence, error=_describe(exc))
+            return
+        log.info("lease_released", route=route, key=key, fence=fence)
 
     async def _publish(self, route: Route, msg: Message, fp: str, out: Outgoing | None = None) -> str:
         # Everything inside the try: any failure here must become PublishFailed, so the caller
@@ -576,6 +585,10 @@ _LEVELS = {
     Decision.REJECTED: "warning",
     Decision.FAILED: "error",
 }
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if not isinstance(exc, StoreUnavailable) else str(exc)
 
 
 def _log_decision(rec: DecisionRecord) -> None:

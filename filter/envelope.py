@@ -83,14 +83,21 @@ def effective_publish_time(attributes: Mapping[str, str], publish_time: float | 
     `filter_replay_original_publish_time`; without it, a replayed old message would look
     newer than everything forwarded since and pass the stale guard. Push and pull both
     build their `Message.publish_time` through this function.
+
+    Any producer can set that attribute, so it may only make a message *older*: never
+    later than the time Pub/Sub itself stamped, and ignored when there is no such stamp
+    to bound it. A forged far-future value would otherwise make every later change for
+    the key `stale`.
     """
     text = attributes.get(ATTR_ORIGINAL_TIME)
-    if text:
-        try:
-            return parse_time(text)
-        except ValueError:
-            log.warning("bad_replay_publish_time", attribute=ATTR_ORIGINAL_TIME, value=text[:64])
-    return publish_time
+    if not text or publish_time is None:
+        return publish_time
+    try:
+        original = parse_time(text)
+    except ValueError:
+        log.warning("bad_replay_publish_time", attribute=ATTR_ORIGINAL_TIME, value=text[:64])
+        return publish_time
+    return min(original, publish_time)
 
 
 class _IdOnly(msgspec.Struct):

@@ -54,6 +54,8 @@ class Heartbeat:
     ) -> None:
         if self._task is not None:
             self._task.cancel()
+            # The beat never raises into the publish it guards: by now the publish may have
+            # landed, and only a commit attempt (refused if the lease moved) may follow it.
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
@@ -65,10 +67,11 @@ class Heartbeat:
                 extended = await self.store.extend(
                     self.route, self.key, self.held, self.clock.now() + self.lease.duration
                 )
-            except StoreUnavailable as exc:
+            except Exception as exc:  # any store error: keep beating, the lease may still be saved
                 self.failures += 1
                 counts["heartbeat_failed"] += 1
-                log.warning("heartbeat_failed", route=self.route, key=self.key, fence=fence, error=str(exc))
+                error = str(exc) if isinstance(exc, StoreUnavailable) else f"{type(exc).__name__}: {exc}"
+                log.warning("heartbeat_failed", route=self.route, key=self.key, fence=fence, error=error)
                 continue
             if extended is None:
                 self.lost = True

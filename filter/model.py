@@ -94,6 +94,15 @@ class KeyState:
     def with_lease(self, lease: Lease | None) -> KeyState:
         return replace(self, lease=lease, fence=lease.fence if lease else self.fence)
 
+    def expired(self, now: float) -> bool:
+        """Past `expires_at`: the state a TTL would have deleted (Firestore's TTL deletes a day or more late)."""
+        return self.expires_at is not None and self.expires_at <= now
+
+    def forgotten(self) -> KeyState:
+        """What the decision sees of expired state: nothing, except the lease (a live one still counts)
+        and what keeps writes safe (the fence only grows; the version is the compare-and-set token)."""
+        return KeyState(fence=self.fence, lease=self.lease, version=self.version)
+
 
 @dataclass(slots=True)
 class DecisionRecord:
@@ -117,6 +126,16 @@ class DecisionRecord:
     latency_ms: float | None = None
     trace: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def acked(self) -> bool:
+        """Whether the source message is acked: every surface answers from this, and only this.
+
+        A shadow route acks whatever it published (it publishes once per delivery, whatever
+        enforce mode would have done); an unpublished shadow decision is answered as enforce
+        mode would answer it.
+        """
+        return self.decision in ACKED or (not self.enforced and self.published_id is not None)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {

@@ -4,7 +4,7 @@ One process can serve several routes: each route's `subscription` is pulled with
 google-cloud-pubsub's `SubscriberClient.subscribe`. The subscriber's callbacks run in its
 thread pool; each message is handed to the asyncio loop of the main thread with
 `asyncio.run_coroutine_threadsafe`, and the result decides: a decision push answers with
-2xx (`filter.push.status_for(rec) < 300`) is acked, every other one nacked, exactly as a
+2xx (`DecisionRecord.acked`) is acked, every other one nacked, exactly as a
 push subscription would treat the HTTP answer.
 
 Leases agree with the engine's: the subscriber extends a message's ack deadline by
@@ -49,7 +49,6 @@ from .envelope import effective_publish_time
 from .logsetup import configure
 from .model import Message
 from .publishers.pubsub import resolve_project
-from .push import status_for
 from .replay import NO_CREDENTIALS
 from .wiring import make_engine, project_of
 
@@ -289,7 +288,7 @@ class PullWorker:
         finally:
             self._tasks.discard(task)
         self.handled += 1
-        return status_for(rec) < 300
+        return rec.acked
 
     def _settle(self, path: str, received: Any, future: concurrent.futures.Future[bool]) -> None:
         """Ack or nack from the handling's result (runs on the loop's thread, or the caller's)."""

@@ -22,7 +22,7 @@ from starlette.routing import Route
 from .counters import counts
 from .engine import Engine
 from .envelope import EnvelopeError, parse_envelope
-from .model import ACKED, Decision, DecisionRecord
+from .model import Decision, DecisionRecord
 
 log = structlog.get_logger("pubsub_filter.push")
 
@@ -39,7 +39,7 @@ def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | Non
 
 
 def status_for(rec: DecisionRecord) -> int:
-    if rec.decision in ACKED:
+    if rec.acked:
         return 200
     cause = rec.extra.get("cause")
     if rec.decision is Decision.REJECTED:

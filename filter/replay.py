@@ -586,7 +586,6 @@ class Replayer:
 
     async def _through_filter(self, item: DeadLetter) -> None:
         from .model import Decision, Message
-        from .push import status_for
 
         route = self._route_for(item)
         attributes = item.replay_attributes()
@@ -598,7 +597,7 @@ class Replayer:
             ordering_key=item.ordering_key or None,
         )
         rec = await self.engine.handle(route, msg)
-        if status_for(rec) >= 300:
+        if not rec.acked:
             raise ReplayFailure(f"{rec.decision}: {rec.reason}")
         self._to_ack.append(item.ack_id)
         if rec.published_id or rec.decision in (Decision.FORWARDED, Decision.FAIL_OPEN):

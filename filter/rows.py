@@ -51,19 +51,33 @@ def row_key_of(row: Mapping[str, Any], row_key: tuple[str, ...]) -> str:
 
 
 def digest_rows(route: Route, rows: list[Any]) -> RowDigests:
-    """Digest every row that is an object: the selected fields only (include minus exclude)."""
+    """Digest every row that is an object: the selected fields only (include minus exclude).
+
+    Rows that share a key are digested together, in canonical order, so a change to any of
+    them changes that key's digest (keeping only the last would hide a change in the others).
+    """
     exclude = frozenset(route.exclude)
     include = tuple(k for k in route.include if k not in exclude)
     keys = tuple(route.row_key)
-    out: RowDigests = {}
+    groups: dict[str, list[dict[str, Any]]] = {}
     for row in rows:
         if not isinstance(row, dict):
             continue
         selected = (
             {k: row[k] for k in include if k in row} if include else {k: v for k, v in row.items() if k not in exclude}
         )
-        fields = {k: f"{zlib.crc32(_encode(v)):08x}" for k, v in selected.items()}
-        out[row_key_of(row, keys)] = (hashlib.sha256(_encode(selected)).hexdigest()[:16], fields)
+        groups.setdefault(row_key_of(row, keys), []).append(selected)
+    out: RowDigests = {}
+    for key, group in groups.items():
+        if len(group) == 1:
+            (selected,) = group
+            fields = {k: f"{zlib.crc32(_encode(v)):08x}" for k, v in selected.items()}
+            out[key] = (hashlib.sha256(_encode(selected)).hexdigest()[:16], fields)
+            continue
+        group.sort(key=_encode)
+        names = sorted({k for selected in group for k in selected})
+        fields = {n: f"{zlib.crc32(_encode([s.get(n, _MISSING_FIELD) for s in group])):08x}" for n in names}
+        out[key] = (hashlib.sha256(_encode(group)).hexdigest()[:16], fields)
     return out
 
 

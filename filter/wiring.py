@@ -19,9 +19,9 @@ def project_of(cfg: Config, specific: str | None = None) -> str | None:
 def make_store(cfg: Config) -> StateStore:
     s = cfg.store
     if s.backend == "sqlite":
-        from .stores.sqlite import SqliteStore
+        from .stores.sqlite import PURGE_EVERY, SqliteStore
 
-        return GuardedStore(SqliteStore(s.path), cfg.store_errors, inline=True)
+        return GuardedStore(SqliteStore(s.path, purge_every=PURGE_EVERY), cfg.store_errors, inline=True)
     else:
         from .stores.firestore import FirestoreStore
 

@@ -29,13 +29,20 @@ class GuardedStore:
         self.inline = inline
 
     async def _attempt(self, op: Callable[[], Awaitable[T]]) -> T:
-        if self.inline:
-            return await op()
         try:
+            if self.inline:
+                return await op()
             async with asyncio.timeout(self.policy.timeout):
                 return await op()
+        except StoreUnavailable:
+            raise
         except TimeoutError:
             raise StoreUnavailable(f"no answer within {self.policy.timeout:g}s") from None
+        except Exception as exc:
+            # Whatever a backend raises (a corrupt SQLite page, a document it cannot decode,
+            # a client bug) is the store failing to answer: the route's on_store_error
+            # decides, and no store error escapes the engine as an exception.
+            raise StoreUnavailable(f"{type(exc).__name__}: {exc}") from exc
 
     async def _call(self, op: Callable[[], Awaitable[T]]) -> T:
         started = time.monotonic()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -89,10 +90,29 @@ def _values(s: KeyState) -> tuple[Any, ...]:
     )
 
 
+#: How often the embedded store deletes expired keys by itself (Firestore's TTL policy does it there).
+PURGE_EVERY = 3600.0
+
+
 class SqliteStore:
-    def __init__(self, path: str | Path, busy_timeout: float = 5.0):
+    """`purge_every`: seconds between the store's own purges of expired keys (`filter.wiring` sets
+    `PURGE_EVERY`; None: only when `purge()` is called). A purge runs from a claim, a write the
+    forward path makes anyway, so the suppress path stays a single read. `clock` tells the
+    purge what time it is (the engine's clock, in tests that move time by hand)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        busy_timeout: float = 5.0,
+        *,
+        purge_every: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
         self.path = str(path)
         self.ops: Counter[str] = Counter()  # statements by kind, as FirestoreStore.ops counts RPCs
+        self.purge_every = purge_every
+        self.clock = clock
+        self._next_purge = 0.0
         try:
             self._db = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -102,13 +122,14 @@ class SqliteStore:
             for column, kind in _ADDED_COLUMNS.items():
                 if column not in present:
                     self._db.execute(f"ALTER TABLE key_state ADD COLUMN {column} {kind}")
+            self._db.execute("CREATE INDEX IF NOT EXISTS key_state_expiry ON key_state (expires_at)")
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
 
     def _exec(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
         try:
             return self._db.execute(sql, params)
-        except sqlite3.OperationalError as exc:  # locked beyond busy_timeout, disk I/O, ...
+        except sqlite3.Error as exc:  # locked beyond busy_timeout, disk I/O, a corrupt file, ...
             raise StoreUnavailable(f"sqlite {self.path}: {exc}") from exc
 
     def _get(self, route: str, key: str) -> KeyState | None:
@@ -120,6 +141,7 @@ class SqliteStore:
         return self._get(route, key)
 
     async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
+        self._purge_when_due()
         self.ops["write"] += 1
         self.ops["claim"] += 1
         if seen is None:
@@ -185,12 +207,25 @@ class SqliteStore:
         )
 
     def purge(self, now: float | None = None) -> int:
-        """Delete keys past their expiry (the embedded twin of Firestore's TTL policy)."""
+        """Delete keys past their expiry (the embedded twin of Firestore's TTL policy).
+
+        Safe against a holder that is still publishing: a key with a live lease stays, and a
+        late commit is conditional on its holder token, which a recreated key never carries.
+        """
+        at = self.clock() if now is None else now
         cur = self._exec(
-            "DELETE FROM key_state WHERE expires_at < ? AND (lease_expires IS NULL OR lease_expires < ?)",
-            (now or time.time(), now or time.time()),
+            "DELETE FROM key_state WHERE expires_at < ? AND (lease_expires IS NULL OR lease_expires < ?)", (at, at)
         )
+        self.ops["purge"] += 1
         return cur.rowcount
+
+    def _purge_when_due(self) -> None:
+        if self.purge_every is None:
+            return
+        now = self.clock()
+        if now >= self._next_purge:
+            self._next_purge = now + self.purge_every
+            self.purge(now)
 
     async def ping(self) -> None:
         self._exec("SELECT 1").fetchone()

@@ -161,13 +161,17 @@ async def test_a_removed_row_can_be_sent_as_a_tombstone(rig: Rig) -> None:
     ]
 
 
-async def test_only_a_removal_with_removals_ignored_is_suppressed(rig: Rig) -> None:
+async def test_only_a_removal_with_removals_ignored_is_forwarded_with_no_rows(rig: Rig) -> None:
+    # The fingerprint changed, so row mode may narrow the forward but never suppress it:
+    # `ignore` leaves the removed rows' keys out, the change itself still goes downstream.
     first = report()
     await rig.send("injury-ignore-removed", first)
     fewer = copy.deepcopy(first)
     fewer["players"].pop(10)
     rec = await rig.send("injury-ignore-removed", fewer)
-    assert (rec.decision, rec.reason) == (Decision.SUPPRESSED, "no row added or changed")
+    body, attributes = rig.last()
+    assert rec.decision is Decision.FORWARDED and body["players"] == []
+    assert attributes["filter_rows_removed"] == "1" and "filter_rows_removed_keys" not in attributes
 
 
 async def test_an_added_row_forwards_only_that_row(rig: Rig) -> None:

@@ -1,0 +1,231 @@
+"""Paths adversarial probing found losing or duplicating a message while every other test was green.
+
+One behaviour per test; each failed before its fix. Numbers refer to issue 11's list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+import structlog
+
+from filter.config import parse
+from filter.engine import Engine
+from filter.envelope import ATTR_ORIGINAL_TIME, make_envelope, parse_envelope
+from filter.model import Decision, KeyState, Message
+from filter.push import status_for
+from filter.stores.guard import GuardedStore
+from filter.stores.sqlite import SqliteStore
+from filter.wiring import make_store
+from tests.support.clock import ManualClock
+from tests.support.fakes import MemoryPublisher, MemoryRecorder
+from tests.unit.test_decisions import World, report
+
+
+@pytest.fixture
+def world(tmp_path: Path) -> World:
+    return World(tmp_path)
+
+
+# --- 3. shadow mode publishes once per delivery ----------------------------------------
+
+
+async def test_shadow_route_acks_a_contended_message_it_published(world: World) -> None:
+    world.publisher.gate = asyncio.Event()
+    first = asyncio.create_task(world.send("shadow", {"game_date": "d", "v": 1}))
+    await world.publisher.started.wait()
+    world.publisher.started.clear()
+    second = asyncio.create_task(world.send("shadow", {"game_date": "d", "v": 2}))
+    await world.publisher.started.wait()  # the second is publishing too: shadow mode holds nothing back
+    world.publisher.gate.set()
+    rec = await second
+    await first
+    assert (rec.decision, rec.enforced) == (Decision.CONTENDED, False)
+    assert rec.acked and status_for(rec) == 200  # acked, so Pub/Sub does not redeliver and republish it
+    assert len(world.publisher.published) == 2
+
+
+async def test_shadow_route_that_could_not_publish_is_not_acked(world: World) -> None:
+    await world.send("shadow", {"game_date": "d", "v": 1, "scraped": "a"})
+    world.publisher.fail = True
+    rec = await world.send("shadow", {"game_date": "d", "v": 1, "scraped": "b"})
+    assert rec.decision is Decision.FAILED and not rec.acked and status_for(rec) == 500
+
+
+# --- 4. a producer cannot poison a key with a forged replay time --------------------------
+
+
+def test_a_replay_time_later_than_the_real_publish_time_is_not_believed() -> None:
+    body = make_envelope(b"{}", "1", {ATTR_ORIGINAL_TIME: "2999-01-01T00:00:00Z"}, publish_time="2026-01-01T00:00:00Z")
+    assert parse_envelope(body).publish_time == parse_envelope(make_envelope(b"{}", "1")).publish_time
+
+
+async def test_a_forged_future_replay_time_does_not_make_later_changes_stale(world: World) -> None:
+    forged = parse_envelope(
+        make_envelope(
+            json.dumps({"game_date": "d", "v": 1}).encode(),
+            "1",
+            {ATTR_ORIGINAL_TIME: "2999-01-01T00:00:00Z"},
+            publish_time="2026-01-01T00:00:00Z",
+        )
+    )
+    assert (await world.engine.handle("strict", forged)).decision is Decision.FORWARDED
+    later = parse_envelope(
+        make_envelope(json.dumps({"game_date": "d", "v": 2}).encode(), "2", publish_time="2026-01-01T00:01:00Z")
+    )
+    assert (await world.engine.handle("strict", later)).decision is Decision.FORWARDED
+
+
+# --- 5. row mode never suppresses a change the fingerprint sees ---------------------------
+
+ROW_ROUTES: list[dict[str, Any]] = [
+    {
+        "name": "changed-rows",
+        "destination": "phase3",
+        "key": ["payload.game_date"],
+        "rows": "payload.players",
+        "row_key": ["player"],
+        "rows_mode": "changed",
+    }
+]
+
+
+class RowRig:
+    def __init__(self, tmp_path: Path):
+        self.config = parse({"routes": ROW_ROUTES})
+        self.publisher = MemoryPublisher()
+        store = GuardedStore(SqliteStore(tmp_path / "state.db"), self.config.store_errors)
+        self.engine = Engine(self.config, store, self.publisher, MemoryRecorder(), ManualClock())
+        self.n = 0
+
+    async def send(self, payload: Any) -> Decision:
+        self.n += 1
+        msg = Message(json.dumps(payload).encode(), {}, f"m{self.n}")
+        return (await self.engine.handle("changed-rows", msg)).decision
+
+
+async def test_a_change_in_a_row_that_shares_its_key_is_forwarded(tmp_path: Path) -> None:
+    rig = RowRig(tmp_path)
+    first = {"game_date": "d", "players": [{"player": "a", "status": "out"}, {"player": "a", "status": "in"}]}
+    assert await rig.send(first) is Decision.FORWARDED
+    changed = copy.deepcopy(first)
+    changed["players"][0]["status"] = "questionable"
+    assert await rig.send(changed) is Decision.FORWARDED
+    body = json.loads(rig.publisher.published[-1].data)
+    assert sorted(p["status"] for p in body["players"]) == ["in", "questionable"]  # every row of that key
+
+
+async def test_rows_sharing_a_key_in_another_order_are_unchanged(tmp_path: Path) -> None:
+    rig = RowRig(tmp_path)
+    rows_ = [{"player": "a", "status": "out"}, {"player": "a", "status": "in"}]
+    await rig.send({"game_date": "d", "players": rows_})
+    assert await rig.send({"game_date": "d", "players": rows_[::-1]}) is Decision.SUPPRESSED
+
+
+async def test_a_change_outside_the_row_objects_is_forwarded_whole(tmp_path: Path) -> None:
+    rig = RowRig(tmp_path)
+    await rig.send({"game_date": "d", "players": [{"player": "a", "status": "out"}, "note: x"]})
+    assert await rig.send({"game_date": "d", "players": [{"player": "a", "status": "out"}, "note: y"]}) is (
+        Decision.FORWARDED
+    )
+    assert json.loads(rig.publisher.published[-1].data)["players"][1] == "note: y"
+
+
+# --- 6. a store error in the heartbeat after a confirmed publish ---------------------------
+
+
+class CorruptOnExtend(SqliteStore):
+    """The SQLite store, but every lease extension meets a corrupt page."""
+
+    def __init__(self, path: Path, beat: asyncio.Event):
+        super().__init__(path)
+        self.beat = beat
+
+    async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
+        self.beat.set()
+        raise sqlite3.DatabaseError("database disk image is malformed")
+
+
+async def _forward_with_failing_heartbeat(tmp_path: Path, guarded: bool) -> tuple[World, Any]:
+    world = World(tmp_path, lease={"duration": "3s", "ack_deadline": "2s", "heartbeat": "10ms"})
+    beat = asyncio.Event()
+    inner = CorruptOnExtend(tmp_path / "state.db", beat)
+    world.engine.store = GuardedStore(inner, world.config.store_errors, inline=True) if guarded else inner
+    world.publisher.gate = asyncio.Event()
+    sent = asyncio.create_task(world.send("reports", report("out")))
+    await beat.wait()  # the heartbeat has failed at least once while the publish is held
+    world.publisher.gate.set()
+    return world, await sent
+
+
+async def test_a_raw_store_error_in_the_heartbeat_still_commits_the_forward(tmp_path: Path) -> None:
+    world, rec = await _forward_with_failing_heartbeat(tmp_path, guarded=False)
+    assert rec.decision is Decision.FORWARDED and rec.acked and rec.extra.get("committed", True)
+    state = await world.state("reports", "2025-01-10")
+    assert state is not None and state.lease is None and state.fingerprint == rec.fingerprint
+
+
+async def test_the_guard_turns_any_store_error_into_store_unavailable(tmp_path: Path) -> None:
+    world, rec = await _forward_with_failing_heartbeat(tmp_path, guarded=True)
+    assert rec.decision is Decision.FORWARDED and rec.acked
+    assert (await world.send("reports", report("out"))).decision is Decision.SUPPRESSED  # committed
+
+
+async def test_a_failed_release_is_logged_as_failed_not_released(world: World) -> None:
+    class NoRelease(SqliteStore):
+        async def release(self, route: str, key: str, held: KeyState) -> None:
+            raise sqlite3.DatabaseError("disk I/O error")
+
+    world.engine.store = NoRelease(world.tmp_path / "state.db")
+    world.publisher.fail = True
+    with structlog.testing.capture_logs() as logs:
+        rec = await world.send("reports", report("out"))
+    events = [e["event"] for e in logs]
+    assert rec.decision is Decision.FAILED and not rec.acked
+    assert "lease_release_failed" in events and "lease_released" not in events
+
+
+# --- 7. expired state never decides -------------------------------------------------------
+
+
+async def test_state_past_its_expiry_does_not_suppress(world: World) -> None:
+    first = await world.send("raw", b"same", attributes={"id": "k"})
+    world.clock.advance(world.config.state_ttl + 1)  # the TTL has not deleted it yet (Firestore: up to a day late)
+    rec = await world.send("raw", b"same", attributes={"id": "k"})
+    assert (first.decision, rec.decision) == (Decision.FORWARDED, Decision.FORWARDED)
+    assert rec.fence == 2  # the fence still only grows
+
+
+async def test_a_redelivery_past_the_state_expiry_is_forwarded_again(world: World) -> None:
+    await world.send("raw", b"same", attributes={"id": "k"}, message_id="m1")
+    world.clock.advance(world.config.state_ttl + 1)
+    assert (await world.send("raw", b"same", attributes={"id": "k"}, message_id="m1")).decision is Decision.FORWARDED
+
+
+async def test_the_embedded_store_purges_expired_keys_by_itself(tmp_path: Path) -> None:
+    clock = ManualClock()
+    store = SqliteStore(tmp_path / "state.db", purge_every=60, clock=clock.now)
+    engine = Engine(
+        parse({"routes": [{"name": "r", "destination": "d", "key": ["attributes.id"]}], "state_ttl": "1d"}),
+        GuardedStore(store, parse({"routes": ROW_ROUTES}).store_errors, inline=True),
+        MemoryPublisher(),
+        MemoryRecorder(),
+        clock,
+    )
+    await engine.handle("r", Message(b"x", {"id": "old"}, "1"))
+    clock.advance(86400 + 61)
+    await engine.handle("r", Message(b"x", {"id": "new"}, "2"))  # a claim: the purge is due
+    assert await store.read("r", "old") is None and await store.read("r", "new") is not None
+
+
+def test_the_configured_embedded_store_purges_by_itself(tmp_path: Path) -> None:
+    cfg = parse({"routes": ROW_ROUTES, "store": {"backend": "sqlite", "path": str(tmp_path / "s.db")}})
+    store = make_store(cfg)
+    assert isinstance(store, GuardedStore) and isinstance(store.inner, SqliteStore)
+    assert store.inner.purge_every is not None
