@@ -48,6 +48,21 @@ ATTR_SOURCE_ID = "filter_source_message_id"
 ATTR_ROUTE = "filter_route"
 ATTR_SOURCE_PUBLISH_TIME = "filter_source_publish_time"
 ATTRIBUTE_LIMIT = 1024
+#: Attributes only the filter writes on what it forwards. A producer's own values for them are
+#: dropped, so a consumer can trust them (`filter_rows_changed: 0` on a whole payload, say).
+OWN_ATTRIBUTES = frozenset(
+    {
+        ATTR_FINGERPRINT,
+        ATTR_SOURCE_ID,
+        ATTR_ROUTE,
+        ATTR_SOURCE_PUBLISH_TIME,
+        "filter_rows_total",
+        "filter_rows_changed",
+        "filter_rows_removed",
+        "filter_rows_removed_keys",
+        "filter_rows_removed_truncated",
+    }
+)
 
 
 class SystemClock:
@@ -518,7 +533,7 @@ class Engine:
         # Everything inside the try: any failure here must become PublishFailed, so the caller
         # releases the lease and the message is nacked, never left holding the key.
         try:
-            attributes = dict(msg.attributes)
+            attributes = {k: v for k, v in msg.attributes.items() if k not in OWN_ATTRIBUTES}
             if out is not None:
                 attributes.update(out.attributes)
             attributes[ATTR_FINGERPRINT] = fp

@@ -229,3 +229,15 @@ def test_the_configured_embedded_store_purges_by_itself(tmp_path: Path) -> None:
     store = make_store(cfg)
     assert isinstance(store, GuardedStore) and isinstance(store.inner, SqliteStore)
     assert store.inner.purge_every is not None
+
+
+# --- 4. attributes only the filter writes ------------------------------------------------
+
+
+async def test_a_producer_cannot_forge_the_filters_own_attributes_downstream(world: World) -> None:
+    forged = {"filter_rows_changed": "0", "filter_rows_removed_keys": '["x"]', "filter_fingerprint": "sha256:0"}
+    rec = await world.send("strict", {"game_date": "d", "v": 1}, attributes={**forged, "source": "scraper"})
+    attributes = world.publisher.published[-1].attributes
+    assert rec.decision is Decision.FORWARDED and attributes["source"] == "scraper"
+    assert "filter_rows_changed" not in attributes and "filter_rows_removed_keys" not in attributes
+    assert attributes["filter_fingerprint"] == rec.fingerprint
