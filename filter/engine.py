@@ -214,6 +214,10 @@ def judge(
         return Verdict(Decision.CONTENDED, "other content for this key is in flight")
     if bypass:
         return Verdict(Decision.FORWARDED, "bypass rule")
+    if lease is not None and lease.fingerprint != state.fingerprint and state.fingerprint == fingerprint:
+        # A holder's lease lapsed mid-forward (it died, or its commit never landed): its publish
+        # may have reached the destination, which then no longer holds what the state says.
+        return Verdict(Decision.FORWARDED, "a lapsed forward of other content may be downstream")
     if state.fingerprint == fingerprint:
         if route.window is None or state.forwarded_at is None or now - state.forwarded_at < route.window:
             return Verdict(Decision.SUPPRESSED, "unchanged since last forward")

@@ -52,3 +52,12 @@ def firestore(firestore_emulator: FirestoreEmulator) -> Iterator[FirestoreEmulat
     except EmulatorError as exc:
         pytest.fail(str(exc), pytrace=False)
     yield firestore_emulator
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Say how many steps the model-based engine tests ran (the closing note quotes it)."""
+    import sys
+
+    model = sys.modules.get("tests.support.engine_model")
+    for backend, steps in sorted(getattr(model, "STEPS", {}).items()):
+        terminalreporter.write_line(f"engine model: {steps} steps on {backend}")

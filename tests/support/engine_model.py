@@ -1,0 +1,625 @@
+"""A reference model of the README's decision table, and a state machine that drives the real engine with it.
+
+`ReferenceModel` is the README's table in plain Python, written from the README and not
+from `filter.engine`: per (route, key) the last forward, the recent message ids, the lease
+and the fence, with contents named by small integers instead of fingerprints. It knows
+nothing of SQLite, Firestore or the engine's code.
+
+`EngineMachine` (a hypothesis `RuleBasedStateMachine`) sends the same random history to
+the real `Engine` and to the model: new messages with a few contents per key, redeliveries
+of old message ids, forwards held in flight while other deliveries arrive (two engine
+instances sharing one store), in-flight forwards killed before or after their publish
+landed, store outages, failing publishes, clock jumps past the window, the lease and the
+state TTL, shadow, row-mode and bypass routes. After every step it checks:
+
+- the decision is the model's;
+- nothing acked was lost: an acked forward was published, an acked suppression or
+  duplicate names content that reached the destination, an acked stale message is older
+  than what was forwarded;
+- no message is published again once it was acked (except where the README says a copy
+  may repeat: fail-open, a kill after the publish landed, a commit that could not land);
+- a shadow route publishes each delivery it acks exactly once;
+- after a drain (every unacked message redelivered in publish-time order, faults off), the
+  destination ends on the newest content of every key.
+
+`STEPS` counts the steps run, per backend; the suite prints it at the end.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from filter.config import Config, parse
+from filter.engine import ATTR_ROUTE, ATTR_SOURCE_ID, RECENT, Engine
+from filter.model import Decision, DecisionRecord, KeyState, Message
+from filter.ports import PublishFailed, StateStore, StoreUnavailable
+from tests.support.clock import ManualClock
+from tests.support.fakes import MemoryRecorder
+
+STEPS: Counter[str] = Counter()
+
+LEASE = 120.0
+WINDOW = 3600.0
+TTL = 86400.0
+KEYS = ("a", "b")
+CONTENTS = (0, 1, 2)
+
+ROUTES: list[dict[str, Any]] = [
+    {"name": "enforce", "destination": "out-enforce", "key": ["payload.k"], "exclude": ["noise"], "window": "1h"},
+    {
+        "name": "retry",
+        "destination": "out-retry",
+        "key": ["payload.k"],
+        "exclude": ["noise"],
+        "on_store_error": "retry",
+    },
+    {"name": "shadow", "destination": "out-shadow", "key": ["payload.k"], "exclude": ["noise"], "mode": "shadow"},
+    {
+        "name": "rows",
+        "destination": "out-rows",
+        "key": ["payload.k"],
+        "rows": "payload.rows",
+        "row_key": ["id"],
+        "exclude": ["noise"],
+        "rows_mode": "changed",
+    },
+    {
+        "name": "bypass",
+        "destination": "out-bypass",
+        "key": ["payload.k"],
+        "exclude": ["noise"],
+        "bypass": {"field": "payload.live", "equals": True},
+    },
+]
+ROUTE_NAMES = tuple(r["name"] for r in ROUTES)
+#: Routes whose destination must end on the newest content: not shadow (publishes in delivery
+#: order), not bypass (always forwards, older content too), not rows (forwards a part).
+NEWEST_WINS = ("enforce", "retry")
+
+
+def config() -> Config:
+    return parse(
+        {
+            "routes": ROUTES,
+            "lease": {"duration": f"{LEASE:g}s", "ack_deadline": "60s", "heartbeat": "50s"},
+            "state_ttl": "1d",
+            "store_errors": {"timeout": "2s", "budget": "4s"},
+        }
+    )
+
+
+def payload(route: str, key: str, content: int, noise: int) -> bytes:
+    """Three contents per key. On `rows`: distinct rows, rows sharing a key, a row that is not an object."""
+    if route == "rows":
+        rows: list[Any] = [
+            [{"id": 1, "s": "a", "noise": noise}, {"id": 2, "s": "b", "noise": noise}],
+            [{"id": 1, "s": "a", "noise": noise}, {"id": 1, "s": "x", "noise": noise}],
+            [{"id": 1, "s": "a", "noise": noise}, "note"],
+        ][content]
+        return json.dumps({"k": key, "rows": rows, "noise": noise}).encode()
+    body: dict[str, Any] = {"k": key, "v": content, "noise": noise}
+    if route == "bypass":
+        body["live"] = content == 2
+    return json.dumps(body).encode()
+
+
+# --- the reference model ---------------------------------------------------------------------
+
+
+@dataclass
+class MLease:
+    fence: int
+    content: int
+    message_id: str
+    expires_at: float
+
+
+@dataclass
+class MKey:
+    content: int | None = None
+    forwarded_at: float | None = None
+    publish_time: float | None = None
+    recent: list[str] = field(default_factory=list)
+    fence: int = 0
+    lease: MLease | None = None
+    expires_at: float | None = None
+    # Expired state may have been deleted (SQLite purge, Firestore TTL): then the store's fence
+    # starts again from 1. The model follows the store's numbering at the next forward.
+    renumbered: bool = False
+
+
+@dataclass
+class Sent:
+    id: str
+    route: str
+    key: str
+    content: int
+    data: bytes
+    publish_time: float
+    acked: bool = False
+    retired: bool = False  # older than the state TTL: Pub/Sub no longer redelivers it
+
+
+class ReferenceModel:
+    """The README's decision table over (route, key) → MKey."""
+
+    def __init__(self) -> None:
+        self.keys: dict[tuple[str, str], MKey] = {}
+
+    def state(self, route: str, key: str, now: float) -> MKey:
+        k = self.keys.get((route, key))
+        if k is None:
+            k = self.keys[(route, key)] = MKey()
+        elif k.expires_at is not None and k.expires_at <= now:  # expired: only the fence and lease remain
+            k = self.keys[(route, key)] = MKey(fence=k.fence, lease=k.lease, renumbered=True)
+        return k
+
+    def judge(self, route: str, m: Sent, now: float) -> Decision:
+        k = self.state(route, m.key, now)
+        if m.id in k.recent:
+            return Decision.DUPLICATE
+        if k.lease is not None and k.lease.expires_at > now:
+            if k.lease.message_id == m.id:
+                return Decision.CONTENDED
+            return Decision.DUPLICATE if k.lease.content == m.content else Decision.CONTENDED
+        if route == "bypass" and m.content == 2:
+            return Decision.FORWARDED
+        if k.content is None:
+            return Decision.FORWARDED
+        older = k.publish_time is not None and m.publish_time < k.publish_time
+        # A holder whose lease lapsed may have published its content: the destination may not
+        # hold what the state says, so equal content is no reason to suppress.
+        dead_other = k.lease is not None and k.lease.content != k.content
+        if dead_other and m.content == k.content:
+            return Decision.FORWARDED
+        if m.content == k.content:
+            if route != "enforce" or k.forwarded_at is None or now - k.forwarded_at < WINDOW:
+                return Decision.SUPPRESSED
+            if not older:
+                return Decision.FORWARDED
+        if older:
+            return Decision.STALE
+        return Decision.FORWARDED
+
+    def claim(self, route: str, m: Sent, now: float) -> int:
+        k = self.state(route, m.key, now)
+        k.fence += 1
+        k.lease = MLease(k.fence, m.content, m.id, now + LEASE)
+        k.expires_at = max(k.expires_at or 0.0, now + TTL)
+        return k.fence
+
+    def commit(self, route: str, m: Sent, fence: int, now: float) -> bool:
+        k = self.keys[(route, m.key)]
+        if k.lease is None or k.lease.fence != fence:
+            return False
+        k.content, k.forwarded_at, k.publish_time = m.content, now, m.publish_time
+        k.recent = [*k.recent, m.id][-RECENT:]
+        k.lease, k.expires_at = None, now + TTL
+        return True
+
+    def release(self, route: str, m: Sent, fence: int) -> None:
+        k = self.keys[(route, m.key)]
+        if k.lease is not None and k.lease.fence == fence:
+            k.lease = None
+
+
+# --- the engine's collaborators for the machine ---------------------------------------------
+
+
+class Killed(BaseException):
+    """The process died here: nothing after this line of the engine runs (no release, no record)."""
+
+
+class HeldPublisher:
+    """Publishes at once, fails the next publish when armed, or holds one message's publish
+    until the test says how it ends: `ok`, `fail`, `kill_before` or `kill_after` (it landed)."""
+
+    def __init__(self) -> None:
+        self.published: list[tuple[str, str, bytes]] = []  # (route, source message id, data)
+        self.fail_next = False
+        self.hold: set[str] = set()
+        self.held: dict[str, asyncio.Future[str]] = {}
+        self.reached = asyncio.Event()
+        self._ids = itertools.count(1)
+
+    def _land(self, data: bytes, attributes: Mapping[str, str]) -> str:
+        self.published.append((attributes[ATTR_ROUTE], attributes[ATTR_SOURCE_ID], data))
+        return str(next(self._ids))
+
+    async def publish(
+        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None = None
+    ) -> str:
+        source = attributes[ATTR_SOURCE_ID]
+        if source in self.hold:
+            self.hold.discard(source)
+            future: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+            self.held[source] = future
+            self.reached.set()
+            outcome = await future
+            if outcome == "fail":
+                raise PublishFailed("held publish failed")
+            if outcome == "kill_before":
+                raise Killed
+            published = self._land(data, attributes)
+            if outcome == "kill_after":
+                raise Killed
+            return published
+        if self.fail_next:
+            self.fail_next = False
+            raise PublishFailed("injected publish failure")
+        return self._land(data, attributes)
+
+    async def close(self) -> None:
+        pass
+
+
+class FaultyStore:
+    """A `StateStore` that answers `StoreUnavailable` to everything while `down` (an outage)."""
+
+    def __init__(self, inner: StateStore):
+        self.inner = inner
+        self.down = False
+
+    def _check(self) -> None:
+        if self.down:
+            raise StoreUnavailable("injected outage")
+
+    async def read(self, route: str, key: str) -> KeyState | None:
+        self._check()
+        return await self.inner.read(route, key)
+
+    async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
+        self._check()
+        return await self.inner.claim(route, key, seen, new)
+
+    async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
+        self._check()
+        return await self.inner.extend(route, key, held, expires_at)
+
+    async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
+        self._check()
+        return await self.inner.commit(route, key, held, new)
+
+    async def release(self, route: str, key: str, held: KeyState) -> None:
+        self._check()
+        await self.inner.release(route, key, held)
+
+    async def ping(self) -> None:
+        self._check()
+        await self.inner.ping()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+@dataclass
+class InFlight:
+    sent: Sent
+    task: asyncio.Task[DecisionRecord]
+    fence: int
+
+
+#: Builds the store for one run: (config, clock, scratch dir) → a StateStore.
+StoreFactory = Callable[[Config, ManualClock, Path], StateStore]
+
+
+class EngineMachine(RuleBasedStateMachine):
+    """Subclassed per backend with `backend` and `make_store` set."""
+
+    backend = "sqlite"
+    make_store: StoreFactory
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.loop = asyncio.new_event_loop()
+        self.dir = Path(tempfile.mkdtemp(prefix="engine-model-"))
+        self.config = config()
+        self.clock = ManualClock()
+        self.publisher = HeldPublisher()
+        self.recorder = MemoryRecorder()
+        self.store = FaultyStore(type(self).make_store(self.config, self.clock, self.dir))
+        self.engines = [
+            Engine(self.config, self.store, self.publisher, self.recorder, self.clock, instance)  # type: ignore[arg-type]
+            for instance in ("one", "two")
+        ]
+        self.model = ReferenceModel()
+        self.sent: list[Sent] = []
+        self.in_flight: list[InFlight] = []
+        self.exempt: set[str] = set()  # ids the README allows to be published once more
+        self.failed_open: set[tuple[str, str]] = set()  # keys whose destination a fail-open may have moved
+        # Keys where a message was acked while an older one was not: Pub/Sub with message ordering
+        # never does that, and without it the newest content need not win (README: ordering).
+        self.out_of_order: set[tuple[str, str]] = set()
+        self._ids = itertools.count(1)
+        self._noise = itertools.count()
+
+    def run(self, coro: Any) -> Any:
+        return self.loop.run_until_complete(coro)
+
+    def teardown(self) -> None:
+        for f in self.in_flight:
+            f.task.cancel()
+        if self.in_flight:
+            self.run(asyncio.gather(*(f.task for f in self.in_flight), return_exceptions=True))
+        self.run(self.store.close())
+        self.loop.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    # --- helpers ---------------------------------------------------------------------------
+
+    def _new(self, route: str, key: str, content: int) -> Sent:
+        self.clock.advance(0.001)  # every message has its own publish time: "newest" is well defined
+        mid = f"m{next(self._ids)}"
+        data = payload(route, key, content, next(self._noise))
+        sent = Sent(mid, route, key, content, data, self.clock.now())
+        self.sent.append(sent)
+        return sent
+
+    def _message(self, sent: Sent) -> Message:
+        return Message(sent.data, {}, sent.id, publish_time=sent.publish_time)
+
+    def _publishes(self, mid: str) -> int:
+        return sum(1 for _, source, _ in self.publisher.published if source == mid)
+
+    def _expect(self, sent: Sent) -> tuple[Decision, int | None]:
+        """The model's decision for a delivery that runs to its end now, applied to the model."""
+        now = self.clock.now()
+        route = sent.route
+        if self.store.down:
+            if route == "retry":
+                return Decision.FAILED, None
+            if self.publisher.fail_next:
+                return Decision.FAILED, None
+            return Decision.FAIL_OPEN, None
+        verdict = self.model.judge(route, sent, now)
+        if verdict is not Decision.FORWARDED:
+            if route == "shadow" and self.publisher.fail_next:
+                return Decision.FAILED, None
+            return verdict, None
+        fence = self.model.claim(route, sent, now)
+        if self.publisher.fail_next:
+            self.model.release(route, sent, fence)
+            return Decision.FAILED, fence
+        assert self.model.commit(route, sent, fence, self.clock.now())
+        return Decision.FORWARDED, fence
+
+    def _deliver(self, sent: Sent, engine: int) -> DecisionRecord:
+        STEPS[self.backend] += 1
+        before = len(self.publisher.published)
+        expected, fence = self._expect(sent)
+        rec = self.run(self.engines[engine].handle(sent.route, self._message(sent)))
+        published = len(self.publisher.published) - before
+        assert rec.decision is expected, f"{sent}: engine {rec.decision} ({rec.reason}), model {expected}"
+        if expected is Decision.FORWARDED:
+            k = self.model.keys[(sent.route, sent.key)]
+            if k.renumbered and rec.fence is not None and rec.fence <= (fence or 0):
+                k.fence, k.renumbered = rec.fence, False
+            else:
+                assert rec.fence == fence, f"{sent}: fence {rec.fence}, model {fence}"
+        self._check_ack(sent, rec, published)
+        return rec
+
+    def _check_ack(self, sent: Sent, rec: DecisionRecord, published: int) -> None:
+        """Nothing acked is lost; nothing acked is published again; shadow publishes once per delivery."""
+        if sent.route == "shadow":
+            assert published == (1 if rec.acked else 0), f"{sent}: shadow delivery published {published} copies"
+            if rec.acked:
+                self._ack(sent)
+            return
+        if rec.decision is Decision.FAIL_OPEN:
+            self.exempt.add(sent.id)
+            self.failed_open.add((sent.route, sent.key))
+        if not rec.acked:
+            assert published == 0, f"{sent}: {rec.decision}, not acked, yet published"
+            return
+        if rec.decision in (Decision.FORWARDED, Decision.FAIL_OPEN):
+            assert published == 1, f"{sent}: {rec.decision} published {published} copies"
+            if rec.decision is Decision.FORWARDED and rec.extra.get("committed", True):
+                self.failed_open.discard((sent.route, sent.key))
+        else:
+            assert published == 0, f"{sent}: {rec.decision} but published"
+        if rec.decision is Decision.SUPPRESSED:
+            assert self._reached(sent.route, sent.key, sent.content), f"{sent}: suppressed, never delivered"
+        if rec.decision is Decision.DUPLICATE:
+            # Forwarded before, or the same content is in flight: that message is not acked and comes back.
+            coming_back = any(
+                not s.acked and not s.retired and (s.route, s.key, s.content) == (sent.route, sent.key, sent.content)
+                for s in self.sent
+                if s is not sent
+            )
+            assert self._publishes(sent.id) or coming_back or self._reached(sent.route, sent.key, sent.content), (
+                f"{sent}: duplicate of nothing that was or will be published"
+            )
+        self._ack(sent)
+
+    def _ack(self, sent: Sent) -> None:
+        older_unacked = any(
+            s.route == sent.route and s.key == sent.key and not s.acked and not s.retired
+            for s in self.sent
+            if s.publish_time < sent.publish_time
+        )
+        if older_unacked:
+            self.out_of_order.add((sent.route, sent.key))
+        sent.acked = True
+
+    def _reached(self, route: str, key: str, content: int) -> bool:
+        """Some copy of this content for this key reached the destination (ever)."""
+        by_id = {s.id: s for s in self.sent}
+        return any(
+            r == route and by_id[mid].key == key and by_id[mid].content == content
+            for r, mid, _ in self.publisher.published
+        )
+
+    def _live_lease_expiry(self) -> float | None:
+        live = [f for f in self.in_flight if not f.task.done()]
+        if not live:
+            return None
+        return min(self.model.keys[(f.sent.route, f.sent.key)].lease.expires_at for f in live)  # type: ignore[union-attr]
+
+    # --- rules -----------------------------------------------------------------------------
+
+    @rule(
+        route=st.sampled_from(ROUTE_NAMES),
+        key=st.sampled_from(KEYS),
+        content=st.sampled_from(CONTENTS),
+        engine=st.integers(0, 1),
+    )
+    def new_message(self, route: str, key: str, content: int, engine: int) -> None:
+        self._deliver(self._new(route, key, content), engine)
+
+    @precondition(lambda self: any(not s.retired for s in self.sent))
+    @rule(data=st.data(), engine=st.integers(0, 1))
+    def redelivery(self, data: st.DataObject, engine: int) -> None:
+        candidates = [s for s in self.sent if not s.retired]
+        # Includes a message whose first push still runs (Pub/Sub pushes again past the ack deadline).
+        self._deliver(data.draw(st.sampled_from(candidates), label="redelivered"), engine)
+
+    @precondition(lambda self: len(self.in_flight) < 2 and not self.store.down)
+    @rule(
+        route=st.sampled_from(("enforce", "retry", "rows", "bypass")),
+        key=st.sampled_from(KEYS),
+        content=st.sampled_from(CONTENTS),
+        engine=st.integers(0, 1),
+    )
+    def forward_held_in_flight(self, route: str, key: str, content: int, engine: int) -> None:
+        STEPS[self.backend] += 1
+        sent = self._new(route, key, content)
+        verdict = self.model.judge(route, sent, self.clock.now())
+        if verdict is not Decision.FORWARDED or self.publisher.fail_next:
+            self._deliver(sent, engine)  # not a forward that publishes: it ends now
+            STEPS[self.backend] -= 1
+            return
+        fence = self.model.claim(route, sent, self.clock.now())
+        self.publisher.hold.add(sent.id)
+        self.publisher.reached.clear()
+        task = self.loop.create_task(self.engines[engine].handle(route, self._message(sent)))
+        self.run(
+            asyncio.wait(
+                [task, self.loop.create_task(self.publisher.reached.wait())], return_when=asyncio.FIRST_COMPLETED
+            )
+        )
+        assert not task.done() and sent.id in self.publisher.held, f"{sent}: the forward did not reach its publish"
+        self.in_flight.append(InFlight(sent, task, fence))
+
+    @precondition(lambda self: bool(self.in_flight))
+    @rule(data=st.data(), outcome=st.sampled_from(("ok", "ok", "fail", "kill_before", "kill_after")))
+    def in_flight_ends(self, data: st.DataObject, outcome: str) -> None:
+        self._end(data.draw(st.sampled_from(self.in_flight), label="in flight"), outcome)
+
+    def _end(self, f: InFlight, outcome: str) -> None:
+        STEPS[self.backend] += 1
+        self.in_flight.remove(f)
+        before = len(self.publisher.published)
+        self.publisher.held.pop(f.sent.id).set_result(outcome)
+        try:
+            rec: DecisionRecord | None = self.run(f.task)
+        except Killed:
+            rec = None
+        published = len(self.publisher.published) - before
+        route, sent = f.sent.route, f.sent
+        if outcome in ("kill_before", "kill_after"):
+            assert rec is None
+            assert published == (1 if outcome == "kill_after" else 0)
+            if outcome == "kill_after":
+                self.exempt.add(sent.id)  # landed, never acked: its redelivery publishes again
+            return  # the lease stays until it expires
+        assert rec is not None
+        if outcome == "fail":
+            assert rec.decision is Decision.FAILED and not rec.acked and published == 0
+            if not self.store.down:
+                self.model.release(route, sent, f.fence)
+            return
+        committed = not self.store.down and self.model.commit(route, sent, f.fence, self.clock.now())
+        assert rec.decision is Decision.FORWARDED and rec.acked and published == 1
+        assert rec.extra.get("committed", True) is committed, f"{sent}: committed {rec.extra}, model {committed}"
+        if not committed:
+            self.exempt.add(sent.id)  # published but not recorded: one more copy may follow
+        self._ack(sent)
+
+    @rule(seconds=st.sampled_from((1.0, 30.0, 61.0, LEASE + 1, WINDOW + 1)))
+    def clock_moves(self, seconds: float) -> None:
+        STEPS[self.backend] += 1
+        # A live holder's heartbeat keeps its lease: time may pass, but not past a live lease.
+        limit = self._live_lease_expiry()
+        if limit is not None:
+            seconds = min(seconds, limit - self.clock.now() - 0.01)
+        if seconds > 0:
+            self.clock.advance(seconds)
+
+    @rule(down=st.booleans())
+    def store_outage(self, down: bool) -> None:
+        STEPS[self.backend] += 1
+        self.store.down = down
+
+    @rule()
+    def next_publish_fails(self) -> None:
+        STEPS[self.backend] += 1
+        self.publisher.fail_next = True
+
+    @precondition(lambda self: not self.in_flight)
+    @rule()
+    def state_outlives_its_ttl(self) -> None:
+        """Everything settles, then a day passes: the state expires and old ids are no longer redelivered."""
+        self.drain()
+        self.clock.advance(TTL + 1)
+        for s in self.sent:
+            s.retired = True
+        self.failed_open.clear()
+        self.out_of_order.clear()
+
+    @rule()
+    def drain(self) -> None:
+        """Faults end, leases lapse, and every unacked message comes back, oldest first."""
+        STEPS[self.backend] += 1
+        while self.in_flight:
+            self._end(self.in_flight[0], "ok")
+        self.store.down = False
+        self.publisher.fail_next = False
+        self.clock.advance(LEASE + 1)
+        for _ in range(3):
+            pending = sorted((s for s in self.sent if not s.acked and not s.retired), key=lambda s: s.publish_time)
+            if not pending:
+                break
+            for sent in pending:
+                self._deliver(sent, 0)
+        assert all(s.acked or s.retired for s in self.sent), "messages still unacked after a drain"
+        self._check_newest()
+
+    def _check_newest(self) -> None:
+        by_id = {s.id: s for s in self.sent}
+        for route in NEWEST_WINS:
+            for key in KEYS:
+                if (route, key) in self.failed_open or (route, key) in self.out_of_order:
+                    continue  # README: a fail-open, or delivery out of order, may leave other content last
+                live = [s for s in self.sent if s.route == route and s.key == key and not s.retired]
+                if not live:
+                    continue
+                newest = max(live, key=lambda s: s.publish_time)
+                last = [by_id[mid] for r, mid, _ in self.publisher.published if r == route and by_id[mid].key == key]
+                assert last, f"{route}/{key}: nothing reached the destination"
+                assert last[-1].content == newest.content, (
+                    f"{route}/{key}: the destination ends on content {last[-1].content} ({last[-1].id}), "
+                    f"the newest message {newest.id} has {newest.content}"
+                )
+
+    @invariant()
+    def no_message_is_published_twice(self) -> None:
+        counts = Counter(mid for route, mid, _ in self.publisher.published if route != "shadow")
+        twice = {mid: n for mid, n in counts.items() if n > 1 and mid not in self.exempt}
+        assert not twice, f"published more than once: {twice}"
+
+    @invariant()
+    def engine_holds_nothing_for_settled_work(self) -> None:
+        assert sum(e.in_flight for e in self.engines) == sum(1 for f in self.in_flight if not f.task.done())
