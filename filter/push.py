@@ -124,10 +124,17 @@ def create_app(engine: Engine, authenticator: Any = None, lifespan: Any = None) 
         return _json({"status": "ok", "in_flight": engine.in_flight, "counts": dict(counts)})
 
     async def readyz(_: Request) -> Response:
-        try:
-            await asyncio.wait_for(engine.store.ping(), engine.config.store_errors.budget)
-        except Exception as exc:
-            return _json({"status": "unavailable", "store": str(exc) or type(exc).__name__}, 503)
+        # Not ready while every forward would fail: the store cannot answer, or the
+        # publisher cannot take a message (an outbox whose directory vanished, a full disk).
+        budget = engine.config.store_errors.budget
+        problems: dict[str, str] = {}
+        for name, ping in (("store", engine.store.ping), ("publisher", engine.publisher.ping)):
+            try:
+                await asyncio.wait_for(ping(), budget)
+            except Exception as exc:
+                problems[name] = str(exc) or type(exc).__name__
+        if problems:
+            return _json({"status": "unavailable", **problems}, 503)
         return _json({"status": "ready"})
 
     return Starlette(
