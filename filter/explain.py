@@ -22,6 +22,13 @@ from .model import KeyState, Message
 from .wiring import make_store
 
 
+class _AlwaysSampled(random.Random):
+    """An rng whose every draw is 0.0: any sampling rate above zero takes the sample."""
+
+    def random(self) -> float:
+        return 0.0
+
+
 def _when(ts: float | None) -> str | None:
     return None if ts is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
 
@@ -60,8 +67,9 @@ async def explain(
     now = time.time()
     msg = Message(data=data, attributes=attributes, message_id=message_id)
     verdict = judge(route, msg, fp, state, now, rules.bypassed(payload, attributes))
-    # audit sample 1.0: show what the audit would find, whatever the route's sampling rate
-    verdict, out, details = look_closer(rules, msg, fp, state, verdict, random.Random(0))
+    # The engine audits a sample of suppressions; explain shows what the audit would find for
+    # this message, whatever the route's rate (a route with no audit has nothing to compare).
+    verdict, out, details = look_closer(rules, msg, fp, state, verdict, _AlwaysSampled())
     result: dict[str, Any] = {
         "route": route.name,
         "key": key,

@@ -39,6 +39,8 @@ from typing import Any, TextIO
 import msgspec
 import structlog
 
+from .envelope import format_time
+
 _SEVERITY = {
     "debug": "DEBUG",
     "info": "INFO",
@@ -113,18 +115,14 @@ def _scrub(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[s
 
 
 def _timestamp(clock: Callable[[], float]) -> structlog.types.Processor:
-    """`time` in RFC 3339 UTC with microseconds: a numeric `time` given by the caller (the
-    decision time), else `clock()`. The formatted second is cached: most lines share it."""
-    last: list[Any] = [None, ""]
+    """`time` in RFC 3339 UTC with microseconds, rounded as everywhere else (`format_time`): a
+    numeric `time` given by the caller (the decision time), else `clock()`."""
 
     def processor(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
         t = event.get("time")
         if t is None or t.__class__ not in (float, int):
             t = clock()
-        sec = int(t)
-        if sec != last[0]:
-            last[0], last[1] = sec, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
-        event["time"] = f"{last[1]}.{int((t - sec) * 1e6):06d}Z"
+        event["time"] = format_time(t)
         return event
 
     return processor
@@ -162,13 +160,11 @@ class _StdlibJson(logging.Formatter):
     """Stdlib records (uvicorn, Google libraries) as Cloud Logging JSON too."""
 
     def format(self, record: logging.LogRecord) -> str:
-        sec = int(record.created)
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(sec))
         event: dict[str, Any] = {
             "severity": record.levelname if record.levelname in _SEVERITY.values() else "DEFAULT",
             "message": record.getMessage(),
             "logger": record.name,
-            "time": f"{stamp}.{int((record.created - sec) * 1e6):06d}Z",
+            "time": format_time(record.created),
             LABELS_FIELD: {"component": COMPONENT},
         }
         if record.exc_info:

@@ -57,6 +57,9 @@ class Publisher(Protocol):
         Raises `PublishFailed` when the publish is not confirmed.
         """
 
+    async def ping(self) -> None:
+        """Cheap readiness check for `/readyz`: raise when every publish would certainly fail now."""
+
     async def close(self) -> None: ...
 
 

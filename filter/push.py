@@ -15,7 +15,7 @@ from typing import Any
 import msgspec
 import structlog
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
@@ -28,6 +28,11 @@ log = structlog.get_logger("pubsub_filter.push")
 
 _TRACE = re.compile(r"^([0-9a-fA-F]{32})")
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-")
+
+
+#: Seconds a push body may take to arrive in full. A client that sends part of a body and
+#: stalls would otherwise hold a request (and its memory) open for good.
+BODY_TIMEOUT = 10.0
 
 
 class _TooLarge(Exception):
@@ -73,7 +78,9 @@ async def _body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def create_app(engine: Engine, authenticator: Any = None, lifespan: Any = None) -> Starlette:
+def create_app(
+    engine: Engine, authenticator: Any = None, lifespan: Any = None, body_timeout: float = BODY_TIMEOUT
+) -> Starlette:
     max_body = engine.config.server.max_body
 
     async def push(request: Request) -> Response:
@@ -95,10 +102,20 @@ def create_app(engine: Engine, authenticator: Any = None, lifespan: Any = None) 
             rec = engine.reject(route, None, f"unknown route {route!r}", trace=trace, cause="unknown_route")
             return _json({"decision": "rejected", "reason": rec.reason}, 404)
         try:
-            body = await _body(request, max_body)
+            async with asyncio.timeout(body_timeout):
+                body = await _body(request, max_body)
         except _TooLarge:
             rec = engine.reject(route, None, f"body larger than {max_body} bytes", trace=trace)
             return _json({"decision": "rejected", "reason": rec.reason}, 413)
+        except TimeoutError:
+            rec = engine.reject(route, None, f"body not received in full within {body_timeout:g}s", trace=trace)
+            # the rest of the body may still arrive: it must not be read as the next request
+            return _json({"decision": "rejected", "reason": rec.reason}, 408, {"Connection": "close"})
+        except ClientDisconnect:
+            # Nobody is left to answer, and no decision was taken: Pub/Sub sends it again.
+            counts["client_disconnected"] += 1
+            log.info("push_client_disconnected", route=route)
+            return Response(status_code=499)
         try:
             msg = parse_envelope(body)
         except EnvelopeError as exc:
@@ -124,10 +141,17 @@ def create_app(engine: Engine, authenticator: Any = None, lifespan: Any = None) 
         return _json({"status": "ok", "in_flight": engine.in_flight, "counts": dict(counts)})
 
     async def readyz(_: Request) -> Response:
-        try:
-            await asyncio.wait_for(engine.store.ping(), engine.config.store_errors.budget)
-        except Exception as exc:
-            return _json({"status": "unavailable", "store": str(exc) or type(exc).__name__}, 503)
+        # Not ready while every forward would fail: the store cannot answer, or the
+        # publisher cannot take a message (an outbox whose directory vanished, a full disk).
+        budget = engine.config.store_errors.budget
+        problems: dict[str, str] = {}
+        for name, ping in (("store", engine.store.ping), ("publisher", engine.publisher.ping)):
+            try:
+                await asyncio.wait_for(ping(), budget)
+            except Exception as exc:
+                problems[name] = str(exc) or type(exc).__name__
+        if problems:
+            return _json({"status": "unavailable", **problems}, 503)
         return _json({"status": "ready"})
 
     return Starlette(

@@ -262,6 +262,12 @@ class PubsubPublisher:
             with contextlib.suppress(RuntimeError, ValueError):
                 self._client.resume_publish(topic, key)
 
+    async def ping(self) -> None:
+        """Ready while the client runs. Asking the service (`topics.get`) would need a permission
+        a publisher is not otherwise given, and a brief outage is what the retries are for."""
+        if self._closed:
+            raise PublishFailed("the publisher is closed (shutting down)")
+
     async def close(self) -> None:
         """Stop the client: flush what is batched, wait briefly for it, close the channel."""
         if self._closed:

@@ -17,7 +17,6 @@ import hashlib
 import os
 from typing import Any, Literal
 
-import orjson
 from google.api_core.client_options import ClientOptions
 from google.api_core.exceptions import NotFound
 from google.api_core.retry import Retry
@@ -28,6 +27,7 @@ from google.cloud.bigquery.retry import DEFAULT_RETRY
 from ..config import BigqueryRecords
 from ..model import DecisionRecord
 from .batch import BatchingRecorder
+from .extra import encode_extra
 
 EMULATOR_ENV = "BIGQUERY_EMULATOR_HOST"
 
@@ -106,7 +106,7 @@ def to_row(rec: DecisionRecord) -> dict[str, Any]:
         "delivery_attempt": rec.delivery_attempt,
         "latency_ms": rec.latency_ms,
         "trace": rec.trace,
-        "extra": orjson.dumps(rec.extra, default=str, option=orjson.OPT_NON_STR_KEYS).decode() if rec.extra else None,
+        "extra": encode_extra(rec.extra) if rec.extra else None,
     }
 
 

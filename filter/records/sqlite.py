@@ -7,9 +7,8 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Literal
 
-import msgspec
-
 from ..model import DecisionRecord
+from .extra import encode_extra
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS decisions (
@@ -77,7 +76,7 @@ class SqliteSink:
                 r.delivery_attempt,
                 r.latency_ms,
                 r.trace,
-                msgspec.json.encode(r.extra).decode() if r.extra else None,
+                encode_extra(r.extra) if r.extra else None,
             )
             for r in rows
         ]

@@ -228,3 +228,11 @@ def test_project_is_required_under_the_emulator(monkeypatch: pytest.MonkeyPatch)
     pub = PubsubPublisher(project=None)
     assert pub.project == "from-env"
     asyncio.run(pub.close())
+
+
+async def test_ping_passes_while_the_client_runs_and_fails_once_closed(pubsub_emulator: PubsubEmulator) -> None:
+    async with publisher_at(pubsub_emulator.host, pubsub_emulator.project) as pub:
+        await pub.ping()
+        await pub.close()
+        with pytest.raises(PublishFailed, match="closed"):
+            await pub.ping()

@@ -93,6 +93,10 @@ class MemoryPublisher:
     def data(self) -> list[bytes]:
         return [p.data for p in self.published]
 
+    async def ping(self) -> None:
+        if self.closed:
+            raise PublishFailed("MemoryPublisher: closed")
+
     async def close(self) -> None:
         self.closed = True
 

@@ -105,3 +105,33 @@ def test_explain_of_a_payload_without_its_key_is_a_clear_error(
     file.write_text('{"players": []}')
     assert main(["explain", "--config", str(path), "--route", "injury", str(file)]) == 1
     assert "key field payload.game_date is missing" in capsys.readouterr().err
+
+
+def test_explain_says_noise_only_where_the_noise_audit_would_whatever_its_sampling_rate(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = {
+        "store": {"backend": "sqlite", "path": str(tmp_path / "state.db")},
+        "routes": [
+            {
+                "name": "injury",
+                "destination": "phase3",
+                "key": ["payload.game_date"],
+                "rows": "payload.players",
+                "row_key": ["player_lookup"],
+                "include": ["player_lookup", "injury_status"],
+                "audit_sample": 0.01,
+            }
+        ],
+    }
+    path = tmp_path / "filter.yaml"
+    path.write_text(yaml.safe_dump(config))
+    report = injury_report(5)
+    asyncio.run(forward(path, report))
+    noisy = copy.deepcopy(report)
+    noisy["players"][0]["reason"] = "a field outside the selection"
+    result = explain(path, tmp_path, noisy, capsys)
+    assert (result["decision"], result["reason"]) == (
+        "noise_only",
+        "unchanged, but fields outside the selection changed",
+    )

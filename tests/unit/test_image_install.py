@@ -4,8 +4,11 @@ The wheel is built from exactly the files the image's build context holds (the
 .dockerignore allow-list: pyproject.toml, README.md, filter/), installed with its
 runtime dependencies only into a new venv that, as in the image, holds no pip or
 setuptools. The installed console script must then serve a push end to end on $PORT and exit
-0 on SIGTERM. Dependencies come from the package index pip is configured with (its
-cache makes repeat runs fast).
+0 on SIGTERM. Every module of the package must import there, and every backend of the
+config reference must be constructible from a config through the project's own wiring, so
+a dependency that only the test extra brings in fails here, not in the Cloud Run image.
+Dependencies come from the package index pip is configured with (its cache makes repeat
+runs fast).
 """
 
 from __future__ import annotations
@@ -40,6 +43,79 @@ routes:
     rows: payload.players
     row_key: [player_lookup]
     exclude: [processed_at, scrape_time]
+"""
+
+# Every Google backend of the config reference, as production configures them.
+GOOGLE_CONFIG = """\
+project: fake-project
+store: {backend: firestore, database: "(default)", collection: pubsub-filter}
+publisher: {backend: pubsub, timeout: 30s}
+records: {backend: bigquery, dataset: pubsub_filter, table: decisions, location: us-west2}
+auth:
+  audience: https://filter.example.test
+  service_account: push@fake-project.iam.gserviceaccount.com
+routes:
+  - name: injury-report
+    destination: phase3-injury
+    key: [payload.game_id]
+"""
+
+# The embedded backends (sqlite store, outbox, sqlite records), named explicitly.
+EMBEDDED_CONFIG = """\
+store: {backend: sqlite, path: state.db}
+publisher: {backend: outbox, path: outbox.jsonl}
+records: {backend: sqlite, path: decisions.db}
+routes:
+  - name: injury-report
+    destination: phase3-injury
+    key: [payload.game_id]
+"""
+
+# Run by the venv's own python: import every module of the installed package, then build
+# each config's backends with filter.wiring (and the authenticator as `serve` does) and
+# close them again. Prints one JSON object; a failure is reported, not raised, so the test
+# can name every missing piece at once.
+PROBE = """\
+import asyncio, importlib, json, pkgutil, sys, traceback
+import filter
+
+report = {"file": filter.__file__, "modules": [], "import_errors": {}, "built": {}, "build_errors": {}}
+# filter.__main__ runs the CLI when imported; the test runs `python -m filter --help` instead.
+for info in pkgutil.walk_packages(filter.__path__, "filter."):
+    if info.name == "filter.__main__":
+        continue
+    report["modules"].append(info.name)
+    try:
+        importlib.import_module(info.name)
+    except BaseException:
+        report["import_errors"][info.name] = traceback.format_exc(limit=-3)
+
+from filter.config import load
+from filter.wiring import make_publisher, make_recorder, make_store
+from filter.auth import PushAuthenticator
+
+
+async def build(path):
+    cfg = load(path)
+    store, publisher, recorder = make_store(cfg), make_publisher(cfg), make_recorder(cfg)
+    built = {"store": type(getattr(store, "inner", store)).__name__, "publisher": type(publisher).__name__,
+             "records": type(getattr(recorder, "sink", recorder)).__name__}
+    if cfg.auth.audience:
+        auth = PushAuthenticator(audience=cfg.auth.audience, service_account=cfg.auth.service_account,
+                                 issuers=tuple(cfg.auth.issuers), certs_url=cfg.auth.certs_url)
+        built["auth"] = type(auth).__name__
+    await recorder.close(deadline=5)
+    await publisher.close()
+    await store.close()
+    return built
+
+
+for path in sys.argv[1:]:
+    try:
+        report["built"][path] = asyncio.run(build(path))
+    except BaseException:
+        report["build_errors"][path] = traceback.format_exc(limit=-5)
+print(json.dumps(report))
 """
 
 # Variables that would point the served process at something other than its own files.
@@ -80,6 +156,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     bin_dir = env_dir / "bin"
     _run([*pip, "--python", str(bin_dir / "python"), "install", str(wheel)], timeout=600)
     return bin_dir
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_ENV)}
 
 
 def _free_port() -> int:
@@ -139,7 +219,7 @@ def served(installed: Path, tmp_path: Path) -> Iterator[Served]:
     config = cwd / "filter.yaml"
     config.write_text(MINIMAL_CONFIG, encoding="utf-8")
     port = _free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_ENV)}
+    env = _clean_env()
     env.update(PORT=str(port), HOST="127.0.0.1", PYTHONUNBUFFERED="1")
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
@@ -161,6 +241,72 @@ def served(installed: Path, tmp_path: Path) -> Iterator[Served]:
 def test_console_script_from_the_wheel_runs(installed: Path) -> None:
     proc = _run([str(installed / "pubsub-filter"), "--help"], timeout=60)
     assert "serve" in proc.stdout
+
+
+@pytest.fixture(scope="module")
+def probed(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What the probe found in the runtime-only venv, for the example and reference configs."""
+    cwd = tmp_path_factory.mktemp("probe")
+    configs = {
+        "google": cwd / "google.yaml",
+        "embedded": cwd / "embedded.yaml",
+    }
+    configs["google"].write_text(GOOGLE_CONFIG, encoding="utf-8")
+    configs["embedded"].write_text(EMBEDDED_CONFIG, encoding="utf-8")
+    paths = [str(p) for p in configs.values()] + [str(ROOT / "infra" / "example-config.yaml")]
+    # Emulator hosts on a port nothing listens on: the Google clients build with anonymous
+    # credentials and no lookup of default credentials or the metadata server.
+    unused = f"127.0.0.1:{_free_port()}"
+    env = _clean_env()
+    env.update(
+        PUBSUB_EMULATOR_HOST=unused,
+        FIRESTORE_EMULATOR_HOST=unused,
+        BIGQUERY_EMULATOR_HOST=f"http://{unused}",
+        GOOGLE_CLOUD_PROJECT="fake-project",
+    )
+    proc = _run([str(installed / "python"), "-c", PROBE, *paths], cwd=cwd, env=env, timeout=120)
+    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    report["paths"] = {name: str(p) for name, p in configs.items()} | {"example": paths[-1]}
+    return report
+
+
+def test_the_probe_imports_the_installed_package_not_the_source_tree(probed: dict[str, Any]) -> None:
+    assert "site-packages" in probed["file"], probed["file"]
+
+
+def test_every_module_of_the_package_imports_with_runtime_dependencies_only(probed: dict[str, Any]) -> None:
+    source = {
+        ".".join(p.relative_to(ROOT).with_suffix("").parts).removesuffix(".__init__")
+        for p in (ROOT / "filter").rglob("*.py")
+    } - {"filter", "filter.__main__"}
+    assert set(probed["modules"]) == source
+    assert probed["import_errors"] == {}, "\n".join(probed["import_errors"].values())
+
+
+def test_python_dash_m_filter_runs(installed: Path) -> None:
+    proc = _run([str(installed / "python"), "-m", "filter", "--help"], timeout=60, env=_clean_env())
+    assert "serve" in proc.stdout
+
+
+def test_every_backend_of_the_config_reference_builds_from_config(probed: dict[str, Any]) -> None:
+    assert probed["build_errors"] == {}, "\n".join(probed["build_errors"].values())
+    built = probed["built"]
+    assert built[probed["paths"]["google"]] == {
+        "store": "FirestoreStore",
+        "publisher": "PubsubPublisher",
+        "records": "BigQuerySink",
+        "auth": "PushAuthenticator",
+    }
+    assert built[probed["paths"]["embedded"]] == {
+        "store": "SqliteStore",
+        "publisher": "OutboxPublisher",
+        "records": "SqliteSink",
+    }
+
+
+def test_the_production_example_config_builds_its_backends(probed: dict[str, Any]) -> None:
+    assert probed["build_errors"] == {}, "\n".join(probed["build_errors"].values())
+    assert probed["built"][probed["paths"]["example"]]["records"] == "BigQuerySink"
 
 
 def test_installed_service_forwards_a_push_on_port_and_exits_0_on_sigterm(served: Served) -> None:

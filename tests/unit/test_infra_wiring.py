@@ -18,12 +18,12 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import hcl2
 import pytest
 import yaml
 
 from filter.config import load, parse_duration
-
-hcl2 = pytest.importorskip("hcl2")
+from filter.records import bigquery as bq
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
@@ -366,12 +366,11 @@ def test_decisions_schema_json_has_the_decision_columns() -> None:
 
 
 def test_decisions_schema_json_matches_the_python_recorder() -> None:
-    bq = pytest.importorskip("filter.records.bigquery")
     schema = json.loads(SCHEMA_JSON.read_text(encoding="utf-8"))
     ours = [(c["name"], c["type"], c.get("mode", "NULLABLE")) for c in schema]
     theirs = [(f.name, f.field_type, f.mode or "NULLABLE") for f in bq.SCHEMA]
     assert ours == theirs
-    assert list(getattr(bq, "CLUSTERING", ["route", "decision"])) == ["route", "decision"]
+    assert bq.CLUSTERING == ["route", "decision"]
 
 
 # --- documentation of the interface ------------------------------------------------------

@@ -512,3 +512,28 @@ def test_cached_loggers_follow_a_later_configure() -> None:
     log.info("two")
     assert [line["message"] for line in lines_of(first)] == ["one"]
     assert [line["message"] for line in lines_of(second)] == ["two"]
+
+
+def test_the_line_time_is_rounded_to_the_microsecond_not_truncated() -> None:
+    out = io.StringIO()
+    # .123 is stored as .12299999...: truncating would write .122999
+    logsetup.configure(fmt="json", stream=out, cache=False, clock=lambda: 1_767_225_600.123)
+    log = structlog.get_logger("t")
+    log.info("from_clock")
+    log.info("given", time=1_767_225_600.123)
+    a, b = lines_of(out)
+    assert a["time"] == b["time"] == "2026-01-01T00:00:00.123000Z"
+
+
+def test_a_time_that_rounds_up_carries_into_the_next_second() -> None:
+    out = io.StringIO()
+    logsetup.configure(fmt="json", stream=out, cache=False, clock=lambda: 1_767_225_599.9999997)
+    structlog.get_logger("t").info("edge")
+    (line,) = lines_of(out)
+    assert line["time"] == "2026-01-01T00:00:00.000000Z"
+
+
+def test_stdlib_record_times_are_rounded_too() -> None:
+    record = logging.LogRecord("uvicorn.error", logging.WARNING, __file__, 1, "x", (), None)
+    record.created = 1_767_225_600.123
+    assert json.loads(logsetup._StdlibJson().format(record))["time"] == "2026-01-01T00:00:00.123000Z"

@@ -15,6 +15,7 @@ from filter.auth import PushAuthenticator
 from filter.config import parse
 from filter.engine import Engine
 from filter.envelope import make_envelope
+from filter.publishers.outbox import OutboxPublisher
 from filter.push import create_app
 from filter.stores.guard import GuardedStore
 from filter.stores.sqlite import SqliteStore
@@ -193,6 +194,34 @@ async def test_readyz_answers_503_when_the_store_does_not(client: httpx.AsyncCli
     client.engine.store = Down()  # type: ignore[attr-defined]
     r = await client.get("/readyz")
     assert (r.status_code, r.json()["status"]) == (503, "unavailable")
+
+
+async def readyz_with_outbox(tmp_path: Path, outbox: Path) -> httpx.Response:
+    cfg = parse(CONFIG)
+    store = GuardedStore(SqliteStore(tmp_path / "state.db"), cfg.store_errors)
+    engine = Engine(cfg, store, OutboxPublisher(outbox), MemoryRecorder())
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(engine)), base_url="http://f") as c:
+        response = await c.get("/readyz")
+    await engine.publisher.close()
+    await store.close()
+    return response
+
+
+async def test_readyz_answers_200_when_the_outbox_can_be_appended_to(tmp_path: Path) -> None:
+    r = await readyz_with_outbox(tmp_path, tmp_path / "outbox.jsonl")
+    assert (r.status_code, r.json()) == (200, {"status": "ready"})
+
+
+async def test_readyz_answers_503_when_the_outbox_directory_is_gone(tmp_path: Path) -> None:
+    r = await readyz_with_outbox(tmp_path, tmp_path / "vanished" / "outbox.jsonl")
+    assert (r.status_code, r.json()["status"]) == (503, "unavailable")
+    assert "vanished" in r.json()["publisher"] and "store" not in r.json()
+
+
+async def test_readyz_answers_503_when_the_publisher_is_closed(client: httpx.AsyncClient) -> None:
+    await client.engine.publisher.close()  # type: ignore[attr-defined]
+    r = await client.get("/readyz")
+    assert (r.status_code, r.json()["publisher"]) == (503, "MemoryPublisher: closed")
 
 
 # --- OIDC on ---------------------------------------------------------------------------

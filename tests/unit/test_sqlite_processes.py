@@ -50,7 +50,9 @@ def test_two_processes_racing_one_key_never_publish_concurrently(tmp_path: Path)
         assert in_flight in (0, 1), "two publishes for one key were in flight at once"
 
     # each forwarded message was published exactly once, and the stored state is the last forward
-    outbox = read_outbox(tmp_path / "outbox.jsonl")
+    read = read_outbox(tmp_path / "outbox.jsonl")
+    assert read.bad == []
+    outbox = read.messages
     forwarded = [m for o in outputs for m, d in o.items() if d == "forwarded"]
     published = [m["attributes"]["filter_source_message_id"] for m in outbox]  # type: ignore[index]
     assert sorted(published) == sorted(forwarded)
