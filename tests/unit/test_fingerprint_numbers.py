@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 from filter.config import Route
 from filter.fingerprint import NOT_JSON, compile_scheme
+from tests.support.json_text import FRACTIONAL, INTEGERS, spellings
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True)
 
@@ -160,39 +161,6 @@ def test_a_fraction_or_exponent_beyond_double_range_makes_the_payload_raw(number
 
 # --- properties over magnitudes and spellings ----------------------------------------
 
-#: Integers of every size that matters: small, around 2**53 and 2**63/2**64, up to 10**308.
-INTEGERS = st.one_of(
-    st.integers(-(2**64), 2**64),
-    st.integers(2**53 - 4, 2**53 + 4),
-    st.integers(2**63 - 4, 2**64 + 4),
-    st.builds(lambda m, e: m * 10**e, st.integers(-(10**17), 10**17), st.integers(0, 290)),
-    st.integers(-(10**308), 10**308),
-)
-
-
-@st.composite
-def spellings(draw: st.DrawFn, n: int) -> str:
-    """One JSON spelling of the integer n: digits, a fraction, an exponent, or both."""
-    sign = "-" if n < 0 else draw(st.sampled_from(["", "-"])) if n == 0 else ""
-    digits = str(abs(n))
-    # Trailing zeros may move into the exponent; extra zeros may move out of it into a fraction.
-    stripped = digits.rstrip("0") or "0"
-    shift = draw(st.integers(0, len(digits) - len(stripped)))
-    mantissa = digits[: len(digits) - shift] if shift else digits
-    extra = draw(st.integers(0, 3))
-    mantissa += "0" * extra
-    exponent = shift - extra
-    # Digits before the decimal point: one, when more would be leading zeros (JSON allows none).
-    point = draw(st.integers(1, len(mantissa))) if mantissa[0] != "0" else 1
-    exponent += len(mantissa) - point
-    frac = mantissa[point:]
-    text = mantissa[:point] + ("." + frac if frac else draw(st.sampled_from(["", ".0", ".000"])))
-    if exponent or draw(st.booleans()):
-        e = draw(st.sampled_from(["e", "E"]))
-        plus = draw(st.sampled_from(["", "+"])) if exponent >= 0 else "-"
-        text += f"{e}{plus}{abs(exponent):0{draw(st.integers(1, 3))}d}"
-    return sign + text
-
 
 def integer_and_spelling() -> st.SearchStrategy[tuple[int, str]]:
     return INTEGERS.flatmap(lambda n: st.tuples(st.just(n), spellings(n)))
@@ -212,14 +180,6 @@ def test_neighbouring_integers_never_share_a_fingerprint(pair: tuple[str, str]) 
     left, right = pair
     assert generic_fp(left) != generic_fp(right)
     assert fast_fp(left) != fast_fp(right)
-
-
-FRACTIONAL = st.builds(
-    lambda digits, frac, exp: f"{digits}.{frac}e{exp}",
-    st.integers(-(10**20), 10**20),
-    st.from_regex(r"[0-9]{1,25}", fullmatch=True),
-    st.integers(-330, 280),  # at most about 1e300: inside the double range
-)
 
 
 @SETTINGS
