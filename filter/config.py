@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from . import yamlfile
 from .paths import Path, PathError
 
 CONFIG_ENV = "PUBSUB_FILTER_CONFIG"
@@ -339,7 +340,9 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(src, [f"cannot read it: {exc}"]) from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yamlfile.load(text)
+    except yamlfile.DuplicateKeys as exc:
+        raise ConfigError(src, [f"{p} (YAML keeps only the last one)" for p in exc.problems]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
