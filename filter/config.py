@@ -324,8 +324,8 @@ def _where(loc: tuple[Any, ...], raw: Any) -> str:
         name = None
         if isinstance(raw, dict) and isinstance(raw.get("routes"), list) and idx < len(raw["routes"]):
             entry = raw["routes"][idx]
-            if isinstance(entry, dict):
-                name = entry.get("name")
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                name = entry["name"]  # `route 5` would read as a position
         head = f"route {name!r}" if name else f"routes[{idx}]"
         rest = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts[2:]).lstrip(".")
         return f"{head}: {rest}" if rest else head

@@ -187,3 +187,11 @@ def test_rules_across_keys_are_reported_together_with_field_errors() -> None:
             "route's on_store_error still has to publish and answer before Pub/Sub redelivers",
         ]
     )
+
+
+# --- regressions found by tests/unit/test_config_fuzz.py ------------------------------------
+
+
+def test_a_route_whose_name_is_not_a_string_is_named_by_its_position() -> None:
+    found = problems({"routes": [{"name": 5, "destination": "phase3", "key": None}]})
+    assert found == ["routes[0]: name: Input should be a valid string", "routes[0]: key: Input should be a valid list"]
