@@ -163,6 +163,39 @@ ENVELOPES = st.builds(
 BODIES = st.one_of(ENVELOPES, ENVELOPES, ENVELOPES, st.binary(max_size=60))
 
 
+def along(parts: tuple[str, ...]) -> st.SearchStrategy[Any]:
+    """A value shaped like a path: at each segment an object with that key, or a list (indexed or not)."""
+    if not parts:
+        return JSON_VALUES
+    inner = along(parts[1:])
+    return st.one_of(
+        st.fixed_dictionaries({parts[0]: inner}),
+        st.lists(inner, min_size=1, max_size=3),
+        st.lists(st.fixed_dictionaries({parts[0]: inner}), min_size=1, max_size=2),
+    )
+
+
+def shaped_bodies(cfg: Config) -> st.SearchStrategy[bytes]:
+    """Envelopes whose payload follows the config's own payload paths, so that they resolve (or nearly)."""
+    paths = [
+        p.parts
+        for r in cfg.routes
+        for p in (*r.key, *([r.rows] if r.rows else []), *(c.field for c in r.bypass))
+        if p.root == "payload" and p.parts
+    ]
+    if not paths:
+        return ENVELOPES
+    payloads = st.lists(st.sampled_from(paths).flatmap(along), min_size=1, max_size=3).map(
+        lambda parts: json.dumps({k: v for d in parts if isinstance(d, dict) for k, v in d.items()} or parts[0])
+    )
+    return st.builds(
+        make_envelope,
+        data=payloads.map(str.encode),
+        message_id=st.sampled_from(["1", "2", "3"]),
+        attributes=st.dictionaries(st.sampled_from(NAMES), st.sampled_from(NAMES), max_size=3),
+    )
+
+
 def names_a_key(problem: str, raw: dict[str, Any]) -> bool:
     where = problem.split(": ", 1)[0]
     if where.startswith(("route '", "routes[", "line ")):
@@ -190,7 +223,7 @@ async def answers(cfg: Config, workdir: Path, messages: list[tuple[int, bytes]])
     return statuses
 
 
-def outcome(raw: dict[str, Any], duplicate: bool, messages: list[tuple[int, bytes]]) -> str:
+def outcome(raw: dict[str, Any], duplicate: bool, messages: list[tuple[int, bytes]], data: st.DataObject) -> str:
     """'rejected' or 'accepted'; asserts what each must satisfy."""
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
         workdir = Path(tmp)
@@ -206,6 +239,7 @@ def outcome(raw: dict[str, Any], duplicate: bool, messages: list[tuple[int, byte
             assert not unnamed, (unnamed, raw)
             return "rejected"
         assert not duplicate, "a duplicate routes key was accepted"
+        messages += data.draw(st.lists(st.tuples(st.integers(0, 9), shaped_bodies(cfg)), max_size=6))
         statuses = asyncio.run(answers(cfg, workdir, messages))
         assert all(s < 500 for s in statuses), (statuses, raw)
         return "accepted"
@@ -219,9 +253,10 @@ def test_a_generated_config_is_rejected_naming_its_keys_or_never_answers_5xx() -
         raw=CONFIGS,
         duplicate=st.sampled_from([False, False, False, True]),
         messages=st.lists(st.tuples(st.integers(0, 11), BODIES), min_size=1, max_size=6),
+        data=st.data(),
     )
-    def case(raw: dict[str, Any], duplicate: bool, messages: list[tuple[int, bytes]]) -> None:
-        seen[outcome(raw, duplicate, messages)] += 1
+    def case(raw: dict[str, Any], duplicate: bool, messages: list[tuple[int, bytes]], data: st.DataObject) -> None:
+        seen[outcome(raw, duplicate, messages, data)] += 1
 
     case()
     # a generator that never builds a valid config, or never an invalid one, tests nothing
