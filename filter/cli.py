@@ -11,8 +11,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import __version__
-from .config import CONFIG_ENV, Config, ConfigError, load
+from . import __version__, preflight
+from .config import CONFIG_ENV, DEFAULT_CONFIG, Config, ConfigError, load
 
 
 def _config(path: str | None) -> Config:
@@ -20,8 +20,9 @@ def _config(path: str | None) -> Config:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    source = args.file or args.config or os.environ.get(CONFIG_ENV) or "filter.yaml"
+    source = args.file or args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG
     cfg = _config(source)
+    preflight.check(cfg, source)  # the files it names, as `serve` will open them from here
     names = ", ".join(r.name for r in cfg.routes)
     print(f"{source}: ok ({len(cfg.routes)} routes: {names})")
     return 0
@@ -30,7 +31,9 @@ def cmd_check(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from .serve import serve
 
-    return serve(_config(args.config), args.host, args.port or int(os.environ.get("PORT", "8080")))
+    cfg = _config(args.config)
+    preflight.check(cfg, args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    return serve(cfg, args.host, args.port or int(os.environ.get("PORT", "8080")))
 
 
 def cmd_fingerprint(args: argparse.Namespace) -> int:
@@ -233,6 +236,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except ConfigError as exc:
+        if len(exc.problems) == 1:  # one problem, one line
+            print(f"{exc.source}: {exc.problems[0]}", file=sys.stderr)
+            return 1
         print(
             f"{exc.source}: {len(exc.problems)} problem{'s' if len(exc.problems) != 1 else ''}",
             file=sys.stderr,

@@ -22,12 +22,13 @@ from pydantic import (
     model_validator,
 )
 
+from . import yamlfile
 from .paths import Path, PathError
 
 CONFIG_ENV = "PUBSUB_FILTER_CONFIG"
 DEFAULT_CONFIG = "filter.yaml"
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.ASCII)
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
 
 
@@ -56,7 +57,7 @@ Duration = Annotated[float, BeforeValidator(parse_duration)]
 def _parse_size(value: Any) -> int:
     if isinstance(value, int) and not isinstance(value, bool):
         return value
-    m = re.match(r"^\s*(\d+)\s*(B|KiB|MiB|KB|MB)?\s*$", str(value))
+    m = re.match(r"^\s*(\d+)\s*(B|KiB|MiB|KB|MB)?\s*$", str(value), re.ASCII)
     if not m:
         raise ValueError(f"{value!r} is not a size: write e.g. 1048576, 512KiB or 10MiB")
     mult = {"B": 1, None: 1, "KiB": 1024, "KB": 1000, "MiB": 1024**2, "MB": 1000**2}[m.group(2)]
@@ -73,9 +74,12 @@ class _Strict(BaseModel):
 # --- backends ---------------------------------------------------------------------
 
 
+FilePath = Annotated[str, Field(min_length=1)]
+
+
 class SqliteStore(_Strict):
     backend: Literal["sqlite"] = "sqlite"
-    path: str = "filter-state.db"
+    path: FilePath = "filter-state.db"
 
 
 class FirestoreStore(_Strict):
@@ -87,7 +91,7 @@ class FirestoreStore(_Strict):
 
 class OutboxPublisher(_Strict):
     backend: Literal["outbox"] = "outbox"
-    path: str = "outbox.jsonl"
+    path: FilePath = "outbox.jsonl"
 
 
 class PubsubPublisher(_Strict):
@@ -98,7 +102,7 @@ class PubsubPublisher(_Strict):
 
 class SqliteRecords(_Strict):
     backend: Literal["sqlite"] = "sqlite"
-    path: str = "filter-decisions.db"
+    path: FilePath = "filter-decisions.db"
 
 
 class BigqueryRecords(_Strict):
@@ -156,15 +160,40 @@ class PullConfig(_Strict):
 
 
 class AuthConfig(_Strict):
-    """OIDC verification of Pub/Sub push requests (off when `audience` is unset)."""
+    """OIDC verification of Pub/Sub push requests: on when `audience` is set.
 
-    audience: str | None = None
-    service_account: str | None = None
+    Which tokens pass must be said in full: `service_account` names the one push account,
+    or `any_service_account: true` says that any Google-signed token for the audience will
+    do (see `_auth_rules`).
+    """
+
+    audience: str | None = Field(default=None, min_length=1)
+    service_account: str | None = Field(default=None, pattern=r"^[^@\s]+@[^@\s]+$")
+    any_service_account: bool = False
     issuers: tuple[str, ...] = ("https://accounts.google.com", "accounts.google.com")
     certs_url: str = "https://www.googleapis.com/oauth2/v1/certs"
 
 
 # --- routes -----------------------------------------------------------------------
+
+# Pub/Sub's resource ids: 3-255 characters, starting with a letter, not starting with `goog`.
+_PUBSUB_ID = r"(?!goog)[A-Za-z][A-Za-z0-9\-_.~+%]{2,254}"
+_PROJECT = r"[a-z][a-z0-9.:\-]{0,62}"
+
+
+def _pubsub_name(kind: str) -> Any:
+    full = re.compile(rf"projects/{_PROJECT}/{kind}s/{_PUBSUB_ID}", re.ASCII)
+    short = re.compile(_PUBSUB_ID, re.ASCII)
+
+    def check(value: Any) -> Any:
+        if isinstance(value, str) and not (short.fullmatch(value) or full.fullmatch(value)):
+            raise ValueError(
+                f"{value!r} is not a {kind} id (3-255 characters: a letter, then letters, digits, - _ . ~ + %; "
+                f"not starting with goog) or projects/PROJECT/{kind}s/ID"
+            )
+        return value
+
+    return BeforeValidator(check)
 
 
 def _path(value: Any) -> Path:
@@ -201,8 +230,8 @@ class Route(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, arbitrary_types_allowed=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-    subscription: str | None = None
-    destination: str
+    subscription: Annotated[str | None, _pubsub_name("subscription")] = None
+    destination: Annotated[str, _pubsub_name("topic")]
     key: list[FieldPath] = Field(min_length=1)
     rows: FieldPath | None = None
     row_key: list[str] = []
@@ -230,24 +259,13 @@ class Route(_Strict):
             raise ValueError("rows must be a payload path such as payload.players (or just payload)")
         return value
 
-    @model_validator(mode="after")
-    def _scheme_needs(self) -> Route:
-        if self.scheme == "event" and self.rows is None:
-            raise ValueError("scheme 'event' needs rows: the path to the list of events")
-        overlap = set(self.include) & set(self.exclude)
-        if overlap:
-            raise ValueError(f"fields both included and excluded: {sorted(overlap)}")
-        if self.row_key and self.rows is None:
-            raise ValueError("row_key is set but rows is not: row_key only orders rows")
-        if self.rows_mode == "changed" and not (self.rows is not None and self.row_key):
-            raise ValueError("rows_mode 'changed' needs rows and row_key: rows are matched by their key")
-        if self.rows_mode == "changed" and self.scheme != "canonical":
-            raise ValueError("rows_mode 'changed' works with scheme 'canonical' only")
-        return self
-
     @property
     def enforced(self) -> bool:
         return self.mode == "enforce"
+
+
+_DEFAULT_BACKENDS = {"store": "sqlite", "publisher": "outbox", "records": "sqlite"}
+_SECTIONS = (*_DEFAULT_BACKENDS, "lease", "store_errors", "server", "auth", "pull")
 
 
 class Config(_Strict):
@@ -263,14 +281,17 @@ class Config(_Strict):
     state_ttl: Duration = 30 * 86400.0  # how long a key's state lives after its last forward
     routes: list[Route] = Field(min_length=1)
 
-    @model_validator(mode="after")
-    def _unique_routes(self) -> Config:
-        seen: set[str] = set()
-        for r in self.routes:
-            if r.name in seen:
-                raise ValueError(f"route name {r.name!r} is used twice")
-            seen.add(r.name)
-        return self
+    @model_validator(mode="before")
+    @classmethod
+    def _section_defaults(cls, raw: Any) -> Any:
+        """An empty section is its defaults; a backend section without `backend` is the embedded one."""
+        if not isinstance(raw, dict):
+            return raw
+        raw = {k: v for k, v in raw.items() if not (k in _SECTIONS and v is None)}
+        for section, backend in _DEFAULT_BACKENDS.items():
+            if isinstance(raw.get(section), dict) and "backend" not in raw[section]:
+                raw[section] = {"backend": backend, **raw[section]}
+        return raw
 
     def route(self, name: str) -> Route | None:
         for r in self.routes:
@@ -303,8 +324,8 @@ def _where(loc: tuple[Any, ...], raw: Any) -> str:
         name = None
         if isinstance(raw, dict) and isinstance(raw.get("routes"), list) and idx < len(raw["routes"]):
             entry = raw["routes"][idx]
-            if isinstance(entry, dict):
-                name = entry.get("name")
+            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
+                name = entry["name"]  # `route 5` would read as a position
         head = f"route {name!r}" if name else f"routes[{idx}]"
         rest = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts[2:]).lstrip(".")
         return f"{head}: {rest}" if rest else head
@@ -313,20 +334,192 @@ def _where(loc: tuple[Any, ...], raw: Any) -> str:
 
 
 def parse(raw: Any, source: str = "<config>") -> Config:
+    """Validate a decoded config: every problem at once, field errors and rules across keys alike."""
     if raw is None:
         raise ConfigError(source, ["the file is empty: it needs at least a routes list"])
     if not isinstance(raw, dict):
         raise ConfigError(source, ["the top level must be a mapping with a routes list"])
+    problems = []
+    config = None
     try:
-        return Config.model_validate(raw)
+        config = Config.model_validate(raw)
     except ValidationError as exc:
-        problems = []
         for err in exc.errors():
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
-                msg = "unknown key (check the spelling against the config reference)"
+                msg = "unknown key (check the spelling against the config reference)" + _defaulted(raw, err["loc"])
             problems.append(f"{_where(tuple(err['loc']), raw)}: {msg}")
-        raise ConfigError(source, problems) from None
+    # Rules across keys run on whatever is readable, so they show up together with the field errors.
+    problems += [f"{_where(loc, raw)}: {msg}" for loc, msg in _rules(raw)]
+    if problems or config is None:
+        raise ConfigError(source, problems)
+    return config
+
+
+def _defaulted(raw: dict[str, Any], loc: tuple[Any, ...]) -> str:
+    """A hint when an unknown key belongs to the backend that `backend:` was left out for."""
+    section = raw.get(loc[0]) if loc else None
+    if loc and loc[0] in _DEFAULT_BACKENDS and isinstance(section, dict) and "backend" not in section:
+        return f" for backend {_DEFAULT_BACKENDS[loc[0]]}, the default when backend is not set"
+    return ""
+
+
+# --- rules across keys ------------------------------------------------------------
+# Each reads the raw mapping leniently: a value of the wrong type is skipped here (its
+# field error is reported by the model), so one broken key hides no other problem.
+
+Problem = tuple[tuple[Any, ...], str]
+
+
+def _section(raw: dict[str, Any], name: str) -> dict[str, Any]:
+    value = raw.get(name)
+    return value if isinstance(value, dict) else {}
+
+
+def _seconds(mapping: dict[str, Any], key: str, default: float | None) -> float | None:
+    if key not in mapping or mapping[key] is None:
+        return default
+    try:
+        return parse_duration(mapping[key])
+    except ValueError:
+        return None
+
+
+def _strings(value: Any) -> list[str]:
+    return [v for v in value if isinstance(v, str)] if isinstance(value, list) else []
+
+
+def _rules(raw: dict[str, Any]) -> list[Problem]:
+    return [*_route_rules(raw), *_timing_rules(raw), *_auth_rules(raw), *_file_rules(raw)]
+
+
+def _route_rules(raw: dict[str, Any]) -> list[Problem]:
+    routes = raw.get("routes")
+    if not isinstance(routes, list):
+        return []
+    found: list[Problem] = []
+    first: dict[str, int] = {}
+    for i, route in enumerate(routes):
+        if not isinstance(route, dict):
+            continue
+        name = route.get("name")
+        if isinstance(name, str):
+            if name in first:
+                found.append((("routes", i, "name"), f"route name {name!r} is used twice (routes[{first[name]}])"))
+            first.setdefault(name, i)
+        has_rows = route.get("rows") is not None
+        row_key = route.get("row_key")
+        scheme = route.get("scheme", "canonical")
+        if scheme == "event" and not has_rows:
+            found.append((("routes", i, "rows"), "scheme 'event' needs rows: the path to the list of events"))
+        overlap = set(_strings(route.get("include"))) & set(_strings(route.get("exclude")))
+        if overlap:
+            found.append((("routes", i, "exclude"), f"fields both included and excluded: {sorted(overlap)}"))
+        if row_key and not has_rows:
+            found.append((("routes", i, "row_key"), "row_key is set but rows is not: row_key only orders rows"))
+        if route.get("rows_mode") == "changed":
+            if not (has_rows and row_key):
+                found.append(
+                    (("routes", i, "rows_mode"), "rows_mode 'changed' needs rows and row_key: rows are matched by key")
+                )
+            if scheme != "canonical":
+                found.append((("routes", i, "rows_mode"), "rows_mode 'changed' works with scheme 'canonical' only"))
+    return found
+
+
+def _timing_rules(raw: dict[str, Any]) -> list[Problem]:
+    """Budgets that must nest: a store call inside the store budget inside the ack deadline;
+    state kept at least as long as a lease and as every route's window."""
+    lease, errors = _section(raw, "lease"), _section(raw, "store_errors")
+    defaults_lease, defaults_errors = LeaseConfig(), StoreErrors()
+    ack = _seconds(lease, "ack_deadline", defaults_lease.ack_deadline)
+    duration = _seconds(lease, "duration", defaults_lease.duration)
+    budget = _seconds(errors, "budget", defaults_errors.budget)
+    timeout = _seconds(errors, "timeout", defaults_errors.timeout)
+    ttl = _seconds(raw, "state_ttl", Config.model_fields["state_ttl"].default)
+    found: list[Problem] = []
+    if budget is not None and ack is not None and budget >= ack:
+        found.append(
+            (
+                ("store_errors", "budget"),
+                f"{budget:g}s must be shorter than lease.ack_deadline ({ack:g}s): after the budget the route's "
+                "on_store_error still has to publish and answer before Pub/Sub redelivers",
+            )
+        )
+    if timeout is not None and budget is not None and timeout > budget:
+        found.append(
+            (
+                ("store_errors", "timeout"),
+                f"{timeout:g}s is longer than store_errors.budget ({budget:g}s), which bounds every attempt together",
+            )
+        )
+    if ttl is not None and duration is not None and ttl < duration:
+        found.append(
+            (
+                ("state_ttl",),
+                f"{ttl:g}s is shorter than lease.duration ({duration:g}s): a key's state, lease "
+                "included, could expire while a publish holds it",
+            )
+        )
+    routes = raw.get("routes")
+    for i, route in enumerate(routes if isinstance(routes, list) else []):
+        window = _seconds(route, "window", None) if isinstance(route, dict) else None
+        if ttl is not None and window is not None and window > ttl:
+            found.append(
+                (
+                    ("routes", i, "window"),
+                    f"{window:g}s is longer than state_ttl ({ttl:g}s): the state the window "
+                    "compares with would expire first; raise state_ttl",
+                )
+            )
+    return found
+
+
+def _auth_rules(raw: dict[str, Any]) -> list[Problem]:
+    """Auth that reads as on is on, and checks what it seems to: no half-configured section."""
+    if "auth" not in raw:
+        return []
+    auth = _section(raw, "auth")
+    audience, account, anyone = auth.get("audience"), auth.get("service_account"), auth.get("any_service_account")
+    found: list[Problem] = []
+    if not audience and (account or anyone is True):
+        found.append(
+            (
+                ("auth", "audience"),
+                "is not set, so no token would be verified: set the audience the push "
+                "subscriptions put in their tokens (or remove the auth section to turn verification off)",
+            )
+        )
+    if audience and not account and anyone is not True:
+        found.append(
+            (
+                ("auth", "service_account"),
+                "is not set, so a token of any service account in any project would be "
+                "accepted: name the push service account, or write any_service_account: true if that is what you want",
+            )
+        )
+    if account and anyone is True:
+        found.append((("auth", "any_service_account"), "contradicts service_account: keep one of them"))
+    return found
+
+
+def _file_rules(raw: dict[str, Any]) -> list[Problem]:
+    """The outbox appends JSON lines: on a SQLite file it would corrupt the database."""
+    outbox = _section(raw, "publisher")
+    if outbox.get("backend", "outbox") != "outbox":
+        return []
+    path = outbox.get("path", OutboxPublisher().path)
+    found: list[Problem] = []
+    for section in ("store", "records"):
+        other = _section(raw, section)
+        if other.get("backend", "sqlite") == "sqlite" and isinstance(path, str) and path:
+            other_path = other.get("path", _DEFAULT_SQLITE[section])
+            if isinstance(other_path, str) and os.path.normpath(other_path) == os.path.normpath(path):
+                found.append((("publisher", "path"), f"{path!r} is also {section}.path: give the outbox its own file"))
+    return found
+
+
+_DEFAULT_SQLITE = {"store": SqliteStore().path, "records": SqliteRecords().path}
 
 
 def load(path: str | os.PathLike[str] | None = None) -> Config:
@@ -339,7 +532,9 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(src, [f"cannot read it: {exc}"]) from None
     try:
-        raw = yaml.safe_load(text)
+        raw = yamlfile.load(text)
+    except yamlfile.DuplicateKeys as exc:
+        raise ConfigError(src, [f"{p} (YAML keeps only the last one)" for p in exc.problems]) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

@@ -22,13 +22,13 @@ KEY = "2025-01-10"
 T0 = 1_767_225_600.0  # publish times: 2026-01-01T00:00:00Z onwards
 
 
-def config(**lease: str) -> Config:
+def config(store_errors: dict[str, str] | None = None, **lease: str) -> Config:
     return parse(
         {
             "routes": [{"name": ROUTE, "destination": "phase3", "key": ["attributes.key"], "exclude": ["scraped"]}],
             "lease": lease or {"duration": "60s", "ack_deadline": "30s", "heartbeat": "10s"},
             # generous: these tests are about semantics, on a shared 2-core machine
-            "store_errors": {"timeout": "10s", "budget": "20s"},
+            "store_errors": store_errors or {"timeout": "10s", "budget": "20s"},
         }
     )
 
@@ -99,7 +99,11 @@ async def test_failed_publish_releases_the_lease_and_the_redelivery_forwards(sto
 async def test_heartbeat_extends_a_slow_publish_and_the_commit_still_lands(store: Any) -> None:
     gate = asyncio.Event()
     pub, feed = MemoryPublisher(gate=gate), Feed()
-    e = engine(store, pub, config(duration="5s", ack_deadline="4s", heartbeat="100ms"))
+    e = engine(
+        store,
+        pub,
+        config(duration="5s", ack_deadline="4s", heartbeat="100ms", store_errors={"timeout": "3s", "budget": "3.5s"}),
+    )
     slow = asyncio.create_task(e.handle(ROUTE, feed("out")))
     await pub.started.wait()
     for _ in range(500):  # bounded wait until two extensions (each moves the version) have returned

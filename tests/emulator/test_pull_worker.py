@@ -304,8 +304,8 @@ def test_pull_needs_a_subscription_per_route() -> None:
     cfg = parse(
         {
             "routes": [
-                {"name": "a", "subscription": "a-sub", "destination": "x", "key": ["payload.k"]},
-                {"name": "b", "destination": "y", "key": ["payload.k"]},
+                {"name": "a", "subscription": "a-sub", "destination": "out-a", "key": ["payload.k"]},
+                {"name": "b", "destination": "out-b", "key": ["payload.k"]},
             ]
         }
     )

@@ -967,7 +967,7 @@ def test_regression_a_content_length_of_a_non_ascii_digit_is_not_a_500(app: Harn
 def test_regression_a_duration_beyond_float_range_is_a_config_error() -> None:
     """Fixed in filter/config.py `parse_duration`: `float(10**400)` raises OverflowError, which
     pydantic does not turn into a validation error, so it escapes `parse` as itself."""
-    raw = {"routes": [{"name": "r", "destination": "t", "key": ["payload.k"], "window": 10**400}]}
+    raw = {"routes": [{"name": "r", "destination": "phase3", "key": ["payload.k"], "window": 10**400}]}
     with pytest.raises(ConfigError) as exc:
         parse(raw)
     assert exc.value.problems and exc.value.problems[0].startswith("route 'r': window: ")

@@ -453,7 +453,9 @@ class LateHolder:
 async def late_holder(rig: Rig, firestore: FirestoreEmulator, pubsub_emulator: PubsubEmulator) -> LateHolder:
     """A (in-process, extends dropped, lease 3 s) publishes X, held 7 s; B forwards Y once A's lease expired."""
     b = rig.backends[0].current
-    cfg = parse({**rig.config("late"), "lease": {"duration": "3s", "ack_deadline": "2s", "heartbeat": "1s"}})
+    lease = {"duration": "3s", "ack_deadline": "2s", "heartbeat": "1s"}
+    # the store budget must fit inside the ack deadline (`check` refuses it otherwise)
+    cfg = parse({**rig.config("late"), "lease": lease, "store_errors": {"timeout": "1s", "budget": "1.5s"}})
     proxy = FaultProxy(pubsub_emulator.host).start()
     try:
         with firestore.env(), emulator_env(proxy.host):

@@ -45,9 +45,10 @@ ROUTES: list[dict[str, Any]] = [
 
 
 class World:
-    def __init__(self, tmp_path: Path, lease: dict[str, Any] | None = None):
+    def __init__(self, tmp_path: Path, lease: dict[str, Any] | None = None, store_errors: dict[str, Any] | None = None):
         self.tmp_path = tmp_path
-        self.config = parse({"routes": ROUTES, **({"lease": lease} if lease else {})})
+        sections = {"lease": lease, "store_errors": store_errors}
+        self.config = parse({"routes": ROUTES, **{k: v for k, v in sections.items() if v}})
         self.clock = ManualClock()
         self.publisher = MemoryPublisher()
         self.recorder = MemoryRecorder()
@@ -300,7 +301,11 @@ async def test_late_holder_with_an_old_fence_cannot_overwrite(world: World) -> N
 
 
 async def test_heartbeat_keeps_the_lease_while_a_publish_is_slow(tmp_path: Path) -> None:
-    world = World(tmp_path, lease={"duration": "3s", "ack_deadline": "2s", "heartbeat": "50ms"})
+    world = World(
+        tmp_path,
+        lease={"duration": "3s", "ack_deadline": "2s", "heartbeat": "50ms"},
+        store_errors={"timeout": "0.5s", "budget": "1s"},  # inside the ack deadline, as `check` requires
+    )
     world.publisher.gate = asyncio.Event()
     slow = asyncio.create_task(world.send("reports", report("out")))
     await world.publisher.started.wait()

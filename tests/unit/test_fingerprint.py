@@ -21,7 +21,7 @@ INJURY_FIELDS = ["player_lookup", "team", "game_date", "game_id", "injury_status
 
 
 def route(**kw: Any) -> Route:
-    base: dict[str, Any] = {"name": "r", "destination": "d", "key": ["payload.game_date"]}
+    base: dict[str, Any] = {"name": "r", "destination": "phase3", "key": ["payload.game_date"]}
     base.update(kw)
     return Route.model_validate(base)
 
