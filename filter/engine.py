@@ -33,7 +33,7 @@ from .envelope import format_time
 from .fingerprint import NOT_JSON, PayloadError, Scheme, compile_scheme, message_fingerprint
 from .heartbeat import Heartbeat
 from .model import Decision, DecisionRecord, KeyState, Lease, Message
-from .paths import MISSING
+from .paths import MISSING, list_index
 from .ports import Clock, DecisionRecorder, Publisher, PublishFailed, StateStore, StoreUnavailable
 
 log = structlog.get_logger("pubsub_filter.engine")
@@ -175,7 +175,9 @@ def _parent(payload: Any, parts: tuple[str, ...]) -> tuple[Any, str | None]:
         return payload, None
     node = payload
     for part in parts[:-1]:
-        node = node[int(part)] if isinstance(node, list) else node[part]
+        # `rows` resolved on this payload already, so every step through a list is an index
+        index = list_index(part) if isinstance(node, list) else None
+        node = node[part] if index is None else node[index]
     return node, parts[-1]
 
 

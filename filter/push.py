@@ -30,11 +30,6 @@ _TRACE = re.compile(r"^([0-9a-fA-F]{32})")
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-")
 
 
-#: Seconds a push body may take to arrive in full. A client that sends part of a body and
-#: stalls would otherwise hold a request (and its memory) open for good.
-BODY_TIMEOUT = 10.0
-
-
 class _TooLarge(Exception):
     pass
 
@@ -79,9 +74,11 @@ async def _body(request: Request, limit: int) -> bytes:
 
 
 def create_app(
-    engine: Engine, authenticator: Any = None, lifespan: Any = None, body_timeout: float = BODY_TIMEOUT
+    engine: Engine, authenticator: Any = None, lifespan: Any = None, body_timeout: float | None = None
 ) -> Starlette:
     max_body = engine.config.server.max_body
+    # A client that sends part of a body and stalls would otherwise hold a request (and its memory) open for good.
+    body_timeout = engine.config.server.body_timeout if body_timeout is None else body_timeout
 
     async def push(request: Request) -> Response:
         route = request.path_params["route"]

@@ -36,7 +36,7 @@ def make_publisher(cfg: Config) -> Publisher:
     if p.backend == "outbox":
         from .publishers.outbox import OutboxPublisher
 
-        return OutboxPublisher(p.path)
+        return OutboxPublisher(p.path, fsync=p.fsync)
     from .publishers.pubsub import PubsubPublisher
 
     return PubsubPublisher(project=project_of(cfg, p.project), timeout=p.timeout)

@@ -11,7 +11,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_delay, wait_random_exponential
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_before_delay, wait_random_exponential
 
 from ..config import StoreErrors
 from ..model import KeyState
@@ -53,7 +53,7 @@ class GuardedStore:
             if remaining <= 0:
                 raise
         retrying = AsyncRetrying(
-            stop=stop_after_delay(remaining),
+            stop=stop_before_delay(remaining),  # never sleep past the budget, only to give up after it
             wait=wait_random_exponential(multiplier=0.05, max=0.5),
             retry=retry_if_exception_type(StoreUnavailable),
             reraise=True,

@@ -31,6 +31,7 @@ import asyncio
 import itertools
 import json
 import shutil
+import sqlite3
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -261,19 +262,31 @@ class HeldPublisher:
             raise PublishFailed("injected publish failure")
         return self._land(data, attributes)
 
+    async def ping(self) -> None:
+        pass
+
     async def close(self) -> None:
         pass
 
 
 class FaultyStore:
-    """A `StateStore` that answers `StoreUnavailable` to everything while `down` (an outage)."""
+    """A `StateStore` that fails everything while `down` (an outage).
 
-    def __init__(self, inner: StateStore):
+    With `raw` it fails as a backend really does, with its own exception (a corrupt SQLite
+    page), half the time: it must then sit beneath `GuardedStore`, whose job is to turn any
+    store error into `StoreUnavailable` before the engine sees it.
+    """
+
+    def __init__(self, inner: StateStore, raw: bool = False):
         self.inner = inner
+        self.raw = raw
         self.down = False
+        self._calls = itertools.count()
 
     def _check(self) -> None:
         if self.down:
+            if self.raw and next(self._calls) % 2:
+                raise sqlite3.DatabaseError("database disk image is malformed (injected)")
             raise StoreUnavailable("injected outage")
 
     async def read(self, route: str, key: str) -> KeyState | None:
@@ -311,8 +324,8 @@ class InFlight:
     fence: int
 
 
-#: Builds the store for one run: (config, clock, scratch dir) → a StateStore.
-StoreFactory = Callable[[Config, ManualClock, Path], StateStore]
+#: Builds the store for one run: (config, clock, scratch dir) → (the engine's store, the fault switch in it).
+StoreFactory = Callable[[Config, ManualClock, Path], tuple[StateStore, FaultyStore]]
 
 
 class EngineMachine(RuleBasedStateMachine):
@@ -329,9 +342,9 @@ class EngineMachine(RuleBasedStateMachine):
         self.clock = ManualClock()
         self.publisher = HeldPublisher()
         self.recorder = MemoryRecorder()
-        self.store = FaultyStore(type(self).make_store(self.config, self.clock, self.dir))
+        self.engine_store, self.store = type(self).make_store(self.config, self.clock, self.dir)
         self.engines = [
-            Engine(self.config, self.store, self.publisher, self.recorder, self.clock, instance)  # type: ignore[arg-type]
+            Engine(self.config, self.engine_store, self.publisher, self.recorder, self.clock, instance)
             for instance in ("one", "two")
         ]
         self.model = ReferenceModel()
@@ -353,7 +366,7 @@ class EngineMachine(RuleBasedStateMachine):
             f.task.cancel()
         if self.in_flight:
             self.run(asyncio.gather(*(f.task for f in self.in_flight), return_exceptions=True))
-        self.run(self.store.close())
+        self.run(self.engine_store.close())
         self.loop.close()
         shutil.rmtree(self.dir, ignore_errors=True)
 
@@ -479,6 +492,27 @@ class EngineMachine(RuleBasedStateMachine):
     def new_message(self, route: str, key: str, content: int, engine: int) -> None:
         self._deliver(self._new(route, key, content), engine)
 
+    @rule(
+        route=st.sampled_from(ROUTE_NAMES),
+        key=st.sampled_from(KEYS),
+        content=st.sampled_from(CONTENTS),
+        engine=st.integers(0, 1),
+    )
+    def another_new_message(self, route: str, key: str, content: int, engine: int) -> None:
+        self.new_message(route, key, content, engine)  # the commonest event: twice the weight
+
+    @precondition(lambda self: any(k.content is not None or k.lease is not None for k in self.model.keys.values()))
+    @rule(data=st.data(), engine=st.integers(0, 1))
+    def unchanged_message(self, data: st.DataObject, engine: int) -> None:
+        """A new message with the content last forwarded for its key, or the content a lease holds:
+        the suppress and duplicate paths, which uniform contents reach too rarely."""
+        candidates = sorted(
+            {(r, k, m.content) for (r, k), m in self.model.keys.items() if m.content is not None}
+            | {(r, k, m.lease.content) for (r, k), m in self.model.keys.items() if m.lease is not None}
+        )
+        route, key, content = data.draw(st.sampled_from(candidates), label="unchanged")
+        self._deliver(self._new(route, key, content), engine)
+
     @precondition(lambda self: any(not s.retired for s in self.sent))
     @rule(data=st.data(), engine=st.integers(0, 1))
     def redelivery(self, data: st.DataObject, engine: int) -> None:
@@ -488,7 +522,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     @precondition(lambda self: len(self.in_flight) < 2 and not self.store.down)
     @rule(
-        route=st.sampled_from(("enforce", "retry", "rows", "bypass")),
+        route=st.sampled_from(ROUTE_NAMES),
         key=st.sampled_from(KEYS),
         content=st.sampled_from(CONTENTS),
         engine=st.integers(0, 1),
@@ -505,11 +539,9 @@ class EngineMachine(RuleBasedStateMachine):
         self.publisher.hold.add(sent.id)
         self.publisher.reached.clear()
         task = self.loop.create_task(self.engines[engine].handle(route, self._message(sent)))
-        self.run(
-            asyncio.wait(
-                [task, self.loop.create_task(self.publisher.reached.wait())], return_when=asyncio.FIRST_COMPLETED
-            )
-        )
+        reached = self.loop.create_task(self.publisher.reached.wait())
+        self.run(asyncio.wait([task, reached], return_when=asyncio.FIRST_COMPLETED))
+        reached.cancel()
         assert not task.done() and sent.id in self.publisher.held, f"{sent}: the forward did not reach its publish"
         self.in_flight.append(InFlight(sent, task, fence))
 
@@ -554,7 +586,7 @@ class EngineMachine(RuleBasedStateMachine):
         # A live holder's heartbeat keeps its lease: time may pass, but not past a live lease.
         limit = self._live_lease_expiry()
         if limit is not None:
-            seconds = min(seconds, limit - self.clock.now() - 0.01)
+            seconds = min(seconds, limit - self.clock.now() - 1.0)  # room for the 1 ms between messages
         if seconds > 0:
             self.clock.advance(seconds)
 

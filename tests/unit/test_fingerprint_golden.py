@@ -33,7 +33,7 @@ def data_of(vector: dict[str, Any]) -> bytes:
 
 
 def route_of(vector: dict[str, Any]) -> Route:
-    return Route.model_validate({"name": "golden", "destination": "d", **vector["route"]})
+    return Route.model_validate({"name": "golden", "destination": "phase3", **vector["route"]})
 
 
 def computed(vector: dict[str, Any]) -> tuple[str, bool]:

@@ -29,10 +29,10 @@ from tests.support.json_text import FRACTIONAL, INTEGERS, spellings
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True)
 
 #: The generic path: no rows, so there is no fast path.
-GENERIC = Route.model_validate({"name": "g", "destination": "d", "key": ["payload.k"]})
+GENERIC = Route.model_validate({"name": "g", "destination": "phase3", "key": ["payload.k"]})
 #: The typed fast path: one rows field, include covering the row key.
 FAST = Route.model_validate(
-    {"name": "f", "destination": "d", "key": ["payload.k"], "rows": "payload.rows", "include": ["id", "v"]}
+    {"name": "f", "destination": "phase3", "key": ["payload.k"], "rows": "payload.rows", "include": ["id", "v"]}
 )
 
 

@@ -153,7 +153,11 @@ class CorruptOnExtend(SqliteStore):
 
 
 async def _forward_with_failing_heartbeat(tmp_path: Path, guarded: bool) -> tuple[World, Any]:
-    world = World(tmp_path, lease={"duration": "3s", "ack_deadline": "2s", "heartbeat": "10ms"})
+    world = World(
+        tmp_path,
+        lease={"duration": "3s", "ack_deadline": "2s", "heartbeat": "10ms"},
+        store_errors={"timeout": "0.5s", "budget": "1s"},
+    )
     beat = asyncio.Event()
     inner = CorruptOnExtend(tmp_path / "state.db", beat)
     world.engine.store = GuardedStore(inner, world.config.store_errors, inline=True) if guarded else inner
@@ -212,7 +216,7 @@ async def test_the_embedded_store_purges_expired_keys_by_itself(tmp_path: Path) 
     clock = ManualClock()
     store = SqliteStore(tmp_path / "state.db", purge_every=60, clock=clock.now)
     engine = Engine(
-        parse({"routes": [{"name": "r", "destination": "d", "key": ["attributes.id"]}], "state_ttl": "1d"}),
+        parse({"routes": [{"name": "r", "destination": "phase3", "key": ["attributes.id"]}], "state_ttl": "1d"}),
         GuardedStore(store, parse({"routes": ROW_ROUTES}).store_errors, inline=True),
         MemoryPublisher(),
         MemoryRecorder(),
