@@ -207,9 +207,9 @@ def figure(rows: list[SkipRow], by: str = "hour") -> Any:
         # matplotlib's default date limits for one point (or a few) span years
         half = _BUCKET_WIDTH.get(by, _BUCKET_WIDTH["hour"]) / 2
         ax.set_xlim(min(times) - half, max(times) + half)
-        locator = AutoDateLocator()
+        locator = AutoDateLocator()  # type: ignore[no-untyped-call]
         ax.xaxis.set_major_locator(locator)
-        ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))
+        ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))  # type: ignore[no-untyped-call]
     ax.set_ylim(0, 101)
     ax.set_ylabel("skip rate (%)")
     ax.set_xlabel(f"UTC {by}")
@@ -251,9 +251,12 @@ def counts_for(args: argparse.Namespace, since: float | None, by: str | None = N
         from .records.sqlite import decision_counts
 
         return decision_counts(cfg.records.path, since, by)
+    from .operational import BIGQUERY, require
     from .records.bigquery import decision_counts as bq_counts
     from .records.bigquery import make_client
     from .wiring import project_of
+
+    require(BIGQUERY)  # the client would retry an unreachable endpoint for minutes
 
     client = make_client(project_of(cfg, cfg.records.project), cfg.records.location)
     table = f"{client.project}.{cfg.records.dataset}.{cfg.records.table}"
