@@ -92,15 +92,6 @@ def test_serve_on_a_port_in_use_fails_before_starting(
 
 
 @pytest.mark.usefixtures("no_credentials")
-def test_serve_with_firestore_and_no_credentials_says_how_to_get_them(
-    rows_config: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    config = with_backend(rows_config, "store", "firestore")
-    assert main(["serve", "-c", str(config), "--host", "127.0.0.1", "--port", str(free_port())]) == FAILED
-    assert "no Google credentials: run `gcloud auth application-default login`" in one_line(capsys.readouterr().err)
-
-
-@pytest.mark.usefixtures("no_credentials")
 def test_explain_with_firestore_and_no_credentials_says_how_to_get_them(
     rows_config: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -158,8 +149,12 @@ def test_check_counts_one_route_in_the_singular(rows_config: Path, capsys: pytes
 # --- unreachable backends: a closed local port, as a separate process -------------------
 
 
-def _run(args: list[str], env: dict[str, str], cwd: Path) -> tuple[subprocess.CompletedProcess[str], float]:
+def _run(
+    args: list[str], env: dict[str, str], cwd: Path, credentials: bool = True
+) -> tuple[subprocess.CompletedProcess[str], float]:
     full = {k: v for k, v in os.environ.items() if not k.endswith("_EMULATOR_HOST")}
+    if not credentials:
+        full = {k: v for k, v in full.items() if not k.startswith(("GOOGLE_", "GCLOUD_", "CLOUDSDK_"))}
     full.update(env, PYTHONPATH=str(ROOT), GOOGLE_CLOUD_PROJECT="demo")
     started = time.monotonic()
     proc = subprocess.run(
@@ -172,6 +167,15 @@ def _run(args: list[str], env: dict[str, str], cwd: Path) -> tuple[subprocess.Co
         check=False,
     )
     return proc, time.monotonic() - started
+
+
+def test_serve_with_firestore_and_no_credentials_says_how_to_get_them(rows_config: Path, tmp_path: Path) -> None:
+    """A separate process: serve configures logging for the whole process before it fails."""
+    config = with_backend(rows_config, "store", "firestore")
+    env = {"CLOUDSDK_CONFIG": str(tmp_path / "gcloud"), "NO_GCE_CHECK": "True", "PORT": str(free_port())}
+    proc, _ = _run(["serve", "-c", str(config), "--host", "127.0.0.1"], env, tmp_path, credentials=False)
+    assert proc.returncode == FAILED, proc.stderr
+    assert "no Google credentials: run `gcloud auth application-default login`" in one_line(proc.stderr)
 
 
 @pytest.mark.parametrize(
