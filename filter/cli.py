@@ -10,13 +10,65 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NoReturn
 
 from . import __version__, preflight
 from .config import CONFIG_ENV, DEFAULT_CONFIG, Config, ConfigError, load
+from .operational import BIGQUERY, FIRESTORE, PUBSUB, Backend, describe, require
+
+ATTRIBUTE_HELP = "a message attribute (repeatable), for keys and bypass rules that read attributes"
+#: exit codes (the README's "Exit codes" table)
+OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
+
+
+class UsageError(Exception):
+    """A bad argument or environment value: one line, exit 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports a usage error in one line (the usage itself is one `--help` away)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(USAGE, f"{self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def _config(path: str | None) -> Config:
     return load(path)
+
+
+def _attribute(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"{text!r} is not NAME=VALUE")
+    return name, value
+
+
+def _backends(cfg: Config) -> list[Backend]:
+    """The Google backends a config's store, publisher and records use."""
+    used = []
+    if cfg.store.backend == "firestore":
+        used.append(FIRESTORE)
+    if cfg.publisher.backend == "pubsub":
+        used.append(PUBSUB)
+    if cfg.records.backend == "bigquery":
+        used.append(BIGQUERY)
+    return used
+
+
+def _port(args: argparse.Namespace) -> int:
+    port: int
+    if args.port is not None:
+        port, where = args.port, f"--port {args.port}"
+    else:
+        text = os.environ.get("PORT", "8080")
+        where = f"PORT={text!r}"
+        try:
+            port = int(text)
+        except ValueError:
+            raise UsageError(f"{where} is not a port number (1-65535)") from None
+    if not 0 < port < 65536:
+        raise UsageError(f"{where} is not a port number (1-65535)")
+    return port
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -24,16 +76,17 @@ def cmd_check(args: argparse.Namespace) -> int:
     cfg = _config(source)
     preflight.check(cfg, source)  # the files it names, as `serve` will open them from here
     names = ", ".join(r.name for r in cfg.routes)
-    print(f"{source}: ok ({len(cfg.routes)} routes: {names})")
+    print(f"{source}: ok ({len(cfg.routes)} route{'s' if len(cfg.routes) != 1 else ''}: {names})")
     return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     from .serve import serve
 
+    port = _port(args)
     cfg = _config(args.config)
     preflight.check(cfg, args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
-    return serve(cfg, args.host, args.port or int(os.environ.get("PORT", "8080")))
+    return serve(cfg, args.host, port)
 
 
 def cmd_fingerprint(args: argparse.Namespace) -> int:
@@ -49,7 +102,7 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
         )
         return 2
     data = sys.stdin.buffer.read() if args.payload == "-" else Path(args.payload).read_bytes()
-    attributes = dict(a.split("=", 1) for a in args.attribute)
+    attributes = dict(args.attribute)
     rules = RouteRules(route)
     payload, fp = rules.scheme(data)
     print(fp)
@@ -66,8 +119,10 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
 def cmd_explain(args: argparse.Namespace) -> int:
     from .explain import run
 
-    attributes = dict(a.split("=", 1) for a in args.attribute)
-    return run(_config(args.config), args.route, args.payload, attributes, args.format)
+    cfg = _config(args.config)
+    if cfg.store.backend == "firestore":
+        require(FIRESTORE)
+    return run(cfg, args.route, args.payload, dict(args.attribute), args.format)
 
 
 def cmd_skip_rate(args: argparse.Namespace) -> int:
@@ -88,16 +143,20 @@ def cmd_pull(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     from .replay import run
 
+    require(PUBSUB, *(_backends(_config(args.config)) if args.through_filter and args.config else ()))
     return run(args)
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
     from .provision import run
 
-    return run(_config(args.config), args)
+    cfg = _config(args.config)
+    if not args.dry_run:
+        require(PUBSUB)
+    return run(cfg, args)
 
 
-def _add_worker_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _add_worker_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     def with_config(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--config", "-c", help=f"config file (default: ${CONFIG_ENV}, then ./filter.yaml)")
 
@@ -181,7 +240,7 @@ def _add_worker_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="pubsub-filter",
         description="Forward a Pub/Sub message downstream only when its content changed.",
     )
@@ -193,39 +252,54 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = sub.add_parser("serve", help="run the push endpoint (Cloud Run)")
     with_config(sp)
-    sp.add_argument("--host", default=os.environ.get("HOST", "0.0.0.0"))
-    sp.add_argument("--port", type=int, default=None, help="default: $PORT, then 8080")
+    sp.add_argument(
+        "--host", default=os.environ.get("HOST", "0.0.0.0"), help="address to listen on (default: $HOST, then 0.0.0.0)"
+    )
+    sp.add_argument("--port", type=int, default=None, help="port to listen on (default: $PORT, then 8080)")
     sp.set_defaults(func=cmd_serve)
 
     sp = sub.add_parser("check", help="validate a config file; exit 1 with every problem listed")
-    sp.add_argument("file", nargs="?")
+    sp.add_argument("file", nargs="?", help="the config file (default: --config, $PUBSUB_FILTER_CONFIG, ./filter.yaml)")
     with_config(sp)
     sp.set_defaults(func=cmd_check)
 
     sp = sub.add_parser("fingerprint", help="print the payload fingerprint of a JSON file for a route")
     with_config(sp)
-    sp.add_argument("--route", "-r", required=True)
-    sp.add_argument("--attribute", "-a", action="append", default=[], metavar="NAME=VALUE")
+    sp.add_argument("--route", "-r", required=True, metavar="NAME", help="the route whose rules apply")
+    sp.add_argument(
+        "--attribute", "-a", action="append", default=[], type=_attribute, metavar="NAME=VALUE", help=ATTRIBUTE_HELP
+    )
     sp.add_argument("--verbose", "-v", action="store_true", help="also print the key and message fingerprint")
     sp.add_argument("payload", help="the message data (a file, or - for stdin)")
     sp.set_defaults(func=cmd_fingerprint)
 
     sp = sub.add_parser("explain", help="what the filter would decide for a payload, and why (no side effects)")
     with_config(sp)
-    sp.add_argument("--route", "-r", required=True)
-    sp.add_argument("--attribute", "-a", action="append", default=[], metavar="NAME=VALUE")
-    sp.add_argument("--format", choices=["text", "json"], default="text")
+    sp.add_argument("--route", "-r", required=True, metavar="NAME", help="the route whose rules and state apply")
+    sp.add_argument(
+        "--attribute", "-a", action="append", default=[], type=_attribute, metavar="NAME=VALUE", help=ATTRIBUTE_HELP
+    )
+    sp.add_argument("--format", choices=["text", "json"], default="text", help="text (default) or json")
     sp.add_argument("payload", help="the message data (a file, or - for stdin)")
     sp.set_defaults(func=cmd_explain)
 
     sp = sub.add_parser("skip-rate", help="decisions and skip rate per route, hour or day")
     with_config(sp)
     sp.add_argument("--since", default="24h", help="how far back (e.g. 1h, 24h, 7d; default 24h)")
-    sp.add_argument("--by", choices=["route", "hour", "day"], default="route")
-    sp.add_argument("--format", choices=["table", "json", "csv"], default="table")
+    sp.add_argument(
+        "--by",
+        choices=["route", "hour", "day"],
+        default="route",
+        help="one row per route (default), or per route and hour or day",
+    )
+    sp.add_argument("--format", choices=["table", "json", "csv"], default="table", help="table (default), json or csv")
     sp.add_argument("--log", help="read decision log lines from FILE (- for stdin) instead of the records backend")
-    sp.add_argument("--watch", type=float, metavar="N", help="refresh every N seconds")
-    sp.add_argument("--chart", metavar="FILE.png", help="draw skip rate per route over time to a PNG (by hour)")
+    sp.add_argument("--watch", type=float, metavar="N", help="refresh every N seconds until Ctrl-C (not with --log -)")
+    sp.add_argument(
+        "--chart",
+        metavar="FILE.png",
+        help="also draw the skip rate per route over time to a PNG (by hour unless --by day; needs the chart extra)",
+    )
     sp.set_defaults(func=cmd_skip_rate)
     _add_worker_commands(sub)
     return p
@@ -233,8 +307,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    prog = f"pubsub-filter {args.command}"
     try:
         return int(args.func(args))
+    except UsageError as exc:
+        print(f"{prog}: {exc}", file=sys.stderr)
+        return USAGE
     except ConfigError as exc:
         if len(exc.problems) == 1:  # one problem, one line
             print(f"{exc.source}: {exc.problems[0]}", file=sys.stderr)
@@ -245,6 +323,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         for problem in exc.problems:
             print(f"  {exc.source}: {problem}", file=sys.stderr)
-        return 1
+        return FAILED
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED
+    except Exception as exc:
+        line = describe(exc)
+        if line is None:
+            raise  # not foreseeable: a bug, and its traceback is what a report needs
+        print(f"{prog}: {line}", file=sys.stderr)
+        return FAILED

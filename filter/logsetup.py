@@ -128,6 +128,15 @@ def _timestamp(clock: Callable[[], float]) -> structlog.types.Processor:
     return processor
 
 
+def _console_time(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """On a terminal a caller's numeric `time` (the decision time) is the line's readable
+    timestamp; left as a field, it would print as a raw epoch beside it."""
+    t = event.get("time")
+    if t.__class__ in (float, int):
+        event["timestamp"] = time.strftime("%H:%M:%S", time.localtime(event.pop("time")))
+    return event
+
+
 def _cloud_fields(project: str | None) -> structlog.types.Processor:
     trace_prefix = f"projects/{project}/traces/" if project else ""
 
@@ -234,6 +243,7 @@ def configure(
             structlog.contextvars.merge_contextvars,
             _scrub,
             structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
+            _console_time,
             structlog.processors.add_log_level,
             structlog.dev.ConsoleRenderer(colors=colors),
         ]

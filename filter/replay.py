@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 import structlog
+from tqdm import tqdm
 
 from .envelope import ATTR_ORIGINAL_TIME, effective_publish_time, format_time, parse_time
 
@@ -309,50 +310,70 @@ class Counts:
 
 
 class Progress:
-    """A carriage-return line on a terminal (at most 10 updates a second); plain lines otherwise."""
+    """On a terminal, a tqdm bar: done out of `total` (`--max`) with rate and ETA, or a
+    counter with its rate when the total is unknown (Pub/Sub does not tell a subscription's
+    backlog). Elsewhere (a pipe, a log file), a plain line every `interval` seconds."""
 
-    def __init__(self, stream: IO[str], counts: Counts, dry_run: bool, interval: float = 5.0):
+    def __init__(self, stream: IO[str], counts: Counts, dry_run: bool, interval: float = 5.0, total: int | None = None):
         self.stream = stream
         self.counts = counts
         self.dry_run = dry_run
         isatty = getattr(stream, "isatty", None)
         self.tty = bool(isatty and isatty())
-        self.interval = 0.1 if self.tty else interval
+        self.interval = interval
         self.started = time.monotonic()
         self._last = 0.0
-        self._width = 0
+        self._bar: tqdm[Any] | None = None
+        if self.tty:
+            self._bar = tqdm(
+                total=total,
+                file=stream,
+                desc="dry run" if dry_run else "replay",
+                unit="msg",
+                dynamic_ncols=True,
+                mininterval=0.1,
+                smoothing=0.1,
+            )
 
-    def line(self) -> str:
+    def _done(self) -> int:
         c = self.counts
-        elapsed = max(time.monotonic() - self.started, 1e-9)
-        done = c.would_replay if self.dry_run else c.replayed + c.skipped
-        head = f"{c.would_replay} would be replayed" if self.dry_run else f"{c.replayed} replayed"
-        parts = [head]
+        return c.would_replay if self.dry_run else c.replayed + c.skipped
+
+    def _others(self) -> list[str]:
+        c = self.counts
+        parts = []
         if c.skipped:
             parts.append(f"{c.skipped} skipped by the filter")
         parts.append(f"{c.filtered_out} filtered out")
         parts.append(f"{c.failed} failed")
-        return f"replay: {', '.join(parts)} | {done / elapsed:.1f} msg/s | {elapsed:.0f}s"
+        return parts
+
+    def line(self) -> str:
+        c = self.counts
+        elapsed = max(time.monotonic() - self.started, 1e-9)
+        head = f"{c.would_replay} would be replayed" if self.dry_run else f"{c.replayed} replayed"
+        parts = [head, *self._others()]
+        return f"replay: {', '.join(parts)} | {self._done() / elapsed:.1f} msg/s | {elapsed:.0f}s"
 
     def update(self, force: bool = False) -> None:
+        bar = self._bar
+        if bar is not None:
+            bar.set_postfix_str(", ".join(self._others()), refresh=False)
+            bar.update(self._done() - bar.n)  # tqdm throttles redraws itself (mininterval)
+            if force:
+                bar.refresh()
+            return
         now = time.monotonic()
         if not force and now - self._last < self.interval:
             return
         self._last = now
-        text = self.line()
-        if self.tty:
-            pad = max(self._width - len(text), 0)
-            self._width = len(text)
-            self.stream.write("\r" + text + " " * pad)
-        else:
-            self.stream.write(text + "\n")
+        self.stream.write(self.line() + "\n")
         self.stream.flush()
 
     def finish(self) -> None:
-        if self.tty:
+        if self._bar is not None:
             self.update(force=True)
-            self.stream.write("\n")
-            self.stream.flush()
+            self._bar.close()
 
 
 # --- the replay --------------------------------------------------------------------------------
@@ -403,7 +424,7 @@ class Replayer:
         self.config = config if config is not None else getattr(engine, "config", None)
         self.out = out or sys.stdout
         self.counts = Counts()
-        self.progress = Progress(err or sys.stderr, self.counts, opts.dry_run)
+        self.progress = Progress(err or sys.stderr, self.counts, opts.dry_run, total=opts.max)
         self.bucket = TokenBucket(opts.rate)
         self.concurrency = 1 if opts.through_filter else CONCURRENCY
         self.stopping = asyncio.Event()

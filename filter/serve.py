@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import socket
 from collections.abc import Iterator
 
 import structlog
@@ -11,6 +12,7 @@ import uvicorn
 
 from .config import Config
 from .logsetup import configure
+from .operational import Failure
 from .push import create_app, engine_lifespan
 from .wiring import make_engine
 
@@ -29,7 +31,25 @@ class _GracefulServer(uvicorn.Server):
             self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
 
 
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything else starts, so a port in use is one
+    clear line (`Failure`) rather than a server that starts, logs and stops."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        raise Failure(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
 def serve(cfg: Config, host: str, port: int) -> int:
+    sock = listen(host, port)
+    try:
+        return _serve(cfg, sock, host, port)
+    finally:
+        sock.close()
+
+
+def _serve(cfg: Config, sock: socket.socket, host: str, port: int) -> int:
     configure(project=cfg.project)
     engine = make_engine(cfg)
     authenticator = None
@@ -63,5 +83,5 @@ def serve(cfg: Config, host: str, port: int) -> int:
             timeout_graceful_shutdown=int(cfg.server.shutdown_grace),
         )
     )
-    server.run()
+    server.run(sockets=[sock])
     return 0

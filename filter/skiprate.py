@@ -11,6 +11,10 @@ is `mixed` and shows both.
 The counts come from the records backend in the config (SQLite or BigQuery) or, with
 `--log`, from decision log lines (`filter.decision_log`): every source returns the same
 `(route, bucket, decision, enforced, n)` rows, so the numbers agree wherever they come from.
+
+Requests to `/push/NAME` for a NAME that is not a route (scanners, typos) are recorded as
+rejected decisions under that name. When the config is at hand, such names (not in the
+config, nothing but rejections) are left out of the table and counted on one stderr line.
 """
 
 from __future__ import annotations
@@ -20,15 +24,17 @@ import asyncio
 import csv
 import datetime as dt
 import io
+import os
 import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal, cast
 
 import msgspec
 
-from .config import load, parse_duration
+from .config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load, parse_duration
 from .envelope import parse_time
 from .model import Decision
 
@@ -118,7 +124,7 @@ def render(rows: list[SkipRow], fmt: str) -> str:
         writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="ignore", lineterminator="\n")
         writer.writeheader()
         writer.writerows(dicts)
-        return buf.getvalue()
+        return buf.getvalue().removesuffix("\n")  # the caller ends the frame with its newline
     if not dicts:
         return "no decisions recorded in this period"
     show = [c for c in columns if c != "bucket" or any(d["bucket"] for d in dicts)]
@@ -166,16 +172,24 @@ def _figure_class() -> Any:
     return Figure
 
 
-def chart(rows: list[SkipRow], path: str, by: str = "hour") -> None:
-    """A PNG of the skip rate per route over time: solid lines for what was skipped,
-    dashed for what shadow routes would have skipped."""
+#: one bucket's width: the x axis reaches half a bucket beyond the first and last point
+_BUCKET_WIDTH = {"hour": dt.timedelta(hours=1), "day": dt.timedelta(days=1)}
+
+
+def figure(rows: list[SkipRow], by: str = "hour") -> Any:
+    """The skip rate per route over time: solid lines for what was skipped, dashed for
+    what shadow routes would have skipped. The x axis spans the data, whatever its span."""
     figure_class = _figure_class()
+    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
+
     fig = figure_class(figsize=(10, 5), dpi=100, layout="constrained")
     ax = fig.add_subplot()
     routes = sorted({r.route for r in rows if r.bucket is not None})
+    times: list[dt.datetime] = []
     for i, route in enumerate(routes):
         color = f"C{i % 10}"
         mine = [r for r in rows if r.route == route and r.bucket is not None]
+        times.extend(_bucket_time(r.bucket) for r in mine if r.bucket)
         actual = [(_bucket_time(r.bucket), r.skip_rate) for r in mine if r.bucket and r.skip_rate is not None]
         if any(r.enforced for r in mine):
             ax.plot([t for t, _ in actual], [v for _, v in actual], "o-", color=color, label=route, markersize=3)
@@ -189,6 +203,13 @@ def chart(rows: list[SkipRow], path: str, by: str = "hour") -> None:
                 label=f"{route} (shadow: would skip)",
                 markersize=3,
             )
+    if times:
+        # matplotlib's default date limits for one point (or a few) span years
+        half = _BUCKET_WIDTH.get(by, _BUCKET_WIDTH["hour"]) / 2
+        ax.set_xlim(min(times) - half, max(times) + half)
+        locator = AutoDateLocator()  # type: ignore[no-untyped-call]
+        ax.xaxis.set_major_locator(locator)
+        ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))  # type: ignore[no-untyped-call]
     ax.set_ylim(0, 101)
     ax.set_ylabel("skip rate (%)")
     ax.set_xlabel(f"UTC {by}")
@@ -198,8 +219,12 @@ def chart(rows: list[SkipRow], path: str, by: str = "hour") -> None:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
     else:
         ax.text(0.5, 0.5, "no decisions recorded in this period", ha="center", va="center", transform=ax.transAxes)
-    fig.autofmt_xdate()
-    fig.savefig(path, format="png")
+    return fig
+
+
+def chart(rows: list[SkipRow], path: str, by: str = "hour") -> None:
+    """Draw `figure(rows, by)` to a PNG at `path`."""
+    figure(rows, by).savefig(path, format="png")
 
 
 # --- the command --------------------------------------------------------------------
@@ -226,13 +251,55 @@ def counts_for(args: argparse.Namespace, since: float | None, by: str | None = N
         from .records.sqlite import decision_counts
 
         return decision_counts(cfg.records.path, since, by)
+    from .operational import BIGQUERY, require
     from .records.bigquery import decision_counts as bq_counts
     from .records.bigquery import make_client
     from .wiring import project_of
 
+    require(BIGQUERY)  # the client would retry an unreachable endpoint for minutes
+
     client = make_client(project_of(cfg, cfg.records.project), cfg.records.location)
     table = f"{client.project}.{cfg.records.dataset}.{cfg.records.table}"
     return asyncio.run(bq_counts(client, since, by, table=table))
+
+
+def split_probes(rows: list[SkipRow], routes: set[str]) -> tuple[list[SkipRow], dict[str, int]]:
+    """Set apart requests to paths that are not routes: a route missing from the config
+    whose every decision is `rejected` (404 unknown route) is someone probing `/push/NAME`,
+    not a route of the filter. A route removed from the config keeps its history: it has
+    other decisions."""
+    kept: list[SkipRow] = []
+    probes: dict[str, int] = {}
+    for row in rows:
+        if row.route not in routes and row.total == row.counts["rejected"]:
+            probes[row.route] = probes.get(row.route, 0) + row.total
+        else:
+            kept.append(row)
+    return kept, probes
+
+
+def probes_note(probes: dict[str, int]) -> str:
+    n = sum(probes.values())
+    names = ", ".join(f"/push/{name} ({count})" for name, count in sorted(probes.items(), key=lambda kv: -kv[1])[:5])
+    more = f" and {len(probes) - 5} more" if len(probes) > 5 else ""
+    return (
+        f"left out: {n} request{'s' if n != 1 else ''} to {len(probes)} "
+        f"path{'s' if len(probes) != 1 else ''} that {'are' if len(probes) != 1 else 'is'} "
+        f"not a route in the config: {names}{more}"
+    )
+
+
+def route_names(args: argparse.Namespace) -> set[str] | None:
+    """The config's routes, to tell probes from routes; None when no config is at hand
+    (`--log` without `--config`, `$PUBSUB_FILTER_CONFIG` or a readable ./filter.yaml)."""
+    if args.log and not (args.config or os.environ.get(CONFIG_ENV)):
+        if not Path(DEFAULT_CONFIG).is_file():
+            return None
+        try:
+            return {r.name for r in load(DEFAULT_CONFIG).routes}
+        except ConfigError:
+            return None  # a stray ./filter.yaml must not stop reading a log
+    return {r.name for r in load(args.config).routes}
 
 
 def since_of(text: str | None, now: float) -> float | None:
@@ -260,6 +327,13 @@ def run(args: argparse.Namespace) -> int:
     if watch is not None and watch <= 0:
         print("pubsub-filter skip-rate: --watch needs a positive number of seconds", file=sys.stderr)
         return 2
+    if watch is not None and args.log == "-":
+        # stdin is read to its end by the first refresh: every later one would show nothing
+        print(
+            "pubsub-filter skip-rate: --watch cannot re-read stdin (--log -): give --log a file, or drop --watch",
+            file=sys.stderr,
+        )
+        return 2
     try:
         since_of(args.since, time.time())
     except ValueError as exc:
@@ -273,6 +347,10 @@ def run(args: argparse.Namespace) -> int:
             except OSError as exc:
                 print(f"pubsub-filter skip-rate: {exc}", file=sys.stderr)
                 return 1
+            routes = route_names(args)
+            probes: dict[str, int] = {}
+            if routes is not None:
+                rows, probes = split_probes(rows, routes)
             frame = render(rows, args.format)
             if chart_path:
                 chart(rows, chart_path, by)
@@ -281,6 +359,8 @@ def run(args: argparse.Namespace) -> int:
                 frame = ("\033[H\033[2J" if clear else "") + head + frame
             sys.stdout.write(frame + "\n")
             sys.stdout.flush()
+            if probes:
+                print(f"pubsub-filter skip-rate: {probes_note(probes)}", file=sys.stderr)
             if chart_path and not watch:
                 print(f"chart written to {chart_path}", file=sys.stderr)
             if watch is None:

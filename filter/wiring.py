@@ -45,10 +45,11 @@ def make_publisher(cfg: Config) -> Publisher:
 def make_recorder(cfg: Config) -> DecisionRecorder:
     r = cfg.records
     if r.backend == "sqlite":
+        from .inline_records import InlineSqliteRecorder
         from .records.sqlite import SqliteSink
 
-        # Short interval: someone running `skip-rate` right after a curl should see it.
-        return BatchingRecorder(SqliteSink(r.path), batch_size=200, flush_interval=0.5)
+        # Written before the push answers, so `skip-rate` run right after a curl sees it.
+        return InlineSqliteRecorder(SqliteSink(r.path), BatchingRecorder(SqliteSink(r.path), flush_interval=0.5))
     from .records.bigquery import bigquery_recorder
 
     return bigquery_recorder(r, project_of(cfg, r.project))

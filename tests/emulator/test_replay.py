@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import re
 import signal
 import time
 from collections import Counter
@@ -436,21 +437,37 @@ class _Tty(io.StringIO):
         return True
 
 
-def test_progress_is_a_carriage_return_line_on_a_terminal_and_plain_lines_otherwise() -> None:
+def test_progress_on_a_terminal_with_max_is_a_bar_with_total_rate_and_eta() -> None:
     counts = Counts(replayed=3, filtered_out=1)
     tty = _Tty()
-    bar = Progress(tty, counts, dry_run=False)
-    bar.update(force=True)
+    progress = Progress(tty, counts, dry_run=False, total=10)
+    progress.update(force=True)
     counts.replayed = 4
-    bar.update(force=True)
-    bar.finish()
+    progress.finish()
     text = tty.getvalue()
-    assert text.startswith("\rreplay: 3 replayed, 1 filtered out, 0 failed")
-    assert "\rreplay: 4 replayed" in text and text.endswith("\n") and text.count("\n") == 1
+    last = text.rsplit("\r", 1)[-1]
+    assert re.search(r"replay:\s+40%\|.*\| 4/10 \[", last), last  # the bar, done/total
+    assert re.search(r"\d\d:\d\d<\d\d:\d\d", last) and "msg/s" in last, last  # elapsed<ETA, rate
+    assert "1 filtered out, 0 failed" in last
+    assert text.endswith("\n")
+
+
+def test_progress_on_a_terminal_without_a_total_counts_with_a_rate() -> None:
+    counts = Counts(would_replay=7)
+    tty = _Tty()
+    progress = Progress(tty, counts, dry_run=True)
+    progress.finish()
+    last = tty.getvalue().rsplit("\r", 1)[-1]
+    assert last.startswith("dry run: 7msg [") and "msg/s" in last and "%" not in last, last
+
+
+def test_progress_off_a_terminal_is_plain_lines() -> None:
+    counts = Counts(replayed=3, filtered_out=1)
     plain = io.StringIO()
-    lines = Progress(plain, counts, dry_run=False, interval=0)
-    lines.update()
-    lines.update()
-    lines.finish()
-    assert "\r" not in plain.getvalue()
-    assert plain.getvalue().count("\n") == 2
+    progress = Progress(plain, counts, dry_run=False, interval=0, total=10)
+    progress.update()
+    progress.update()
+    progress.finish()
+    text = plain.getvalue()
+    assert "\r" not in text and "%|" not in text
+    assert text.count("\n") == 2 and text.startswith("replay: 3 replayed, 1 filtered out, 0 failed | ")

@@ -11,6 +11,7 @@ import io
 import json
 import logging
 import re
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -537,3 +538,13 @@ def test_stdlib_record_times_are_rounded_too() -> None:
     record = logging.LogRecord("uvicorn.error", logging.WARNING, __file__, 1, "x", (), None)
     record.created = 1_767_225_600.123
     assert json.loads(logsetup._StdlibJson().format(record))["time"] == "2026-01-01T00:00:00.123000Z"
+
+
+def test_console_lines_show_a_numeric_time_as_the_readable_timestamp_not_as_an_epoch() -> None:
+    tty = TTY()
+    logsetup.configure(fmt="console", stream=tty, cache=False)
+    structlog.get_logger("t").info("decision", route="r", time=1_767_225_600.25)
+    text = tty.getvalue()
+    assert "1767225600" not in text and "time=" not in text
+    stamp = time.strftime("%H:%M:%S", time.localtime(1_767_225_600.25))
+    assert stamp in text.split("decision")[0], text

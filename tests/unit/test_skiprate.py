@@ -394,3 +394,97 @@ def test_chart_without_matplotlib_says_what_to_install(
     assert CHART_HINT in captured.err and captured.err.count("\n") == 1
     assert CHART_HINT == "pip install 'pubsub-filter[chart]'"
     assert captured.out == "" and not png.exists()
+
+
+def test_csv_output_ends_with_one_newline_not_a_blank_line(logfile: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["skip-rate", "--log", logfile, "--since", "2025-12-31", "--format", "csv"]) == 0
+    out = capsys.readouterr().out
+    assert out.endswith("\n") and not out.endswith("\n\n")
+
+
+def test_watch_refuses_to_follow_stdin(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["skip-rate", "--log", "-", "--watch", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "--watch" in err and "stdin" in err and err.count("\n") == 1
+
+
+# --- requests to paths that are not routes ------------------------------------------
+
+ONE_ROUTE_CONFIG = """\
+routes:
+  - name: injuries
+    destination: phase3
+    key: [payload.game_date]
+"""
+
+
+@pytest.fixture
+def probed_log(logfile: str) -> str:
+    with open(logfile, "a") as fh:
+        fh.write(line("wp-admin", "rejected", "2026-01-01T00:07:00Z") + "\n")
+        fh.write(line("wp-admin", "rejected", "2026-01-01T00:08:00Z") + "\n")
+        fh.write(line("props", "rejected", "2026-01-01T01:50:00Z", enforced=False) + "\n")
+    return logfile
+
+
+def test_unknown_route_probes_are_left_out_and_counted_apart(
+    probed_log: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config = tmp_path / "filter.yaml"
+    config.write_text(ONE_ROUTE_CONFIG)
+    args = ["skip-rate", "--log", probed_log, "--config", str(config), "--since", "2025-12-31", "--format", "json"]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    routes = {d["route"] for d in json.loads(captured.out)}
+    # props is gone from the config but has real decisions: its history stays
+    assert routes == {"injuries", "props"}
+    assert "left out: 2 requests to 1 path that is not a route in the config: /push/wp-admin (2)" in captured.err
+
+
+def test_without_a_config_every_route_in_the_log_is_shown(
+    probed_log: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./filter.yaml
+    monkeypatch.delenv("PUBSUB_FILTER_CONFIG", raising=False)
+    assert main(["skip-rate", "--log", probed_log, "--since", "2025-12-31", "--format", "json"]) == 0
+    assert {d["route"] for d in json.loads(capsys.readouterr().out)} == {"injuries", "props", "wp-admin"}
+
+
+# --- the chart's time axis ----------------------------------------------------------
+
+
+def _x_span(rows: list[SkipRow], by: str) -> tuple[Any, Any]:
+    from matplotlib.dates import num2date
+
+    ax = skiprate.figure(rows, by).axes[0]
+    low, high = ax.get_xlim()
+    return num2date(low), num2date(high)
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is the optional `chart` extra")
+def test_chart_of_one_hour_spans_that_hour_not_years() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    low, high = _x_span(summarize([c("a", "forwarded", 1, bucket=HOUR0)]), "hour")
+    hour = datetime(2026, 1, 1, tzinfo=UTC)
+    assert low <= hour <= high and high - low <= timedelta(hours=1)
+
+
+@pytest.mark.skipif(not HAS_MATPLOTLIB, reason="matplotlib is the optional `chart` extra")
+@pytest.mark.parametrize(
+    ("by", "buckets", "width"),
+    [
+        ("hour", [HOUR0, HOUR1], 1),
+        ("hour", [HOUR0, "2026-01-03T05:00:00Z"], 1),
+        ("day", ["2026-01-01", "2026-03-15"], 24),
+    ],
+)
+def test_chart_axis_reaches_half_a_bucket_beyond_the_first_and_last_point(
+    by: str, buckets: list[str], width: int
+) -> None:
+    from datetime import timedelta
+
+    low, high = _x_span(summarize([c("a", "suppressed", 1, bucket=b) for b in buckets]), by)
+    first, last = skiprate._bucket_time(buckets[0]), skiprate._bucket_time(buckets[-1])
+    half = timedelta(hours=width / 2)
+    assert abs(low - (first - half)) < timedelta(seconds=1) and abs(high - (last + half)) < timedelta(seconds=1)

@@ -1,0 +1,73 @@
+"""The embedded default's decision records: a decision is in `skip-rate` as soon as the
+push has answered (the README's quick start runs a curl, then skip-rate, at once)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from pathlib import Path
+
+import httpx
+import pytest
+
+from filter.cli import main
+from filter.config import load
+from filter.inline_records import InlineSqliteRecorder
+from filter.push import create_app
+from filter.wiring import make_engine
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def quick_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The README's quick start: examples/filter.yaml, every file in the working directory."""
+    shutil.copy(ROOT / "examples" / "filter.yaml", tmp_path / "filter.yaml")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PUBSUB_FILTER_CONFIG", raising=False)
+    return tmp_path / "filter.yaml"
+
+
+async def test_a_decision_is_in_skip_rate_as_soon_as_the_push_answered(
+    quick_start: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    engine = make_engine(load(str(quick_start)))
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(engine)), base_url="http://filter"
+        ) as client:
+            body = (ROOT / "examples" / "push-injury.json").read_bytes()
+            answer = await client.post("/push/injury-report", content=body)
+            assert answer.json()["decision"] == "forwarded"
+            # no flush, no close, no wait: the next command a user types
+            assert main(["skip-rate", "--format", "json"]) == 0
+        (row,) = json.loads(capsys.readouterr().out.splitlines()[-1])  # after the decision log line
+        assert (row["route"], row["total"], row["forwarded"]) == ("injury-report", 1, 1)
+    finally:
+        await engine.recorder.close()
+        await engine.publisher.close()
+        await engine.store.close()
+
+
+async def test_a_failed_inline_write_is_retried_off_the_request_path_not_lost(quick_start: Path) -> None:
+    engine = make_engine(load(str(quick_start)))
+    recorder = engine.recorder
+    assert isinstance(recorder, InlineSqliteRecorder)
+    recorder.sink._db.close()  # the inline connection fails from now on
+    try:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=create_app(engine)), base_url="http://filter"
+        ) as client:
+            body = (ROOT / "examples" / "push-injury.json").read_bytes()
+            assert (await client.post("/push/injury-report", content=body)).status_code == 200
+        assert recorder.deferred == 1
+    finally:
+        await recorder.fallback.close()
+        await engine.publisher.close()
+        await engine.store.close()
+    db = sqlite3.connect(quick_start.parent / "filter-decisions.db")
+    try:
+        assert db.execute("SELECT route, decision FROM decisions").fetchall() == [("injury-report", "forwarded")]
+    finally:
+        db.close()
