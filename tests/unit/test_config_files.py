@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from filter.cli import main
+from tests.support.net import free_port
 
 ROOT = Path(__file__).parents[2]
 ROUTE = {"name": "r", "destination": "phase3", "key": ["payload.game_date"]}
@@ -96,7 +97,18 @@ def test_serve_with_an_unusable_store_exits_1_with_one_line_and_no_traceback(tmp
     path = config(tmp_path, store={"path": str(tmp_path / "missing" / "state.db")})
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.run(
-        [sys.executable, "-m", "filter", "serve", "--config", str(path), "--host", "127.0.0.1", "--port", "0"],
+        [
+            sys.executable,
+            "-m",
+            "filter",
+            "serve",
+            "--config",
+            str(path),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(free_port()),
+        ],
         capture_output=True,
         text=True,
         env=env,
