@@ -45,7 +45,7 @@ def make_publisher(cfg: Config) -> Publisher:
 def make_recorder(cfg: Config) -> DecisionRecorder:
     r = cfg.records
     if r.backend == "sqlite":
-        from .inline_records import InlineSqliteRecorder
+        from .records.inline import InlineSqliteRecorder
         from .records.sqlite import SqliteSink
 
         # Written before the push answers, so `skip-rate` run right after a curl sees it.

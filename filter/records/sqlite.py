@@ -56,7 +56,8 @@ class SqliteSink:
         self.path = str(path)
         self._db = _connect(self.path)
 
-    def _insert(self, rows: list[DecisionRecord]) -> None:
+    def insert(self, rows: list[DecisionRecord]) -> None:
+        """Write rows now, on the calling thread (the inline recorder; `write` runs it off the loop)."""
         values = [
             (
                 r.time,
@@ -85,7 +86,7 @@ class SqliteSink:
             self._db.executemany(f"INSERT INTO decisions ({_COLS}) VALUES ({', '.join('?' * 18)})", values)
 
     async def write(self, rows: list[DecisionRecord]) -> None:
-        await asyncio.to_thread(self._insert, rows)
+        await asyncio.to_thread(self.insert, rows)
 
     async def close(self) -> None:
         self._db.close()

@@ -13,8 +13,8 @@ import pytest
 
 from filter.cli import main
 from filter.config import load
-from filter.inline_records import InlineSqliteRecorder
 from filter.push import create_app
+from filter.records.inline import InlineSqliteRecorder
 from filter.wiring import make_engine
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import structlog
 
-from .model import DecisionRecord
-from .records.batch import BatchingRecorder
-from .records.sqlite import SqliteSink
+from ..model import DecisionRecord
+from .batch import BatchingRecorder
+from .sqlite import SqliteSink
 
 log = structlog.get_logger("pubsub_filter.records")
 
@@ -32,8 +32,7 @@ class InlineSqliteRecorder:
 
     def record(self, record: DecisionRecord) -> None:
         try:
-            # SqliteSink has no public synchronous insert yet (filter/records/ is not this module's)
-            self.sink._insert([record])
+            self.sink.insert([record])
         except Exception as exc:
             self.deferred += 1
             log.warning("records_write_deferred", sink="sqlite", error=f"{type(exc).__name__}: {exc}")
