@@ -19,7 +19,8 @@ from filter.stores.firestore import FirestoreStore
 from filter.stores.guard import GuardedStore
 from tests.support.clock import ManualClock
 from tests.support.emulators import FirestoreEmulator
-from tests.support.engine_model import STEPS, EngineMachine, FaultyStore
+from tests.support.engine_model import STEPS, EngineMachine
+from tests.support.fakes import SwitchStore
 
 pytestmark = pytest.mark.emulator
 
@@ -29,11 +30,11 @@ STEPS_PER_EXAMPLE = 60
 
 
 def test_engine_agrees_with_the_reference_model_on_firestore(firestore: FirestoreEmulator) -> None:
-    def firestore_store(cfg: Config, clock: ManualClock, scratch: Path) -> tuple[StateStore, FaultyStore]:
+    def firestore_store(cfg: Config, clock: ManualClock, scratch: Path) -> tuple[StateStore, SwitchStore]:
         with firestore.env():  # the client reads FIRESTORE_EMULATOR_HOST when it is built
             store = FirestoreStore(project=firestore.project, collection=f"model-{uuid.uuid4().hex[:12]}")
         # Outages above the guard: its retries would wait out the budget in wall time on every call.
-        faults = FaultyStore(GuardedStore(store, cfg.store_errors))
+        faults = SwitchStore(GuardedStore(store, cfg.store_errors))
         return faults, faults
 
     class FirestoreMachine(EngineMachine):

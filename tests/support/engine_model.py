@@ -31,7 +31,6 @@ import asyncio
 import itertools
 import json
 import shutil
-import sqlite3
 import tempfile
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -44,10 +43,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from filter.config import Config, parse
 from filter.engine import ATTR_ROUTE, ATTR_SOURCE_ID, RECENT, Engine
-from filter.model import Decision, DecisionRecord, KeyState, Message
-from filter.ports import PublishFailed, StateStore, StoreUnavailable
+from filter.model import Decision, DecisionRecord, Message
+from filter.ports import PublishFailed, StateStore
 from tests.support.clock import ManualClock
-from tests.support.fakes import MemoryRecorder
+from tests.support.fakes import MemoryRecorder, SwitchStore
 
 STEPS: Counter[str] = Counter()
 
@@ -269,54 +268,6 @@ class HeldPublisher:
         pass
 
 
-class FaultyStore:
-    """A `StateStore` that fails everything while `down` (an outage).
-
-    With `raw` it fails as a backend really does, with its own exception (a corrupt SQLite
-    page), half the time: it must then sit beneath `GuardedStore`, whose job is to turn any
-    store error into `StoreUnavailable` before the engine sees it.
-    """
-
-    def __init__(self, inner: StateStore, raw: bool = False):
-        self.inner = inner
-        self.raw = raw
-        self.down = False
-        self._calls = itertools.count()
-
-    def _check(self) -> None:
-        if self.down:
-            if self.raw and next(self._calls) % 2:
-                raise sqlite3.DatabaseError("database disk image is malformed (injected)")
-            raise StoreUnavailable("injected outage")
-
-    async def read(self, route: str, key: str) -> KeyState | None:
-        self._check()
-        return await self.inner.read(route, key)
-
-    async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
-        self._check()
-        return await self.inner.claim(route, key, seen, new)
-
-    async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
-        self._check()
-        return await self.inner.extend(route, key, held, expires_at)
-
-    async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
-        self._check()
-        return await self.inner.commit(route, key, held, new)
-
-    async def release(self, route: str, key: str, held: KeyState) -> None:
-        self._check()
-        await self.inner.release(route, key, held)
-
-    async def ping(self) -> None:
-        self._check()
-        await self.inner.ping()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-
 @dataclass
 class InFlight:
     sent: Sent
@@ -325,7 +276,7 @@ class InFlight:
 
 
 #: Builds the store for one run: (config, clock, scratch dir) → (the engine's store, the fault switch in it).
-StoreFactory = Callable[[Config, ManualClock, Path], tuple[StateStore, FaultyStore]]
+StoreFactory = Callable[[Config, ManualClock, Path], tuple[StateStore, SwitchStore]]
 
 
 class EngineMachine(RuleBasedStateMachine):

@@ -1,4 +1,4 @@
-"""In-memory stand-ins for OUR interfaces (`filter.ports.Publisher`, `DecisionRecorder`).
+"""In-memory stand-ins for OUR interfaces (`filter.ports.Publisher`, `DecisionRecorder`, a switchable `StateStore`).
 
 They fake the engine's collaborators, never a Google client: tests that claim to cover
 Pub/Sub or Firestore run against the emulators.
@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sqlite3
 from collections import Counter
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from filter.model import Decision, DecisionRecord
-from filter.ports import PublishFailed
+from filter.model import Decision, DecisionRecord, KeyState
+from filter.ports import PublishFailed, StateStore, StoreUnavailable
 
 
 class Published(NamedTuple):
@@ -121,3 +122,57 @@ class MemoryRecorder:
 
     async def close(self, deadline: float | None = None) -> None:
         self.closed = True
+
+
+class SwitchStore:
+    """Any `StateStore`, with switches: `down` (every call fails), `commit_fails`, `commit_refused`.
+
+    A store that is down answers `StoreUnavailable`; with `raw` it fails half the time as a
+    backend really does, with its own exception (a corrupt SQLite page), so it must then sit
+    beneath `GuardedStore`, whose job is to turn any store error into `StoreUnavailable`.
+    """
+
+    def __init__(self, inner: StateStore, raw: bool = False) -> None:
+        self.inner = inner
+        self.raw = raw
+        self.down = False
+        self.commit_fails = False
+        self.commit_refused = False
+        self._calls = itertools.count()
+
+    def _check(self) -> None:
+        if self.down:
+            if self.raw and next(self._calls) % 2:
+                raise sqlite3.DatabaseError("database disk image is malformed (injected)")
+            raise StoreUnavailable("connection refused")
+
+    async def read(self, route: str, key: str) -> KeyState | None:
+        self._check()
+        return await self.inner.read(route, key)
+
+    async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
+        self._check()
+        return await self.inner.claim(route, key, seen, new)
+
+    async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
+        self._check()
+        return await self.inner.extend(route, key, held, expires_at)
+
+    async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
+        self._check()
+        if self.commit_fails:
+            raise StoreUnavailable("deadline exceeded")
+        if self.commit_refused:
+            return False
+        return await self.inner.commit(route, key, held, new)
+
+    async def release(self, route: str, key: str, held: KeyState) -> None:
+        self._check()
+        await self.inner.release(route, key, held)
+
+    async def ping(self) -> None:
+        self._check()
+        await self.inner.ping()
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -17,16 +17,17 @@ from filter.ports import StateStore
 from filter.stores.guard import GuardedStore
 from filter.stores.sqlite import SqliteStore
 from tests.support.clock import ManualClock
-from tests.support.engine_model import STEPS, EngineMachine, FaultyStore
+from tests.support.engine_model import STEPS, EngineMachine
+from tests.support.fakes import SwitchStore
 
 #: ~22,000 steps a run (the issue asks for at least 20,000 on SQLite): about 70 s here.
 EXAMPLES = 400
 STEPS_PER_EXAMPLE = 60
 
 
-def sqlite_store(cfg: Config, clock: ManualClock, scratch: Path) -> tuple[StateStore, FaultyStore]:
+def sqlite_store(cfg: Config, clock: ManualClock, scratch: Path) -> tuple[StateStore, SwitchStore]:
     # Purging on the model's clock, every simulated minute: expired keys really disappear mid-history.
-    faults = FaultyStore(SqliteStore(scratch / "state.db", purge_every=60, clock=clock.now), raw=True)
+    faults = SwitchStore(SqliteStore(scratch / "state.db", purge_every=60, clock=clock.now), raw=True)
     # Faults beneath the guard, as a real backend's are; a budget of 1 ms so an outage costs no wall time.
     return GuardedStore(faults, StoreErrors(timeout=0.001, budget=0.001), inline=True), faults
 

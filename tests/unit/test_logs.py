@@ -31,7 +31,7 @@ from filter.ports import StoreUnavailable
 from filter.push import create_app
 from filter.stores.sqlite import SqliteStore
 from tests.support.clock import ManualClock
-from tests.support.fakes import MemoryPublisher, MemoryRecorder
+from tests.support.fakes import MemoryPublisher, MemoryRecorder, SwitchStore
 from tests.support.oidc import LocalGoogleCerts, google_claims
 
 PROJECT = "my-project"
@@ -66,50 +66,6 @@ ROUTES: list[dict[str, Any]] = [
 ]
 
 
-class SwitchStore:
-    """The SQLite store with switches: `down` (every call raises) and `commit_fails` / `commit_refused`."""
-
-    def __init__(self, path: Path) -> None:
-        self.inner = SqliteStore(path)
-        self.down = False
-        self.commit_fails = False
-        self.commit_refused = False
-
-    def _check(self) -> None:
-        if self.down:
-            raise StoreUnavailable("connection refused")
-
-    async def read(self, route: str, key: str) -> KeyState | None:
-        self._check()
-        return await self.inner.read(route, key)
-
-    async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
-        self._check()
-        return await self.inner.claim(route, key, seen, new)
-
-    async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
-        self._check()
-        return await self.inner.extend(route, key, held, expires_at)
-
-    async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
-        self._check()
-        if self.commit_fails:
-            raise StoreUnavailable("deadline exceeded")
-        if self.commit_refused:
-            return False
-        return await self.inner.commit(route, key, held, new)
-
-    async def release(self, route: str, key: str, held: KeyState) -> None:
-        self._check()
-        await self.inner.release(route, key, held)
-
-    async def ping(self) -> None:
-        self._check()
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-
 class TTY(io.StringIO):
     def isatty(self) -> bool:
         return True
@@ -142,7 +98,7 @@ class World:
     def __init__(self, tmp_path: Path) -> None:
         self.config = parse({"routes": ROUTES})
         self.clock = ManualClock()
-        self.store = SwitchStore(tmp_path / "state.db")
+        self.store = SwitchStore(SqliteStore(tmp_path / "state.db"))
         self.publisher = MemoryPublisher()
         self.recorder = MemoryRecorder()
         self.engine = Engine(self.config, self.store, self.publisher, self.recorder, self.clock, "test")
