@@ -24,7 +24,7 @@ from filter.stores.guard import GuardedStore
 from filter.stores.sqlite import SqliteStore
 from filter.wiring import make_store
 from tests.support.clock import ManualClock
-from tests.support.fakes import MemoryPublisher, MemoryRecorder
+from tests.support.fakes import MemoryPublisher, MemoryRecorder, SwitchStore
 from tests.unit.test_decisions import World, report
 
 
@@ -245,3 +245,34 @@ async def test_a_producer_cannot_forge_the_filters_own_attributes_downstream(wor
     assert rec.decision is Decision.FORWARDED and attributes["source"] == "scraper"
     assert "filter_rows_changed" not in attributes and "filter_rows_removed_keys" not in attributes
     assert attributes["filter_fingerprint"] == rec.fingerprint
+
+
+# --- found by the model-based test (tests/unit/test_engine_model.py) -----------------------
+
+
+async def test_content_equal_to_the_state_is_forwarded_after_a_lapsed_forward_of_other_content(
+    world: World,
+) -> None:
+    # A is forwarded; B's publish lands but its commit cannot reach the store, so the state
+    # still says A while the destination holds B. Once B's lease lapses, A again is a change.
+    store = SwitchStore(SqliteStore(world.tmp_path / "state.db"))
+    world.engine.store = store
+    await world.send("strict", {"game_date": "d", "v": "A"})
+    store.commit_fails = True
+    b = await world.send("strict", {"game_date": "d", "v": "B"})
+    store.commit_fails = False
+    assert b.decision is Decision.FORWARDED and b.extra["committed"] is False
+    world.clock.advance(world.config.lease.duration + 1)
+    again = await world.send("strict", {"game_date": "d", "v": "A"})
+    assert (again.decision, again.reason) == (Decision.FORWARDED, "a lapsed forward of other content may be downstream")
+    assert [json.loads(p.data)["v"] for p in world.publisher.published] == ["A", "B", "A"]
+
+
+async def test_content_equal_to_a_live_lease_is_still_a_duplicate_not_a_forward(world: World) -> None:
+    store = SwitchStore(SqliteStore(world.tmp_path / "state.db"))
+    world.engine.store = store
+    await world.send("strict", {"game_date": "d", "v": "A"})
+    store.commit_fails = True
+    await world.send("strict", {"game_date": "d", "v": "B"})  # its lease stays until it lapses
+    store.commit_fails = False
+    assert (await world.send("strict", {"game_date": "d", "v": "B"})).decision is Decision.DUPLICATE
