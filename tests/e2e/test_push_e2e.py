@@ -25,7 +25,7 @@ from tests.support.payloads import injury_report
 from tests.support.pubsub_helpers import DelayProxy, Pulled
 from tests.support.serve import ServeProcess, wait_decisions
 
-from .conftest import ACK_DEADLINE, ROUTE, Pipeline, RoundRobin
+from .conftest import ACK_DEADLINE, ROUTE, Pipeline, RoundRobin, route_config
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(150)]
 
@@ -216,6 +216,34 @@ def test_two_instances_racing_one_key_never_publish_two_versions_at_once(
     state = stored_state(pipeline, "2026-01-10")
     assert state.lease is None
     assert state.fingerprint == prints[-1]
+
+
+def test_a_shadow_route_publishes_each_message_once_even_when_contended(
+    delay_proxy: DelayProxy, pipeline: Pipeline
+) -> None:
+    """Shadow mode under contention acks what it published: no 503, so no redelivery republishes it."""
+    delay_proxy.delay = 0.4  # publishes overlap: the second instance finds the key in flight
+    shadow = [{**route_config(pipeline.push_sub_id, pipeline.dest), "mode": "shadow"}]
+    procs = [pipeline.start_filter(name, pubsub_host=delay_proxy.host, routes=shadow) for name in ("a", "b")]
+    front = RoundRobin([p.url() for p in procs]).start()
+    pipeline.on_teardown(front.stop)
+    pipeline.subscribe(front.url(f"/push/{ROUTE}"), max_delivery_attempts=50)
+
+    x, y = report(seed=1), report(seed=1, changed=2)
+    ids = [pipeline.publish(dict(x if i % 2 == 0 else y, run_id=f"run-{i}")) for i in range(8)]
+
+    def acked(d: dict[str, Any]) -> bool:  # DecisionRecord.acked, read back from the log line
+        return d["decision"] in FINAL or (d.get("enforced") is False and bool(d.get("published_id")))
+
+    wait_decisions(procs, lambda ds: set(ids) <= {d["message_id"] for d in ds if acked(d)}, 90)
+
+    everything = all_decisions(procs)
+    assert any(d["decision"] == "contended" for d in everything), "the two instances never raced"
+    assert all(d["enforced"] is False for d in everything)
+    got = pipeline.downstream(len(ids), timeout=30)
+    pipeline.assert_no_more_downstream(3.0)
+    sources = sorted(m.attributes["filter_source_message_id"] for m in got)
+    assert sources == sorted(ids), "a shadow message was published more than once, or not at all"
 
 
 @pytest.mark.xfail(
