@@ -24,7 +24,7 @@ import threading
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Generic, TypeVar
+from typing import Generic, TypeVar
 
 from .config import Config, load
 from .engine import ATTR_FENCE, ATTR_KEY, ATTR_KEY_SHA256, Engine
@@ -244,4 +244,3 @@ class SyncFilter:
 
 async def _awaited(coro: Awaitable[T]) -> T:
     return await coro
-
