@@ -29,7 +29,7 @@ from typing import Generic, TypeVar
 from .config import Config, load
 from .engine import ATTR_FENCE, ATTR_KEY, ATTR_KEY_SHA256, Engine
 from .model import Decision, DecisionRecord, Message
-from .ports import PublishFailed
+from .ports import Clock, PublishFailed
 from .wiring import make_recorder, make_store
 
 T = TypeVar("T")
@@ -129,10 +129,10 @@ class Filter:
         self.engine = engine
 
     @classmethod
-    def open(cls, config: Config | str | os.PathLike[str] | None = None) -> Filter:
+    def open(cls, config: Config | str | os.PathLike[str] | None = None, clock: Clock | None = None) -> Filter:
         """A config (or a path to one: default $PUBSUB_FILTER_CONFIG, then ./filter.yaml) → its stores and records."""
         cfg = _config(config)
-        return cls(Engine(cfg, make_store(cfg), _NoPublisher(), make_recorder(cfg)))
+        return cls(Engine(cfg, make_store(cfg), _NoPublisher(), make_recorder(cfg), clock))
 
     async def process(
         self,
