@@ -16,7 +16,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,9 +116,7 @@ class Setup:
     async def state(self, key: str = "g1") -> KeyState | None:
         with self.env():
             store: Any = (
-                FirestoreStore(collection=COLLECTION)
-                if self.emu is not None
-                else SqliteStore(self.config.store.path)  # type: ignore[union-attr]
+                FirestoreStore(collection=COLLECTION) if self.emu is not None else SqliteStore(self.config.store.path)  # type: ignore[union-attr]
             )
         try:
             found: KeyState | None = await store.read(ROUTE, key)
