@@ -588,7 +588,6 @@ async def test_after_a_refused_late_commit_downstream_ends_on_the_latest_content
     assert ends_on == 1, f"downstream ends on version {ends_on} (X) and the rerun of Y was {rerun['decision']}"
 
 
-
 async def test_a_consumer_that_fences_ends_on_the_latest_content_after_a_refused_late_commit(
     rig_factory: Any, firestore: FirestoreEmulator, pubsub_emulator: PubsubEmulator, tmp_path: Path
 ) -> None:
@@ -613,6 +612,7 @@ async def test_a_consumer_that_fences_ends_on_the_latest_content_after_a_refused
     applied = [json.loads(m.data)["version"] for m, a in admitted if a.accepted]
     assert applied == [1], [(m.attributes["filter_fence"], a.reason) for m, a in admitted]
     assert rig.stored()[SLOW].fingerprint == slow[0].attributes["filter_fingerprint"]
+
 
 # --- one hot key -------------------------------------------------------------------------------
 

@@ -210,3 +210,25 @@ async def test_a_body_whose_commit_fails_is_done_and_acked_and_the_next_copy_run
     again = await f.process(ROUTE, Message(data, {}, "m2"), body)
     assert again.ran and runs == [1, 2]
     assert publisher.published == []  # in-process, nothing is ever published
+
+
+async def test_a_shadow_route_runs_the_body_for_unchanged_content_and_records_the_suppression(tmp_path: Path) -> None:
+    cfg = parse(
+        {
+            "store": {"backend": "sqlite", "path": str(tmp_path / "state.db")},
+            "records": {"backend": "sqlite", "path": str(tmp_path / "records.db")},
+            "routes": [{"name": ROUTE, "destination": "phase3", "key": ["payload.game"], "mode": "shadow"}],
+        }
+    )
+    fences: list[int | None] = []
+
+    async def body(forward: Forward) -> None:
+        fences.append(forward.fence)
+
+    async with Filter.open(cfg) as f:
+        data = json.dumps(report("out")).encode()
+        await f.process(ROUTE, Message(data, {}, "m1"), body)
+        again = await f.process(ROUTE, Message(data, {}, "m2"), body)
+
+    assert (again.decision, again.ran, again.acked, again.committed) == (Decision.SUPPRESSED, True, True, False)
+    assert fences == [1, None]  # the would-be suppression ran without a lease
