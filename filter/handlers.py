@@ -46,7 +46,7 @@ class Nack(Exception):
     @property
     def status(self) -> int:
         if self.outcome.decision is Decision.REJECTED:
-            return 400
+            return 404 if self.outcome.record.extra.get("cause") == "unknown_route" else 400
         if self.outcome.decision is Decision.CONTENDED or self.outcome.record.extra.get("cause") == "store":
             return 503
         return 500

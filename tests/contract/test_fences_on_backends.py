@@ -146,10 +146,10 @@ async def test_a_consumer_beaten_to_the_write_by_a_newer_fence_drops_its_older_o
     async def newer_first() -> None:
         beaten.append(await other.admit(forward(6)))
 
-    stores: list[_BeatenAfterRead] = []
-    slow = open_fences(wrap=lambda s: stores.append(_BeatenAfterRead(s, newer_first)) or stores[-1])
+    slow = open_fences(wrap=lambda s: _BeatenAfterRead(s, newer_first))
     await slow.admit(forward(4))
-    stores[0].armed = True
+    assert isinstance(slow.store, _BeatenAfterRead)
+    slow.store.armed = True
     admitted = await slow.admit(forward(5))  # reads 4, then the other takes 6, then the write of 5 loses
 
     assert beaten[0].accepted

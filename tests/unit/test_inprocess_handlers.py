@@ -232,3 +232,13 @@ async def test_a_shadow_route_runs_the_body_for_unchanged_content_and_records_th
 
     assert (again.decision, again.ran, again.acked, again.committed) == (Decision.SUPPRESSED, True, True, False)
     assert fences == [1, None]  # the would-be suppression ran without a lease
+
+
+def test_a_handler_on_a_route_the_config_lacks_is_a_nack_with_a_404(sync: SyncFilter) -> None:
+    @on_payload(sync, "no-such-route")
+    def handle(payload: Any) -> None:
+        raise AssertionError("the body must not run")
+
+    with pytest.raises(Nack, match="unknown route") as caught:
+        handle(report("out"))
+    assert caught.value.status == 404
