@@ -11,7 +11,8 @@ Read top to bottom:
 5. **record** the decision (one log line, one row, off the request path).
 
 The engine knows nothing of HTTP, Firestore or Pub/Sub: it talks to the interfaces in
-`ports`. Push, pull and replay are thin surfaces that call `Engine.handle`.
+`ports`. Push, pull and replay are thin surfaces that call `Engine.handle`; the in-process
+API (`inprocess`) passes it the caller's work as `act`, run in place of the publish.
 """
 
 from __future__ import annotations
