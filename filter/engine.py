@@ -11,16 +11,19 @@ Read top to bottom:
 5. **record** the decision (one log line, one row, off the request path).
 
 The engine knows nothing of HTTP, Firestore or Pub/Sub: it talks to the interfaces in
-`ports`. Push, pull and replay are thin surfaces that call `Engine.handle`.
+`ports`. Push, pull and replay are thin surfaces that call `Engine.handle`; the in-process
+API (`inprocess`) passes it the caller's work as `act`, run in place of the publish.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import hashlib
 import random
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -47,6 +50,9 @@ ATTR_FINGERPRINT = "filter_fingerprint"
 ATTR_SOURCE_ID = "filter_source_message_id"
 ATTR_ROUTE = "filter_route"
 ATTR_SOURCE_PUBLISH_TIME = "filter_source_publish_time"
+ATTR_FENCE = "filter_fence"
+ATTR_KEY = "filter_key"
+ATTR_KEY_SHA256 = "filter_key_sha256"
 ATTRIBUTE_LIMIT = 1024
 #: Attributes only the filter writes on what it forwards. A producer's own values for them are
 #: dropped, so a consumer can trust them (`filter_rows_changed: 0` on a whole payload, say).
@@ -56,6 +62,9 @@ OWN_ATTRIBUTES = frozenset(
         ATTR_SOURCE_ID,
         ATTR_ROUTE,
         ATTR_SOURCE_PUBLISH_TIME,
+        ATTR_FENCE,
+        ATTR_KEY,
+        ATTR_KEY_SHA256,
         "filter_rows_total",
         "filter_rows_changed",
         "filter_rows_removed",
@@ -63,6 +72,31 @@ OWN_ATTRIBUTES = frozenset(
         "filter_rows_removed_truncated",
     }
 )
+
+#: The caller's own work in place of the publish (the in-process API): it gets what a forward
+#: would publish (data and attributes) and returns what the record shows as `published_id`.
+Act = Callable[[bytes, Mapping[str, str]], Awaitable[str]]
+# One per `handle` call, so every step that publishes (leased, shadow, fail-open) sees it
+# without each signature carrying it.
+_ACT: contextvars.ContextVar[Act | None] = contextvars.ContextVar("filter_act", default=None)
+
+
+class WorkFailed(PublishFailed):
+    """The caller's work (in place of the publish) raised: the lease is released, the message nacked."""
+
+
+def fence_attributes(key: str, fence: int) -> dict[str, str]:
+    """What a fenced forward carries so a consumer can drop an older holder's late copy (`filter.fence`).
+
+    A key longer than an attribute value may be (1,024 bytes) goes as its SHA-256 under its own
+    name, so no short key can be mistaken for a long key's digest.
+    """
+    attributes = {ATTR_FENCE: str(fence)}
+    if len(key.encode()) <= ATTRIBUTE_LIMIT:
+        attributes[ATTR_KEY] = key
+    else:
+        attributes[ATTR_KEY_SHA256] = hashlib.sha256(key.encode()).hexdigest()
+    return attributes
 
 
 class SystemClock:
@@ -313,7 +347,17 @@ class Engine:
         self.random = random.Random()
         self.in_flight = 0
 
-    async def handle(self, route_name: str, msg: Message, trace: str | None = None) -> DecisionRecord:
+    async def handle(
+        self, route_name: str, msg: Message, trace: str | None = None, act: Act | None = None
+    ) -> DecisionRecord:
+        """Decide `msg` and act on it: publish, or with `act`, run the caller's work in its place."""
+        token = _ACT.set(act)
+        try:
+            return await self._handle(route_name, msg, trace)
+        finally:
+            _ACT.reset(token)
+
+    async def _handle(self, route_name: str, msg: Message, trace: str | None = None) -> DecisionRecord:
         started = time.perf_counter()
         rules = self.rules.get(route_name)
         if rules is None:
@@ -482,14 +526,15 @@ class Engine:
         out: Outgoing,
     ) -> DecisionRecord:
         heartbeat = Heartbeat(self.store, route.name, key, held, self.config.lease, self.clock)
+        out.attributes.update(fence_attributes(key, held.fence))
         try:
             async with heartbeat:
                 rec.published_id = await self._publish(route, msg, fp, out)
         except PublishFailed as exc:
             await self._release(route.name, key, heartbeat.held)
             rec.decision = Decision.FAILED
-            rec.reason = f"publish failed: {exc}"
-            rec.extra["cause"] = "publish"
+            rec.reason = f"{_cause(exc)} failed: {exc}"
+            rec.extra["cause"] = _cause(exc)
             return rec
         except asyncio.CancelledError:
             # Shutting down mid-publish: the message will be redelivered, so free the key now
@@ -548,6 +593,12 @@ class Engine:
             if msg.publish_time is not None:
                 attributes[ATTR_SOURCE_PUBLISH_TIME] = format_time(msg.publish_time)
             data = out.data if out is not None else msg.data
+            act = _ACT.get()
+            if act is not None:
+                try:
+                    return await act(data, attributes)
+                except Exception as exc:
+                    raise WorkFailed(f"{type(exc).__name__}: {exc}") from exc
             return await self.publisher.publish(route.destination, data, attributes, msg.ordering_key)
         except PublishFailed:
             raise
@@ -562,8 +613,9 @@ class Engine:
             rec.published_id = await self._publish(route, msg, rec.fingerprint or "")
         except PublishFailed as exc:
             rec.decision = Decision.FAILED
-            rec.reason = f"{rec.reason}; publish failed: {exc}" if rec.reason else f"publish failed: {exc}"
-            rec.extra["cause"] = "publish"
+            failed = f"{_cause(exc)} failed: {exc}"
+            rec.reason = f"{rec.reason}; {failed}" if rec.reason else failed
+            rec.extra["cause"] = _cause(exc)
             return rec
         rec.decision = decision
         return rec
@@ -606,6 +658,10 @@ _LEVELS = {
     Decision.REJECTED: "warning",
     Decision.FAILED: "error",
 }
+
+
+def _cause(exc: PublishFailed) -> str:
+    return "work" if isinstance(exc, WorkFailed) else "publish"
 
 
 def _describe(exc: BaseException) -> str:

@@ -39,6 +39,7 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -47,6 +48,8 @@ import pytest
 from filter.config import ConfigError, parse
 from filter.engine import Engine
 from filter.envelope import make_envelope
+from filter.fence import Fences
+from filter.fences.sqlite import SqliteFences
 from filter.model import Decision, Message
 from filter.publishers.pubsub import PubsubPublisher
 from filter.stores.firestore import FirestoreStore
@@ -583,6 +586,32 @@ async def test_after_a_refused_late_commit_downstream_ends_on_the_latest_content
     slow = await slow_downstream(rig, 2)
     ends_on = json.loads(slow[-1].data)["version"]
     assert ends_on == 1, f"downstream ends on version {ends_on} (X) and the rerun of Y was {rerun['decision']}"
+
+
+async def test_a_consumer_that_fences_ends_on_the_latest_content_after_a_refused_late_commit(
+    rig_factory: Any, firestore: FirestoreEmulator, pubsub_emulator: PubsubEmulator, tmp_path: Path
+) -> None:
+    """The same late holder, seen by a consumer that admits every downstream copy with `filter.fence`.
+
+    Downstream, B's Y (fence 2) lands before A's late X (fence 1): the consumer takes Y and
+    drops X, so what it applied ends on Y, the content the store holds (the strict xfail
+    above is the same stream for a consumer that takes every copy).
+    """
+    rig: Rig = rig_factory().start(backends=1, subscribe=False)
+    late = await late_holder(rig, firestore, pubsub_emulator)
+    assert late.rec.extra.get("committed") is False
+    await push_to(rig, late.b, Item(3, SLOW, 1), "late-m3")
+    slow = await slow_downstream(rig, 2)
+    fences = Fences(SqliteFences(tmp_path / "consumer-fences.db"))
+    try:
+        admitted = [(m, await fences.admit(m.attributes)) for m in slow]  # in the order they landed
+    finally:
+        await fences.close()
+
+    assert [m.attributes["filter_fence"] for m in slow] == ["2", "1"]
+    applied = [json.loads(m.data)["version"] for m, a in admitted if a.accepted]
+    assert applied == [1], [(m.attributes["filter_fence"], a.reason) for m, a in admitted]
+    assert rig.stored()[SLOW].fingerprint == slow[0].attributes["filter_fingerprint"]
 
 
 # --- one hot key -------------------------------------------------------------------------------
