@@ -38,6 +38,7 @@ from typing import Any, TextIO
 
 import msgspec
 import structlog
+from opentelemetry.trace import get_current_span
 
 from .envelope import format_time
 
@@ -137,6 +138,17 @@ def _console_time(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMa
     return event
 
 
+def _span_ids(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """A line written inside a recorded span names it (and its trace, when the surface named
+    none), so Cloud Logging joins the line to the span in Cloud Trace."""
+    span = get_current_span()
+    if span.is_recording():
+        ctx = span.get_span_context()
+        event.setdefault("span_id", format(ctx.span_id, "016x"))
+        event.setdefault("trace", format(ctx.trace_id, "032x"))
+    return event
+
+
 def _cloud_fields(project: str | None) -> structlog.types.Processor:
     trace_prefix = f"projects/{project}/traces/" if project else ""
 
@@ -232,6 +244,7 @@ def configure(
         processors: list[structlog.types.Processor] = [
             structlog.contextvars.merge_contextvars,
             _scrub,
+            _span_ids,
             structlog.processors.format_exc_info,
             _timestamp(clock),
             _cloud_fields(project),
