@@ -131,24 +131,33 @@ def _grpc(signal: str, env: Mapping[str, str]) -> bool:
     return (protocol or "http/protobuf").strip().lower() == "grpc"
 
 
+def _endpoint(signal: str, env: Mapping[str, str], grpc: bool) -> str:
+    """The exporter's endpoint, from the mapping given (the exporters read only os.environ)."""
+    specific = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
+    if specific:
+        return specific
+    base = env["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    return base if grpc else f"{base.rstrip('/')}/v1/{signal}"
+
+
 def otlp_metric_reader(env: Mapping[str, str]) -> MetricReader:
     if _grpc("metrics", env):
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
 
-        return PeriodicExportingMetricReader(GrpcMetrics())
+        return PeriodicExportingMetricReader(GrpcMetrics(endpoint=_endpoint("metrics", env, True)))
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-    return PeriodicExportingMetricReader(OTLPMetricExporter())
+    return PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=_endpoint("metrics", env, False)))
 
 
 def otlp_span_processor(env: Mapping[str, str]) -> BatchSpanProcessor:
     if _grpc("traces", env):
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpans
 
-        return BatchSpanProcessor(GrpcSpans())
+        return BatchSpanProcessor(GrpcSpans(endpoint=_endpoint("traces", env, True)))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return BatchSpanProcessor(OTLPSpanExporter())
+    return BatchSpanProcessor(OTLPSpanExporter(endpoint=_endpoint("traces", env, False)))
 
 
 class Telemetry:
