@@ -278,3 +278,24 @@ def configure(
         _STDLIB_HANDLER.setFormatter(
             _StdlibJson() if fmt == "json" else logging.Formatter("%(levelname)s %(name)s: %(message)s")
         )
+    # google-api-core cuts the "google" logger off from the root (propagate=False) unless it
+    # was configured first, and Python then prints its records as bare text (logging's
+    # last resort): the client library's "Background thread did not exit." at shutdown.
+    # A level of its own counts as configured, so it keeps propagating to our JSON handler.
+    google = logging.getLogger("google")
+    if google.level == logging.NOTSET:
+        google.setLevel(logging.WARNING)
+    google.propagate = True
+    # What else writes text: an exception that ends a thread (the Pub/Sub client's stream
+    # and dispatcher threads at shutdown) and warnings. Both go through logging instead.
+    logging.captureWarnings(True)
+    threading.excepthook = _thread_died
+
+
+def _thread_died(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit or args.exc_value is None:
+        return
+    name = args.thread.name if args.thread is not None else "unknown"
+    logging.getLogger("pubsub_filter.threads").error(
+        "thread %s ended with an uncaught exception", name, exc_info=args.exc_value
+    )
