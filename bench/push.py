@@ -244,6 +244,10 @@ def filters_to_run(variants: list[str]) -> list[tuple[str, str | None, dict[str,
     out: list[tuple[str, str | None, dict[str, str]]] = [
         ("filter", None, {}),
         ("filter-warn", None, {"LOG_LEVEL": "warning"}),
+        # telemetry's cost: the same filter with the OpenTelemetry SDK off (the baseline), and
+        # with spans recorded and exported (to a closed local port: the export fails, off the request path)
+        ("filter-no-telemetry", None, {"OTEL_SDK_DISABLED": "true"}),
+        ("filter-traced", None, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"http://127.0.0.1:{free_port()}/v1/traces"}),
     ]
     out += [(f"filter[{v}]", v, {}) for v in variants]
     return out
@@ -341,6 +345,12 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "errors": sum(x["errors"] for x in rs),
                 "rounds_rps": [round(x["rps"], 1) for x in rs],
             }
+            if "filter-no-telemetry" in by_name:  # telemetry's cost, paired by round like /bare
+                base = by_name["filter-no-telemetry"]
+                row[name]["cpu_over_no_telemetry"] = statistics.median(
+                    x["server_cpu_us_per_request"] / b["server_cpu_us_per_request"]
+                    for x, b in zip(rs, base, strict=True)
+                )
         summary[str(c)] = row
     return {"summary": summary, "checks": checks, "runs": {str(c): v for c, v in runs.items()}}
 
@@ -357,6 +367,10 @@ def table(summary: dict[str, Any]) -> str:
                 f"{c:>5}  {name:<28} {x['rps']:>7.0f} {x['over_bare']:>6.2f}x   {x['cpu_us_per_request']:>10.0f}"
                 f" {x['cpu_over_bare']:>5.2f}x   {x['p50_ms']:>7.2f} {x['p99_ms']:>7.2f} {x['errors']:>6}"
             )
+    for c, row in summary.items():
+        for name, x in row.items():
+            if name.startswith("filter") and "cpu_over_no_telemetry" in x:
+                lines.append(f"{c:>5}  {name:<28} CPU µs/req over filter-no-telemetry: {x['cpu_over_no_telemetry']:.3f}x")
     return "\n".join(lines)
 
 
