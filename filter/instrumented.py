@@ -20,6 +20,12 @@ from .telemetry import SYSTEM, Telemetry, short_name
 T = TypeVar("T")
 
 
+_OPERATIONS = ("read", "claim", "extend", "commit", "release")
+# attribute sets built once: the SDK hashes them on every record
+_OK = {op: {"operation": op, "outcome": "ok"} for op in _OPERATIONS}
+_ERROR = {op: {"operation": op, "outcome": "error"} for op in _OPERATIONS}
+
+
 class InstrumentedStore:
     def __init__(self, inner: StateStore, telemetry: Telemetry) -> None:
         self.inner = inner
@@ -28,15 +34,18 @@ class InstrumentedStore:
     async def _timed(self, operation: str, route: str, call: Callable[[], Awaitable[T]]) -> T:
         t = self.telemetry
         started = time.perf_counter()
-        outcome = "error"
+        outcome = _ERROR[operation]
         try:
-            with t.child(f"store {operation}", {"pubsub_filter.route": route}):
+            if t.tracing:
+                with t.child(f"store {operation}", {"pubsub_filter.route": route}):
+                    result = await call()
+            else:  # the suppress path's one store call: no span machinery when nothing records spans
                 result = await call()
-            outcome = "ok"
+            outcome = _OK[operation]
             return result
         finally:
             if t.metrics:
-                t.store_latency.record(time.perf_counter() - started, {"operation": operation, "outcome": outcome})
+                t.store_latency.record(time.perf_counter() - started, outcome)
 
     async def read(self, route: str, key: str) -> KeyState | None:
         return await self._timed("read", route, lambda: self.inner.read(route, key))
@@ -52,12 +61,12 @@ class InstrumentedStore:
             extended = await self.inner.extend(route, key, held, expires_at)
         except Exception as exc:
             if t.metrics:
-                t.store_latency.record(time.perf_counter() - started, {"operation": "extend", "outcome": "error"})
+                t.store_latency.record(time.perf_counter() - started, _ERROR["extend"])
                 t.heartbeat_failures.add(1, {"route": route})
             t.heartbeat_event("heartbeat failed", error=f"{type(exc).__name__}: {exc}")
             raise
         if t.metrics:
-            t.store_latency.record(time.perf_counter() - started, {"operation": "extend", "outcome": "ok"})
+            t.store_latency.record(time.perf_counter() - started, _OK["extend"])
         t.heartbeat_event("lease extended" if extended is not None else "lease lost")
         return extended
 

@@ -175,6 +175,8 @@ class Telemetry:
         self.metrics = meter_provider is not None
         self.tracing = tracer_provider is not None
         self.tracer = tracer_provider.get_tracer(SCOPE) if tracer_provider is not None else trace.NoOpTracer()
+        # attribute sets per (route, decision, enforced), built once; routes and decisions are few
+        self._labels: dict[tuple[str, Decision, bool], tuple[dict[str, str], dict[str, str]]] = {}
         self._watched: list[Callable[[], Iterable[tuple[str, Mapping[str, str], float]]]] = []
         if meter_provider is None:
             return
@@ -300,11 +302,12 @@ class Telemetry:
     def decided(self, rec: DecisionRecord) -> None:
         """Count a finished decision (every one, rejected included) and describe it on its span."""
         if self.metrics:
-            self._decisions.add(
-                1, {"route": rec.route, "decision": str(rec.decision), "enforced": "true" if rec.enforced else "false"}
-            )
+            labels = self._labels.get((rec.route, rec.decision, rec.enforced))
+            if labels is None:
+                labels = self._labels.setdefault((rec.route, rec.decision, rec.enforced), _labels(rec))
+            self._decisions.add(1, labels[0])
             if rec.latency_ms is not None:
-                self._latency.record(rec.latency_ms / 1000, {"route": rec.route, "decision": str(rec.decision)})
+                self._latency.record(rec.latency_ms / 1000, labels[1])
             if rec.decision is Decision.FAIL_OPEN:
                 self._fail_open.add(1, {"route": rec.route})
         if self.tracing:
@@ -355,6 +358,14 @@ class Telemetry:
         client library does (`googclient_traceparent`), so a traced consumer continues it."""
         if self.tracing and trace.get_current_span().get_span_context().is_valid:
             _W3C.inject(attributes, setter=_ATTRIBUTES_SET)
+
+
+def _labels(rec: DecisionRecord) -> tuple[dict[str, str], dict[str, str]]:
+    decision = str(rec.decision)
+    return (
+        {"route": rec.route, "decision": decision, "enforced": "true" if rec.enforced else "false"},
+        {"route": rec.route, "decision": decision},
+    )
 
 
 def _record_counts(recorder: Any) -> list[tuple[str, Mapping[str, str], float]]:
