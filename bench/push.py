@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import http.server
 import json
 import os
 import platform
@@ -49,6 +50,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -244,12 +246,34 @@ def filters_to_run(variants: list[str]) -> list[tuple[str, str | None, dict[str,
     out: list[tuple[str, str | None, dict[str, str]]] = [
         ("filter", None, {}),
         ("filter-warn", None, {"LOG_LEVEL": "warning"}),
+        # telemetry's cost: the same filter with the OpenTelemetry SDK off (the baseline), and
+        # with every span recorded and exported over OTLP/HTTP (to a sink in this process)
+        ("filter-no-telemetry", None, {"OTEL_SDK_DISABLED": "true"}),
+        ("filter-traced", None, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{OTLP_SINK}/v1/traces"}),
     ]
     out += [(f"filter[{v}]", v, {}) for v in variants]
     return out
 
 
+class _OtlpSink(http.server.BaseHTTPRequestHandler):
+    """Accepts any OTLP/HTTP export (answers 200, keeps nothing): the traced filter's collector."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+_SINK = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OtlpSink)
+OTLP_SINK = f"http://127.0.0.1:{_SINK.server_address[1]}"
+
+
 def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    threading.Thread(target=_SINK.serve_forever, daemon=True).start()
     import httptools  # noqa: F401  (uvicorn's "auto" picks these when importable: make sure both are)
     import uvloop  # noqa: F401
 
@@ -341,6 +365,12 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "errors": sum(x["errors"] for x in rs),
                 "rounds_rps": [round(x["rps"], 1) for x in rs],
             }
+            if "filter-no-telemetry" in by_name:  # telemetry's cost, paired by round like /bare
+                base = by_name["filter-no-telemetry"]
+                row[name]["cpu_over_no_telemetry"] = statistics.median(
+                    x["server_cpu_us_per_request"] / b["server_cpu_us_per_request"]
+                    for x, b in zip(rs, base, strict=True)
+                )
         summary[str(c)] = row
     return {"summary": summary, "checks": checks, "runs": {str(c): v for c, v in runs.items()}}
 
@@ -357,6 +387,12 @@ def table(summary: dict[str, Any]) -> str:
                 f"{c:>5}  {name:<28} {x['rps']:>7.0f} {x['over_bare']:>6.2f}x   {x['cpu_us_per_request']:>10.0f}"
                 f" {x['cpu_over_bare']:>5.2f}x   {x['p50_ms']:>7.2f} {x['p99_ms']:>7.2f} {x['errors']:>6}"
             )
+    for c, row in summary.items():
+        for name, x in row.items():
+            if name.startswith("filter") and "cpu_over_no_telemetry" in x:
+                lines.append(
+                    f"{c:>5}  {name:<28} CPU µs/req over filter-no-telemetry: {x['cpu_over_no_telemetry']:.3f}x"
+                )
     return "\n".join(lines)
 
 

@@ -137,7 +137,7 @@ def cmd_skip_rate(args: argparse.Namespace) -> int:
 def cmd_pull(args: argparse.Namespace) -> int:
     from .pull import run
 
-    return run(_config(args.config), args.route)
+    return run(_config(args.config), args.route, health_port=args.health_port)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -164,6 +164,13 @@ def _add_worker_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     with_config(sp)
     sp.add_argument(
         "--route", "-r", action="append", default=[], metavar="NAME", help="pull only this route (repeatable)"
+    )
+    sp.add_argument(
+        "--health-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve /healthz, /readyz and /metrics on this port (default: pull.health_port; off when unset)",
     )
     sp.set_defaults(func=cmd_pull)
 

@@ -159,6 +159,17 @@ class PullConfig(_Strict):
     max_messages: int = Field(default=100, ge=1)
     max_bytes: Size = 50 * 1024 * 1024
     max_lease_duration: Duration | None = None  # default: lease.duration
+    # `/healthz`, `/readyz` and `/metrics` for probes and scrapes; off unless set (or --health-port)
+    health_port: int | None = Field(default=None, ge=1, le=65535)
+    health_host: str = "0.0.0.0"
+
+
+class TelemetryConfig(_Strict):
+    """OpenTelemetry: metrics on `GET /metrics` (and over OTLP when `OTEL_EXPORTER_OTLP_*` names an
+    endpoint), spans when an OTLP endpoint is set. `OTEL_SDK_DISABLED=true` turns both off too."""
+
+    metrics: bool = True
+    traces: bool = True
 
 
 class AuthConfig(_Strict):
@@ -267,7 +278,7 @@ class Route(_Strict):
 
 
 _DEFAULT_BACKENDS = {"store": "sqlite", "publisher": "outbox", "records": "sqlite"}
-_SECTIONS = (*_DEFAULT_BACKENDS, "lease", "store_errors", "server", "auth", "pull")
+_SECTIONS = (*_DEFAULT_BACKENDS, "lease", "store_errors", "server", "auth", "pull", "telemetry")
 
 
 class Config(_Strict):
@@ -279,6 +290,7 @@ class Config(_Strict):
     server: ServerConfig = Field(default_factory=ServerConfig)
     auth: AuthConfig = Field(default_factory=AuthConfig)
     pull: PullConfig = Field(default_factory=PullConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
     project: str | None = None
     state_ttl: Duration = 30 * 86400.0  # how long a key's state lives after its last forward
     routes: list[Route] = Field(min_length=1)

@@ -38,6 +38,7 @@ from .heartbeat import Heartbeat
 from .model import Decision, DecisionRecord, KeyState, Lease, Message
 from .paths import MISSING, list_index
 from .ports import Clock, DecisionRecorder, Publisher, PublishFailed, StateStore, StoreUnavailable
+from .telemetry import NO_TELEMETRY, Telemetry
 
 log = structlog.get_logger("pubsub_filter.engine")
 
@@ -336,6 +337,7 @@ class Engine:
         recorder: DecisionRecorder,
         clock: Clock | None = None,
         instance: str | None = None,
+        telemetry: Telemetry | None = None,
     ):
         self.config = config
         self.store = store
@@ -346,6 +348,7 @@ class Engine:
         self.rules = {r.name: RouteRules(r) for r in config.routes}
         self.random = random.Random()
         self.in_flight = 0
+        self.telemetry = telemetry or NO_TELEMETRY  # telemetry: metrics and the decision's span
 
     async def handle(
         self, route_name: str, msg: Message, trace: str | None = None, act: Act | None = None
@@ -353,11 +356,12 @@ class Engine:
         """Decide `msg` and act on it: publish, or with `act`, run the caller's work in its place."""
         token = _ACT.set(act)
         try:
-            return await self._handle(route_name, msg, trace)
+            with self.telemetry.decision(route_name, msg):  # telemetry: the decision's span
+                return await self._handle(route_name, msg, trace)
         finally:
             _ACT.reset(token)
 
-    async def _handle(self, route_name: str, msg: Message, trace: str | None = None) -> DecisionRecord:
+    async def _handle(self, route_name: str, msg: Message, trace: str | None) -> DecisionRecord:
         started = time.perf_counter()
         rules = self.rules.get(route_name)
         if rules is None:
@@ -501,6 +505,7 @@ class Engine:
         if held is not None:
             rec.fence = lease.fence
             if state is not None and state.lease is not None and not state.lease.live(now):
+                self.telemetry.lease_taken_over(route.name)  # telemetry
                 log.warning(
                     "lease_taken_over",
                     route=route.name,
@@ -643,6 +648,7 @@ class Engine:
         if msg is not None and rec.delivery_attempt is None:
             rec.delivery_attempt = msg.delivery_attempt
         self.recorder.record(rec)
+        self.telemetry.decided(rec)  # telemetry: count it, describe it on its span
         _log_decision(rec)
         return rec
 

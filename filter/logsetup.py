@@ -38,6 +38,7 @@ from typing import Any, TextIO
 
 import msgspec
 import structlog
+from opentelemetry.trace import get_current_span
 
 from .envelope import format_time
 
@@ -137,6 +138,17 @@ def _console_time(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMa
     return event
 
 
+def _span_ids(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """A line written inside a recorded span names it (and its trace, when the surface named
+    none), so Cloud Logging joins the line to the span in Cloud Trace."""
+    span = get_current_span()
+    if span.is_recording():
+        ctx = span.get_span_context()
+        event.setdefault("span_id", format(ctx.span_id, "016x"))
+        event.setdefault("trace", format(ctx.trace_id, "032x"))
+    return event
+
+
 def _cloud_fields(project: str | None) -> structlog.types.Processor:
     trace_prefix = f"projects/{project}/traces/" if project else ""
 
@@ -232,6 +244,7 @@ def configure(
         processors: list[structlog.types.Processor] = [
             structlog.contextvars.merge_contextvars,
             _scrub,
+            _span_ids,
             structlog.processors.format_exc_info,
             _timestamp(clock),
             _cloud_fields(project),
@@ -265,3 +278,24 @@ def configure(
         _STDLIB_HANDLER.setFormatter(
             _StdlibJson() if fmt == "json" else logging.Formatter("%(levelname)s %(name)s: %(message)s")
         )
+    # google-api-core cuts the "google" logger off from the root (propagate=False) unless it
+    # was configured first, and Python then prints its records as bare text (logging's
+    # last resort): the client library's "Background thread did not exit." at shutdown.
+    # A level of its own counts as configured, so it keeps propagating to our JSON handler.
+    google = logging.getLogger("google")
+    if google.level == logging.NOTSET:
+        google.setLevel(logging.WARNING)
+    google.propagate = True
+    # What else writes text: an exception that ends a thread (the Pub/Sub client's stream
+    # and dispatcher threads at shutdown) and warnings. Both go through logging instead.
+    logging.captureWarnings(True)
+    threading.excepthook = _thread_died
+
+
+def _thread_died(args: threading.ExceptHookArgs) -> None:
+    if args.exc_type is SystemExit or args.exc_value is None:
+        return
+    name = args.thread.name if args.thread is not None else "unknown"
+    logging.getLogger("pubsub_filter.threads").error(
+        "thread %s ended with an uncaught exception", name, exc_info=args.exc_value
+    )

@@ -50,7 +50,8 @@ from .logsetup import configure
 from .model import Message
 from .publishers.pubsub import resolve_project
 from .replay import NO_CREDENTIALS
-from .wiring import make_engine, project_of
+from .wiring import make_engine, make_telemetry, project_of
+from .worker_health import HealthServer, Watchdog, health_app
 
 log = structlog.get_logger("pubsub_filter.pull")
 
@@ -157,6 +158,9 @@ class PullWorker:
         project: str,
         settings: PullSettings | None = None,
         subscriber: Any = None,
+        health_port: int | None = None,
+        health_host: str = "0.0.0.0",
+        watch_every: float | None = None,
     ):
         self.engine = engine
         self.routes = list(routes)
@@ -180,6 +184,21 @@ class PullWorker:
         self._late: dict[str, dict[str, list[str]]] = defaultdict(lambda: {"ack": [], "nack": []})
         self._late_lock = threading.Lock()
         self.ready = threading.Event()  # set once every stream is open (for in-process callers)
+        ack_deadline = engine.config.lease.ack_deadline
+        self.watchdog = Watchdog(self.paths, ack_deadline, self._probe)
+        self.watch_every = watch_every if watch_every is not None else self.watchdog.quiet_after
+        self.health: HealthServer | None = None
+        if health_port is not None:
+            self.health = HealthServer(health_app(self), health_host, health_port)
+
+    @property
+    def failure(self) -> BaseException | None:
+        return self._failure
+
+    def _probe(self, path: str, timeout: float) -> None:
+        found = self.subscriber.get_subscription(request={"subscription": path}, timeout=timeout, retry=None)
+        if getattr(found, "detached", False):  # it answers, and delivers nothing ever again
+            raise RuntimeError("the subscription is detached from its topic")
 
     # --- control ------------------------------------------------------------------------
 
@@ -208,7 +227,11 @@ class PullWorker:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_signal, sig)
         flow = self.settings.flow_control(self.engine.config.lease)
+        watch: asyncio.Task[None] | None = None
         try:
+            if self.health is not None:
+                self.health.start()
+            watch = asyncio.create_task(self.watchdog.run(self.watch_every))
             for route in self.routes:
                 path = self.paths[route.name]
                 future = self.subscriber.subscribe(path, callback=self._callback(route.name, path), flow_control=flow)
@@ -222,10 +245,13 @@ class PullWorker:
                 max_messages=flow.max_messages,
                 max_lease_duration_s=flow.max_lease_duration,
                 ack_extension_s=flow.max_duration_per_lease_extension,
+                health_port=self.health.port if self.health is not None else None,
             )
             self.ready.set()
             await self._stop.wait()
         finally:
+            if watch is not None:
+                watch.cancel()
             await self._shutdown()
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
@@ -278,6 +304,7 @@ class PullWorker:
         if self._closing:  # arrived while the streams were being cancelled: not ours to decide
             return False
         self._tasks.add(task)
+        self.watchdog.saw_message(route)
         try:
             rec = await self.engine.handle(route, to_message(received, path))
         except asyncio.CancelledError:
@@ -334,6 +361,9 @@ class PullWorker:
         if self._own_subscriber:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.subscriber.close)
+        if self.health is not None:
+            await self.health.stop()
+        self.engine.telemetry.shutdown()  # the last OTLP batches
         log.info(
             "stopped",
             instance=self.engine.instance,
@@ -389,7 +419,7 @@ def _describe(exc: BaseException | None) -> str:
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
-def run(cfg: Config, route_names: Sequence[str] | None = None) -> int:
+def run(cfg: Config, route_names: Sequence[str] | None = None, health_port: int | None = None) -> int:
     """`pubsub-filter pull`: pull the routes' subscriptions until SIGTERM/SIGINT."""
     configure(project=cfg.project)
     try:
@@ -399,7 +429,7 @@ def run(cfg: Config, route_names: Sequence[str] | None = None) -> int:
         return 2
     project = resolve_project(project_of(cfg))
     try:
-        engine = make_engine(cfg)
+        engine = make_engine(cfg, make_telemetry(cfg))
         subscriber = pubsub_v1.SubscriberClient()
     except DefaultCredentialsError as exc:
         print(f"pubsub-filter pull: {NO_CREDENTIALS} ({exc})", file=sys.stderr)
@@ -415,7 +445,14 @@ def run(cfg: Config, route_names: Sequence[str] | None = None) -> int:
     started = time.monotonic()
 
     async def main() -> int:
-        worker = PullWorker(engine, routes, project, subscriber=subscriber)
+        worker = PullWorker(
+            engine,
+            routes,
+            project,
+            subscriber=subscriber,
+            health_port=health_port or cfg.pull.health_port,
+            health_host=cfg.pull.health_host,
+        )
         return await worker.run(install_signals=True)
 
     try:

@@ -14,6 +14,7 @@ from typing import Any
 
 import msgspec
 import structlog
+from opentelemetry import context as otel_context
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -23,6 +24,7 @@ from .counters import counts
 from .engine import Engine
 from .envelope import EnvelopeError, parse_envelope
 from .model import Decision, DecisionRecord
+from .telemetry import PrometheusText, request_context
 
 log = structlog.get_logger("pubsub_filter.push")
 
@@ -118,7 +120,14 @@ def create_app(
         except EnvelopeError as exc:
             rec = engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
             return _json({"decision": "rejected", "reason": rec.reason}, 400)
-        rec = await engine.handle(route, msg, trace)
+        if engine.telemetry.tracing and (parent := request_context(request.headers)) is not None:
+            token = otel_context.attach(parent)  # the decision span's parent: the push request's trace
+            try:
+                rec = await engine.handle(route, msg, trace)
+            finally:
+                otel_context.detach(token)
+        else:
+            rec = await engine.handle(route, msg, trace)
         status = status_for(rec)
         out: dict[str, Any] = {
             "decision": str(rec.decision),
@@ -151,14 +160,27 @@ def create_app(
             return _json({"status": "unavailable", **problems}, 503)
         return _json({"status": "ready"})
 
+    routes = [
+        Route("/push/{route}", push, methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+    ]
+    if engine.telemetry.prometheus is not None:
+        routes.append(metrics_route(engine.telemetry.prometheus))
     return Starlette(
-        routes=[
-            Route("/push/{route}", push, methods=["POST"]),
-            Route("/healthz", healthz, methods=["GET"]),
-            Route("/readyz", readyz, methods=["GET"]),
-        ],
+        routes=routes,
         lifespan=lifespan,
     )
+
+
+def metrics_route(prometheus: PrometheusText) -> Route:
+    """`GET /metrics`: Prometheus text, for a Managed Prometheus sidecar or any scraper."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    async def metrics(_: Request) -> Response:
+        return Response(prometheus.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return Route("/metrics", metrics, methods=["GET"])
 
 
 @contextlib.asynccontextmanager
@@ -172,4 +194,5 @@ async def engine_lifespan(engine: Engine) -> AsyncIterator[None]:
         await engine.recorder.close(deadline=engine.config.server.shutdown_grace)
         await engine.publisher.close()
         await engine.store.close()
+        engine.telemetry.shutdown()  # the last OTLP batches
         log.info("stopped", instance=engine.instance)

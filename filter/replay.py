@@ -800,10 +800,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         subscriber = pubsub_v1.SubscriberClient()
         if opts.through_filter and not opts.dry_run:
-            from .wiring import make_engine
+            from .wiring import make_engine, make_telemetry
 
             assert cfg is not None
-            engine = make_engine(cfg)
+            engine = make_engine(cfg, make_telemetry(cfg))
         elif not opts.dry_run:
             from .publishers.pubsub import PubsubPublisher
 
@@ -838,6 +838,8 @@ def run(args: argparse.Namespace) -> int:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             await _close(publisher, engine)
+            if engine is not None:
+                engine.telemetry.shutdown()  # replay's metrics and spans leave over OTLP, before exit
         return -1
 
     try:

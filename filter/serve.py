@@ -14,7 +14,7 @@ from .config import Config
 from .logsetup import configure
 from .operational import Failure
 from .push import create_app, engine_lifespan
-from .wiring import make_engine
+from .wiring import make_engine, make_telemetry
 
 
 class _GracefulServer(uvicorn.Server):
@@ -51,7 +51,7 @@ def serve(cfg: Config, host: str, port: int) -> int:
 
 def _serve(cfg: Config, sock: socket.socket, host: str, port: int) -> int:
     configure(project=cfg.project)
-    engine = make_engine(cfg)
+    engine = make_engine(cfg, make_telemetry(cfg))
     authenticator = None
     if cfg.auth.audience:
         from .auth import PushAuthenticator

@@ -10,6 +10,7 @@ from .engine import Engine
 from .ports import DecisionRecorder, Publisher, StateStore
 from .records.batch import BatchingRecorder
 from .stores.guard import GuardedStore
+from .telemetry import Telemetry
 
 
 def project_of(cfg: Config, specific: str | None = None) -> str | None:
@@ -55,5 +56,25 @@ def make_recorder(cfg: Config) -> DecisionRecorder:
     return bigquery_recorder(r, project_of(cfg, r.project))
 
 
-def make_engine(cfg: Config) -> Engine:
-    return Engine(cfg, make_store(cfg), make_publisher(cfg), make_recorder(cfg))
+def make_engine(cfg: Config, telemetry: Telemetry | None = None) -> Engine:
+    """With `telemetry`, the store and publisher are measured and traced and the engine reports to it."""
+    store, publisher = make_store(cfg), make_publisher(cfg)
+    if telemetry is None:
+        return Engine(cfg, store, publisher, make_recorder(cfg))
+    from .instrumented import InstrumentedPublisher, InstrumentedStore
+
+    engine = Engine(
+        cfg,
+        InstrumentedStore(store, telemetry),
+        InstrumentedPublisher(publisher, telemetry),
+        make_recorder(cfg),
+        telemetry=telemetry,
+    )
+    telemetry.watch_engine(engine)
+    return engine
+
+
+def make_telemetry(cfg: Config) -> Telemetry:
+    from .telemetry import from_config
+
+    return from_config(cfg.telemetry.metrics, cfg.telemetry.traces)

@@ -146,7 +146,7 @@ def evaluate(tmp_path: Path, expression: str, config: dict[str, Any] | None = No
     cfg = example_config() if config is None else config
     work = tmp_path / f"tf-{len(list(tmp_path.glob('tf-*')))}"
     work.mkdir()
-    for name in ("config.tf", "variables.tf"):
+    for name in ("config.tf", "variables.tf", "dashboard.tf"):
         shutil.copy(MODULE / name, work / name)
     values = {
         "project": "test-project",
@@ -436,3 +436,48 @@ def test_dockerfile_sets_the_config_path_and_python_env() -> None:
     container = only(only(service["template"])["containers"])
     env_names = {e["name"] for e in container["env"]}
     assert "PUBSUB_FILTER_CONFIG" in env_names
+
+
+# --- the dashboard -------------------------------------------------------------------------
+
+
+@needs_terraform
+def test_dashboard_has_the_tiles_the_operator_needs_one_skip_rate_per_route(tmp_path: Path) -> None:
+    dashboard = evaluate(tmp_path, "local.dashboard")
+    titles = [t["widget"]["title"] for t in dashboard["mosaicLayout"]["tiles"]]
+    routes = {r["name"]: r.get("mode", "enforce") for r in example_config()["routes"]}
+    assert "shadow" in routes.values()  # the example exercises the marking
+    skip_rate = [
+        f"Skip rate: {name} (shadow: would have skipped)" if mode == "shadow" else f"Skip rate: {name}"
+        for name, mode in routes.items()
+    ]
+    assert titles == [
+        *skip_rate,
+        "Decision latency p50 / p95 (ms)",
+        "Decisions by type",
+        "Lease takeovers",
+        "Heartbeat failures",
+        "Fail-open forwards (store unreachable)",
+        "Decision records dropped",
+    ]
+
+
+@needs_terraform
+def test_dashboard_tiles_read_metrics_the_module_declares(tmp_path: Path) -> None:
+    dashboard = evaluate(tmp_path, "local.dashboard", name="pf")
+    declared = {"pf/decisions", "pf/decision_latency"} | {f"pf/{m}" for m in tf_locals()["event_metrics"]}
+    filters = json.dumps(dashboard)
+    used = set(re.findall(r"logging.googleapis.com/user/([a-z0-9_/-]+)", filters))
+    assert used and used <= declared
+    assert resources()[("google_monitoring_dashboard", "this")]["dashboard_json"] == "${jsonencode(local.dashboard)}"
+
+
+@needs_terraform
+def test_dashboard_latency_is_p50_and_p95_of_the_latency_distribution(tmp_path: Path) -> None:
+    dashboard = evaluate(tmp_path, "local.dashboard")
+    [tile] = [t for t in dashboard["mosaicLayout"]["tiles"] if t["widget"]["title"].startswith("Decision latency")]
+    reducers = [
+        d["timeSeriesQuery"]["timeSeriesFilter"]["aggregation"]["crossSeriesReducer"]
+        for d in tile["widget"]["xyChart"]["dataSets"]
+    ]
+    assert reducers == ["REDUCE_PERCENTILE_50", "REDUCE_PERCENTILE_95"]

@@ -34,6 +34,11 @@ locals {
       match       = "jsonPayload.message=\"store_unavailable\""
       description = "State store calls that failed or exceeded store_errors.budget."
     }
+    records_dropped = {
+      # decision records lost (buffer full, a batch given up after its retries); the decision itself stands
+      match       = "(jsonPayload.message=\"records_dropped\" OR jsonPayload.message=\"records_write_failed\")"
+      description = "Log lines reporting decision records dropped before they reached the decisions table."
+    }
     push_unauthorized = {
       match       = "jsonPayload.message=\"push_unauthorized\""
       description = "Push requests refused by the filter's OIDC check (wrong audience or service account)."
@@ -94,6 +99,54 @@ resource "google_logging_metric" "decisions" {
     decision = "EXTRACT(jsonPayload.decision)"
     enforced = "EXTRACT(jsonPayload.enforced)"
   }
+}
+
+# Decision latency as a distribution, for the dashboard's p50/p95 (the line's latency_ms).
+resource "google_logging_metric" "decision_latency" {
+  project         = var.project
+  name            = "${var.name}/decision_latency"
+  description     = "pubsub-filter decision latency in milliseconds, by route and decision."
+  filter          = "${local.log_source} AND jsonPayload.message=\"decision\""
+  value_extractor = "EXTRACT(jsonPayload.latency_ms)"
+
+  metric_descriptor {
+    metric_kind  = "DELTA"
+    value_type   = "DISTRIBUTION"
+    unit         = "ms"
+    display_name = "pubsub-filter decision latency (${var.name})"
+
+    labels {
+      key         = "route"
+      value_type  = "STRING"
+      description = "Route name."
+    }
+    labels {
+      key         = "decision"
+      value_type  = "STRING"
+      description = "The decision."
+    }
+  }
+
+  label_extractors = {
+    route    = "EXTRACT(jsonPayload.route)"
+    decision = "EXTRACT(jsonPayload.decision)"
+  }
+
+  bucket_options {
+    exponential_buckets {
+      num_finite_buckets = 40
+      growth_factor      = 1.5
+      scale              = 0.05
+    }
+  }
+}
+
+# The dashboard (tiles in dashboard.tf): there when Terraform finishes.
+resource "google_monitoring_dashboard" "this" {
+  project        = var.project
+  dashboard_json = jsonencode(local.dashboard)
+
+  depends_on = [google_logging_metric.decisions, google_logging_metric.decision_latency, google_logging_metric.events]
 }
 
 resource "google_logging_metric" "events" {

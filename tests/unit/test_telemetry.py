@@ -1,0 +1,417 @@
+"""OpenTelemetry: `/metrics` read back with a real Prometheus parser, spans with the SDK's in-memory exporter.
+
+The engine runs on real parts (SQLite store behind the guard, the push app over ASGI);
+only the publisher and recorder are our in-memory ones. Metrics and spans come from the
+SDK providers the product builds (`filter.telemetry`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import io
+import json
+import threading
+from collections import Counter
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import structlog
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import SpanKind
+from prometheus_client.parser import text_string_to_metric_families
+
+from filter import logsetup
+from filter.config import parse
+from filter.engine import Engine
+from filter.envelope import make_envelope
+from filter.instrumented import InstrumentedPublisher, InstrumentedStore
+from filter.push import create_app
+from filter.stores.guard import GuardedStore
+from filter.stores.sqlite import SqliteStore
+from filter.telemetry import PrometheusText, Telemetry, from_config
+from tests.support.fakes import MemoryPublisher, MemoryRecorder
+
+CONFIG: dict[str, Any] = {
+    "routes": [
+        {"name": "reports", "destination": "phase3", "key": ["payload.game_date"], "subscription": "raw-reports"},
+    ],
+}
+SUB = "projects/p/subscriptions/raw-reports"
+TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
+PARENT_SPAN = "00f067aa0ba902b7"
+
+
+class Rig:
+    def __init__(self, tmp_path: Path, metrics: bool = True, traces: bool = True) -> None:
+        self.spans = InMemorySpanExporter()
+        self.prometheus = PrometheusText() if metrics else None
+        meters = MeterProvider(metric_readers=[self.prometheus.reader]) if self.prometheus else None
+        tracer = None
+        if traces:
+            tracer = TracerProvider()
+            tracer.add_span_processor(SimpleSpanProcessor(self.spans))
+        self.telemetry = Telemetry(meters, tracer, self.prometheus)
+        cfg = parse(CONFIG)
+        store = GuardedStore(SqliteStore(tmp_path / "state.db"), cfg.store_errors, inline=True)
+        self.publisher = MemoryPublisher()
+        self.recorder = MemoryRecorder()
+        self.engine = Engine(
+            cfg,
+            InstrumentedStore(store, self.telemetry),
+            InstrumentedPublisher(self.publisher, self.telemetry),
+            self.recorder,
+            telemetry=self.telemetry,
+        )
+        self.telemetry.watch_engine(self.engine)
+        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(self.engine)), base_url="http://f")
+
+    async def push(self, body: bytes, route: str = "reports", **headers: str) -> httpx.Response:
+        return await self.client.post(f"/push/{route}", content=body, headers=headers)
+
+    async def metrics(self) -> dict[str, Any]:
+        resp = await self.client.get("/metrics")
+        assert resp.status_code == 200
+        return {f.name: f for f in text_string_to_metric_families(resp.text)}
+
+    def finished(self) -> list[ReadableSpan]:
+        return list(self.spans.get_finished_spans())
+
+    def decision_span(self) -> ReadableSpan:
+        [span] = [s for s in self.finished() if s.kind is SpanKind.CONSUMER]
+        return span
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    r = Rig(tmp_path)
+    yield r
+    await r.client.aclose()
+    await r.engine.store.close()
+
+
+def envelope(
+    game_date: str = "2025-01-10", message_id: str = "1", delivery_attempt: int | None = None, **kw: Any
+) -> bytes:
+    kw.setdefault("subscription", SUB)
+    body = make_envelope(json.dumps({"game_date": game_date}).encode(), message_id, **kw)
+    if delivery_attempt is None:
+        return body
+    return json.dumps({**json.loads(body), "deliveryAttempt": delivery_attempt}).encode()
+
+
+def children_of(rig: Rig, parent: ReadableSpan) -> list[ReadableSpan]:
+    assert parent.context is not None
+    return [s for s in rig.finished() if s.parent is not None and s.parent.span_id == parent.context.span_id]
+
+
+# --- metrics ------------------------------------------------------------------------------
+
+
+async def test_decision_counts_on_metrics_match_the_decision_records(rig: Rig) -> None:
+    await rig.push(envelope(message_id="1"))  # forwarded
+    await rig.push(envelope(message_id="2"))  # suppressed
+    await rig.push(envelope(message_id="1"))  # duplicate
+    await rig.push(envelope("2025-01-11", message_id="3"))  # forwarded
+    await rig.push(b"not an envelope")  # rejected
+    await rig.push(envelope(message_id="4"), route="nope")  # rejected, unknown route
+    families = await rig.metrics()
+    counted = Counter(
+        {
+            (s.labels["route"], s.labels["decision"], s.labels["enforced"]): int(s.value)
+            for s in families["pubsub_filter_decisions"].samples
+            if s.name == "pubsub_filter_decisions_total"
+        }
+    )
+    recorded = Counter((r.route, str(r.decision), "true" if r.enforced else "false") for r in rig.recorder.records)
+    assert counted == recorded
+    assert sum(recorded.values()) == 6
+
+
+async def test_decision_latency_histogram_has_one_observation_per_decision(rig: Rig) -> None:
+    await rig.push(envelope(message_id="1"))
+    await rig.push(envelope(message_id="2"))
+    families = await rig.metrics()
+    counts = {
+        s.labels["decision"]: s.value
+        for s in families["pubsub_filter_decision_duration_seconds"].samples
+        if s.name.endswith("_count")
+    }
+    assert counts == {"forwarded": 1, "suppressed": 1}
+
+
+async def test_store_and_publish_latency_are_measured_per_operation(rig: Rig) -> None:
+    await rig.push(envelope(message_id="1"))  # read, claim, publish, commit
+    await rig.push(envelope(message_id="2"))  # read
+    families = await rig.metrics()
+    store = {
+        s.labels["operation"]: s.value
+        for s in families["pubsub_filter_store_duration_seconds"].samples
+        if s.name.endswith("_count")
+    }
+    assert store == {"read": 2, "claim": 1, "commit": 1}
+    [publish] = [s for s in families["pubsub_filter_publish_duration_seconds"].samples if s.name.endswith("_count")]
+    assert (publish.labels, publish.value) == ({"destination": "phase3", "outcome": "ok"}, 1)
+
+
+async def test_in_flight_is_zero_between_messages(rig: Rig) -> None:
+    await rig.push(envelope())
+    [sample] = (await rig.metrics())["pubsub_filter_in_flight"].samples
+    assert sample.value == 0
+
+
+async def test_without_metrics_there_is_no_metrics_endpoint(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, metrics=False)
+    try:
+        assert (await rig.client.get("/metrics")).status_code == 404
+    finally:
+        await rig.client.aclose()
+        await rig.engine.store.close()
+
+
+# --- spans --------------------------------------------------------------------------------
+
+
+async def test_decision_span_follows_the_gcp_pubsub_messaging_conventions(rig: Rig) -> None:
+    await rig.push(envelope(message_id="m-1", ordering_key="k1", delivery_attempt=3))
+    span = rig.decision_span()
+    assert span.name == "raw-reports process"
+    assert span.attributes is not None
+    assert {k: span.attributes.get(k) for k in span.attributes if k.startswith("messaging.")} == {
+        "messaging.system": "gcp_pubsub",
+        "messaging.operation.name": "process",
+        "messaging.operation.type": "process",
+        "messaging.message.id": "m-1",
+        "messaging.message.body.size": len(b'{"game_date": "2025-01-10"}'),
+        "messaging.destination.name": "raw-reports",
+        "messaging.destination.subscription.name": "raw-reports",
+        "messaging.gcp_pubsub.message.ordering_key": "k1",
+        "messaging.gcp_pubsub.message.delivery_attempt": 3,
+    }
+    assert span.attributes["pubsub_filter.decision"] == "forwarded"
+    assert span.attributes["pubsub_filter.destination"] == "phase3"
+
+
+async def test_a_forward_has_children_for_store_read_claim_publish_and_commit(rig: Rig) -> None:
+    await rig.push(envelope())
+    decision = rig.decision_span()
+    names = [s.name for s in sorted(children_of(rig, decision), key=lambda s: s.start_time or 0)]
+    assert names == ["store read", "store claim", "phase3 send", "store commit"]
+    [send] = [s for s in children_of(rig, decision) if s.name == "phase3 send"]
+    assert send.kind is SpanKind.PRODUCER
+    assert send.attributes is not None and send.attributes["messaging.destination.name"] == "phase3"
+    assert send.attributes["messaging.message.id"] == rig.publisher.ids[0]
+
+
+async def test_a_suppression_reads_the_store_and_publishes_nothing(rig: Rig) -> None:
+    await rig.push(envelope(message_id="1"))
+    rig.spans.clear()
+    await rig.push(envelope(message_id="2"))
+    decision = rig.decision_span()
+    assert [s.name for s in children_of(rig, decision)] == ["store read"]
+
+
+async def test_the_parent_is_the_push_requests_traceparent(rig: Rig) -> None:
+    await rig.push(envelope(), traceparent=f"00-{TRACE_ID}-{PARENT_SPAN}-01")
+    span = rig.decision_span()
+    assert span.parent is not None and span.parent.is_remote
+    assert (format(span.context.trace_id, "032x"), format(span.parent.span_id, "016x")) == (TRACE_ID, PARENT_SPAN)
+
+
+async def test_the_parent_is_the_x_cloud_trace_context_when_there_is_no_traceparent(rig: Rig) -> None:
+    await rig.push(envelope(), **{"X-Cloud-Trace-Context": f"{TRACE_ID}/{int(PARENT_SPAN, 16)};o=1"})
+    span = rig.decision_span()
+    assert span.parent is not None
+    assert (format(span.context.trace_id, "032x"), format(span.parent.span_id, "016x")) == (TRACE_ID, PARENT_SPAN)
+
+
+async def test_the_parent_is_the_publishers_googclient_traceparent_when_the_request_names_none(rig: Rig) -> None:
+    await rig.push(envelope(attributes={"googclient_traceparent": f"00-{TRACE_ID}-{PARENT_SPAN}-01"}))
+    span = rig.decision_span()
+    assert span.parent is not None
+    assert (format(span.context.trace_id, "032x"), format(span.parent.span_id, "016x")) == (TRACE_ID, PARENT_SPAN)
+
+
+async def test_the_forwarded_message_carries_the_publish_span_as_googclient_traceparent(rig: Rig) -> None:
+    await rig.push(envelope(), traceparent=f"00-{TRACE_ID}-{PARENT_SPAN}-01")
+    [send] = [s for s in rig.finished() if s.name == "phase3 send"]
+    [published] = rig.publisher.published
+    expected = f"00-{TRACE_ID}-{send.context.span_id:016x}-01"
+    assert published.attributes["googclient_traceparent"] == expected
+
+
+async def test_a_producers_malformed_traceparent_starts_a_new_trace_and_is_replaced(rig: Rig) -> None:
+    await rig.push(envelope(attributes={"googclient_traceparent": "00-garbage"}))
+    span = rig.decision_span()
+    assert span.parent is None
+    [published] = rig.publisher.published
+    assert published.attributes["googclient_traceparent"].split("-")[1] == format(span.context.trace_id, "032x")
+
+
+async def test_a_producers_trace_context_changes_no_decision(rig: Rig) -> None:
+    await rig.push(envelope(message_id="1", attributes={"googclient_traceparent": f"00-{TRACE_ID}-{PARENT_SPAN}-01"}))
+    other = f"00-{'1' * 32}-{'2' * 16}-01"
+    r = await rig.push(envelope(message_id="2", attributes={"googclient_traceparent": other}))
+    assert r.json()["decision"] == "suppressed"
+
+
+async def test_heartbeats_are_events_on_the_publish_span(tmp_path: Path) -> None:
+    CONFIG_HB = {
+        **CONFIG,
+        "lease": {"duration": "3s", "ack_deadline": "2s", "heartbeat": "10ms"},
+        "store_errors": {"timeout": "0.5s", "budget": "1s"},
+    }
+    rig = Rig(tmp_path)
+    cfg = parse(CONFIG_HB)
+    rig.engine.config = cfg
+    extended = asyncio.Event()
+    inner = rig.engine.store
+
+    class Watch:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(inner, name)
+
+        async def extend(self, *a: Any) -> Any:
+            try:
+                return await inner.extend(*a)
+            finally:
+                extended.set()
+
+    rig.engine.store = Watch()  # type: ignore[assignment]
+    rig.publisher.gate = asyncio.Event()
+    try:
+        pushed = asyncio.create_task(rig.push(envelope()))
+        await extended.wait()
+        rig.publisher.gate.set()
+        assert (await pushed).json()["decision"] == "forwarded"
+        [send] = [s for s in rig.finished() if s.name == "phase3 send"]
+        assert send.events and {e.name for e in send.events} == {"lease extended"}
+    finally:
+        await rig.client.aclose()
+        await rig.engine.store.close()
+
+
+# --- logs ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def log_lines(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
+    for name in ("LOG_FORMAT", "LOG_LEVEL", "K_SERVICE", *logsetup._PROJECT_ENVS):
+        monkeypatch.delenv(name, raising=False)
+    saved, stream = structlog.get_config(), logsetup._OUT.stream
+    out = io.StringIO()
+    logsetup.configure(fmt="json", project="p", stream=out, cache=False)
+    yield out
+    structlog.configure(**saved)
+    logsetup._OUT.stream = stream
+
+
+async def test_the_decision_line_names_the_decision_span(rig: Rig, log_lines: io.StringIO) -> None:
+    await rig.push(envelope(), traceparent=f"00-{TRACE_ID}-{PARENT_SPAN}-01")
+    [line] = [json.loads(x) for x in log_lines.getvalue().splitlines() if '"decision"' in x]
+    span = rig.decision_span()
+    assert line[logsetup.SPAN_FIELD] == format(span.context.span_id, "016x")
+    assert line[logsetup.TRACE_FIELD] == f"projects/p/traces/{TRACE_ID}"
+
+
+async def test_without_a_span_the_decision_line_has_no_span_id(tmp_path: Path, log_lines: io.StringIO) -> None:
+    rig = Rig(tmp_path, traces=False)
+    try:
+        await rig.push(envelope())
+    finally:
+        await rig.client.aclose()
+        await rig.engine.store.close()
+    [line] = [json.loads(x) for x in log_lines.getvalue().splitlines() if '"decision"' in x]
+    assert logsetup.SPAN_FIELD not in line and logsetup.TRACE_FIELD not in line
+
+
+# --- OTLP -----------------------------------------------------------------------------------
+
+
+class _Receiver(http.server.BaseHTTPRequestHandler):
+    """An OTLP/HTTP receiver: keeps each request's path and protobuf body."""
+
+    got: list[tuple[str, bytes]]
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        self.server.got.append((self.path, body))  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def otlp_receiver() -> Iterator[http.server.ThreadingHTTPServer]:
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Receiver)
+    server.got = []  # type: ignore[attr-defined]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+    thread.join()
+
+
+async def test_otlp_endpoint_in_the_environment_exports_spans_and_metrics(
+    tmp_path: Path, otlp_receiver: http.server.ThreadingHTTPServer
+) -> None:
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    endpoint = f"http://127.0.0.1:{otlp_receiver.server_address[1]}"
+    telemetry = from_config(metrics=True, traces=True, env={"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint})
+    cfg = parse(CONFIG)
+    store = GuardedStore(SqliteStore(tmp_path / "state.db"), cfg.store_errors, inline=True)
+    engine = Engine(
+        cfg,
+        InstrumentedStore(store, telemetry),
+        InstrumentedPublisher(MemoryPublisher(), telemetry),
+        MemoryRecorder(),
+        telemetry=telemetry,
+    )
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(engine)), base_url="http://f")
+    async with client:
+        assert (await client.post("/push/reports", content=envelope())).status_code == 200
+    await engine.store.close()
+    await asyncio.to_thread(telemetry.shutdown)  # flushes both exporters
+
+    got: list[tuple[str, bytes]] = otlp_receiver.got  # type: ignore[attr-defined]
+    spans = [
+        span.name
+        for path, body in got
+        if path == "/v1/traces"
+        for rs in ExportTraceServiceRequest.FromString(body).resource_spans
+        for ss in rs.scope_spans
+        for span in ss.spans
+    ]
+    assert sorted(spans) == sorted(["raw-reports process", "store read", "store claim", "phase3 send", "store commit"])
+    metrics = {
+        m.name
+        for path, body in got
+        if path == "/v1/metrics"
+        for rm in ExportMetricsServiceRequest.FromString(body).resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+    }
+    assert {"pubsub_filter_decisions", "pubsub_filter_decision_duration"} <= metrics
+
+
+def test_without_an_otlp_endpoint_no_spans_are_recorded() -> None:
+    telemetry = from_config(metrics=True, traces=True, env={})
+    assert (telemetry.metrics, telemetry.tracing) == (True, False)
+
+
+def test_otel_sdk_disabled_turns_everything_off() -> None:
+    telemetry = from_config(metrics=True, traces=True, env={"OTEL_SDK_DISABLED": "true"})
+    assert (telemetry.metrics, telemetry.tracing, telemetry.prometheus) == (False, False, None)
