@@ -24,7 +24,8 @@ from .counters import counts
 from .engine import Engine
 from .envelope import EnvelopeError, parse_envelope
 from .model import Decision, DecisionRecord
-from .telemetry import PrometheusText, request_context
+from .probes import backend_problems, metrics_route
+from .telemetry import request_context
 
 log = structlog.get_logger("pubsub_filter.push")
 
@@ -147,15 +148,7 @@ def create_app(
         return _json({"status": "ok", "in_flight": engine.in_flight, "counts": dict(counts)})
 
     async def readyz(_: Request) -> Response:
-        # Not ready while every forward would fail: the store cannot answer, or the
-        # publisher cannot take a message (an outbox whose directory vanished, a full disk).
-        budget = engine.config.store_errors.budget
-        problems: dict[str, str] = {}
-        for name, ping in (("store", engine.store.ping), ("publisher", engine.publisher.ping)):
-            try:
-                await asyncio.wait_for(ping(), budget)
-            except Exception as exc:
-                problems[name] = str(exc) or type(exc).__name__
+        problems = await backend_problems(engine)
         if problems:
             return _json({"status": "unavailable", **problems}, 503)
         return _json({"status": "ready"})
@@ -171,16 +164,6 @@ def create_app(
         routes=routes,
         lifespan=lifespan,
     )
-
-
-def metrics_route(prometheus: PrometheusText) -> Route:
-    """`GET /metrics`: Prometheus text, for a Managed Prometheus sidecar or any scraper."""
-    from prometheus_client import CONTENT_TYPE_LATEST
-
-    async def metrics(_: Request) -> Response:
-        return Response(prometheus.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
-
-    return Route("/metrics", metrics, methods=["GET"])
 
 
 @contextlib.asynccontextmanager

@@ -29,6 +29,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from .operational import Failure
+from .probes import backend_problems, metrics_route
 
 log = structlog.get_logger("pubsub_filter.pull")
 
@@ -134,19 +135,12 @@ def health_app(worker: Any) -> Starlette:
             problems["streams"] = "not open yet"
         for route, error in worker.watchdog.stalled.items():
             problems[f"route {route}"] = error
-        budget = engine.config.store_errors.budget
-        for name, ping in (("store", engine.store.ping), ("publisher", engine.publisher.ping)):
-            try:
-                await asyncio.wait_for(ping(), budget)
-            except Exception as exc:
-                problems[name] = str(exc) or type(exc).__name__
+        problems.update(await backend_problems(engine))
         if problems:
             return _json({"status": "unavailable", **problems}, 503)
         return _json({"status": "ready"})
 
     routes = [Route("/healthz", healthz, methods=["GET"]), Route("/readyz", readyz, methods=["GET"])]
     if engine.telemetry.prometheus is not None:
-        from .push import metrics_route
-
         routes.append(metrics_route(engine.telemetry.prometheus))
     return Starlette(routes=routes)
