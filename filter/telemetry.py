@@ -38,6 +38,7 @@ from opentelemetry.sdk.metrics.export import (
     HistogramDataPoint,
     InMemoryMetricReader,
     MetricReader,
+    MetricsData,
     NumberDataPoint,
     PeriodicExportingMetricReader,
     Sum,
@@ -48,6 +49,7 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from .latency import Histograms
 from .model import Decision, DecisionRecord, Message
 
 SYSTEM = "gcp_pubsub"
@@ -141,14 +143,29 @@ def _endpoint(signal: str, env: Mapping[str, str], grpc: bool) -> str:
     return base if grpc else f"{base.rstrip('/')}/v1/{signal}"
 
 
-def otlp_metric_reader(env: Mapping[str, str]) -> MetricReader:
+def _unchanged(data: MetricsData | None) -> MetricsData | None:
+    return data
+
+
+class MergingExportReader(PeriodicExportingMetricReader):
+    """The SDK's periodic OTLP reader, exporting the in-process latency histograms beside the SDK's own."""
+
+    merge: Callable[[MetricsData | None], MetricsData | None] = staticmethod(_unchanged)
+
+    def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> None:
+        merged = self.merge(metrics_data)
+        if merged is not None:
+            super()._receive_metrics(merged, timeout_millis, **kwargs)
+
+
+def otlp_metric_reader(env: Mapping[str, str]) -> MergingExportReader:
     if _grpc("metrics", env):
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
 
-        return PeriodicExportingMetricReader(GrpcMetrics(endpoint=_endpoint("metrics", env, True)))
+        return MergingExportReader(GrpcMetrics(endpoint=_endpoint("metrics", env, True)))
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-    return PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=_endpoint("metrics", env, False)))
+    return MergingExportReader(OTLPMetricExporter(endpoint=_endpoint("metrics", env, False)))
 
 
 def otlp_span_processor(env: Mapping[str, str]) -> BatchSpanProcessor:
@@ -191,23 +208,28 @@ class Telemetry:
             unit="1",
             description="Decisions by route, decision and enforced.",
         )
-        self._latency = m.create_histogram(
+        # Latencies are recorded on every path, the suppress path's included: kept in process
+        # (filter.latency) and merged into what each reader collects from the SDK.
+        self.histograms = Histograms(SCOPE, getattr(getattr(meter_provider, "_sdk_config", None), "resource", None))
+        if prometheus is not None:
+            prometheus.merge = self.histograms.merge
+        self._latency = self.histograms.create(
             "pubsub_filter_decision_duration",
-            unit="s",
-            description="Time from a message's arrival to its decision, by route and decision.",
-            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
+            "s",
+            "Time from a message's arrival to its decision, by route and decision.",
+            LATENCY_BUCKETS,
         )
-        self.store_latency = m.create_histogram(
+        self.store_latency = self.histograms.create(
             "pubsub_filter_store_duration",
-            unit="s",
-            description="State store calls (read, claim, extend, commit, release) by operation and outcome.",
-            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
+            "s",
+            "State store calls (read, claim, extend, commit, release) by operation and outcome.",
+            LATENCY_BUCKETS,
         )
-        self.publish_latency = m.create_histogram(
+        self.publish_latency = self.histograms.create(
             "pubsub_filter_publish_duration",
-            unit="s",
-            description="Publishes to a destination topic, by destination and outcome.",
-            explicit_bucket_boundaries_advisory=LATENCY_BUCKETS,
+            "s",
+            "Publishes to a destination topic, by destination and outcome.",
+            LATENCY_BUCKETS,
         )
         self._takeovers = m.create_counter(
             "pubsub_filter_lease_takeovers", unit="1", description="Expired leases taken over, by route."
@@ -413,6 +435,8 @@ class PrometheusText:
         from prometheus_client import CollectorRegistry
 
         self.reader = InMemoryMetricReader()
+        #: adds what the SDK does not hold (the in-process latency histograms); set by `Telemetry`
+        self.merge: Callable[[MetricsData | None], MetricsData | None] = _unchanged
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)
 
@@ -424,7 +448,7 @@ class PrometheusText:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-        data = self.reader.get_metrics_data()
+        data = self.merge(self.reader.get_metrics_data())
         if data is None:
             return
         for resource_metrics in data.resource_metrics:
@@ -473,15 +497,19 @@ def from_config(metrics: bool, traces: bool, env: Mapping[str, str] | None = Non
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return NO_TELEMETRY
     resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or SERVICE})
-    meter_provider = prometheus = None
+    meter_provider = prometheus = exporting = None
     if metrics:
         prometheus = PrometheusText()
         readers: list[MetricReader] = [prometheus.reader]
         if _otlp_endpoint("metrics", env):
-            readers.append(otlp_metric_reader(env))
+            exporting = otlp_metric_reader(env)
+            readers.append(exporting)
         meter_provider = MeterProvider(metric_readers=readers, resource=resource)
     tracer_provider = None
     if traces and _otlp_endpoint("traces", env):
         tracer_provider = TracerProvider(resource=resource)
         tracer_provider.add_span_processor(otlp_span_processor(env))
-    return Telemetry(meter_provider, tracer_provider, prometheus)
+    telemetry = Telemetry(meter_provider, tracer_provider, prometheus)
+    if exporting is not None:
+        exporting.merge = telemetry.histograms.merge
+    return telemetry
