@@ -138,7 +138,7 @@ class RouteRules:
         )
         self.tracks_rows = route.rows is not None and bool(route.row_key) and route.scheme == "canonical"
 
-    def row_digests(self, data: bytes) -> rows.RowDigests | None:
+    def row_digests(self, data: bytes, before: rows.RowDigests | None = None) -> rows.RowDigests | None:
         """Per-row digests of the whole document (the scheme's fast path may not have decoded all of it)."""
         if not self.tracks_rows or self.route.rows is None:
             return None
@@ -146,7 +146,7 @@ class RouteRules:
         if payload is NOT_JSON:
             return None
         found = self.route.rows.resolve(payload, {})
-        return rows.digest_rows(self.route, found) if isinstance(found, list) else None
+        return rows.digest_rows(self.route, found, before) if isinstance(found, list) else None
 
     def partial(self, data: bytes, diff: rows.RowDiff) -> tuple[bytes, dict[str, str]]:
         """The payload with only new and changed rows (plus tombstones when asked), and attributes saying so."""
@@ -298,13 +298,13 @@ def look_closer(
         return verdict, out, details
     if rules.full_scheme is not None:
         out.full_fingerprint = rules.full_scheme(msg.data)[1]
-    digests = rules.row_digests(msg.data)
+    before = rows.decode(state.rows) if state is not None and rules.tracks_rows else None
+    digests = rules.row_digests(msg.data, before)
     if digests is None:
         return verdict, out, details
     out.rows = rows.encode(digests)
     if out.rows is None:
         details["rows_state"] = "too large to keep"
-    before = rows.decode(state.rows) if state is not None else None
     if before is None:
         return verdict, out, details
     diff = rows.diff(before, digests)
