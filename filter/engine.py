@@ -142,6 +142,12 @@ class RouteRules:
         """Per-row digests of the whole document (the scheme's fast path may not have decoded all of it)."""
         if not self.tracks_rows or self.route.rows is None:
             return None
+        if self.scheme.typed_rows is not None:
+            typed = self.scheme.typed_rows(data)  # included fields only: the others never decoded
+            if typed is not None:
+                digests = rows.digest_typed(typed, before)
+                if digests is not None:
+                    return digests
         payload = self.scheme.decode(data)
         if payload is NOT_JSON:
             return None

@@ -8,16 +8,26 @@ single reported field: these compare both against the from-scratch computation.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from filter import rows
 from filter.config import Route, parse
+from filter.engine import RouteRules
 
 FIELDS = ["id", "a", "b", "c"]
-VALUES = st.one_of(st.none(), st.integers(-3, 3), st.sampled_from(["x", "y", ""]), st.floats(allow_nan=False))
+VALUES = st.one_of(
+    st.none(),
+    st.integers(-3, 3),
+    st.sampled_from(["x", "y", ""]),
+    st.floats(allow_nan=False),
+    st.dictionaries(st.sampled_from(["z", "y"]), st.integers(0, 2), max_size=2),  # nested: key order matters
+)
 ROW = st.one_of(
     st.fixed_dictionaries({"id": st.integers(0, 6)}, optional={f: VALUES for f in FIELDS[1:]}),
     st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=4),  # the key may be missing
@@ -76,3 +86,45 @@ def test_an_unchanged_row_keeps_its_stored_checksums_unread() -> None:
     after = rows.digest_rows(r, [{"id": 1, "a": 1}, {"id": 2, "a": 3}], before)
     assert after["[1]"][1] is before["[1]"][1], "an unchanged row is not digested field by field again"
     assert dict(after["[2]"][1]) != dict(before["[2]"][1])
+
+
+FAST_ROUTES = st.sampled_from(
+    [
+        route(include=["id", "a", "b"]),
+        route(include=["id", "a", "b", "c"]),
+        route(include=["id", "a", "c"], row_key=["id", "a"]),
+    ]
+)
+
+
+def rules_pair(r: Route) -> tuple[RouteRules, RouteRules]:
+    fast = RouteRules(r)
+    assert fast.scheme.typed_rows is not None, "the route shape the fast path takes"
+    generic = RouteRules(r)
+    generic.scheme = dataclasses.replace(generic.scheme, fast=None, typed_rows=None)
+    return fast, generic
+
+
+@settings(max_examples=400, deadline=None)
+@given(FAST_ROUTES, REPORTS, REPORTS)
+def test_digests_of_fast_path_rows_equal_digests_of_generic_rows(r: Route, old: list[Any], new: list[Any]) -> None:
+    fast, generic = rules_pair(r)
+    data = json.dumps({"k": 1, "rows": new}).encode()
+    before = rows.decode(rows.encode(generic.row_digests(json.dumps({"k": 1, "rows": old}).encode()) or {}))
+    assert fast.row_digests(data, before) == generic.row_digests(data, before)
+    assert fast.row_digests(data) == generic.row_digests(data)
+
+
+@pytest.mark.parametrize(
+    "report",
+    [
+        [{"id": 1, "a": 1.0, "b": {"z": 1, "y": [2.0, None]}}, {"id": 2, "a": "é\u2028"}],
+        [{"id": 1, "a": 1}, {"id": 1, "a": 2}],  # a shared key: digested together
+        [{"id": 1, "a": 1}, {"a": 2}],  # a row without its key
+        [{"id": 1, "a": 1}, 7],  # a row that is not an object
+    ],
+)
+def test_fast_path_row_digests_match_the_generic_ones_on_the_edge_cases(report: list[Any]) -> None:
+    fast, generic = rules_pair(route(include=["id", "a", "b"]))
+    data = json.dumps({"k": 1, "rows": report}, ensure_ascii=False).encode()
+    assert fast.row_digests(data) == generic.row_digests(data)
