@@ -18,6 +18,7 @@ import hashlib
 import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from operator import methodcaller
 from typing import Any
 
 import msgspec
@@ -32,6 +33,7 @@ EXPLAIN_ROWS = 10
 
 _encode = msgspec.json.Encoder(order="sorted").encode
 _MISSING_FIELD = "-" * 8
+_hexdigest = methodcaller("hexdigest")
 
 
 class _Stored(msgspec.Struct, array_like=True):
@@ -133,14 +135,14 @@ def digest_typed(typed: TypedRows, before: RowDigests | None = None) -> RowDiges
 
     None when two rows share a key: `digest_rows` digests those together.
     """
-    keys = [k.decode() for k in map(typed.key_json, typed.rows)]
+    found = typed.rows
+    keys = list(map(bytes.decode, map(typed.key_json, found)))
     if len(set(keys)) != len(keys):
         return None
-    sha256 = hashlib.sha256
+    fps = [h[:16] for h in map(_hexdigest, map(hashlib.sha256, map(typed.content_json, found)))]
     old = before or {}
     out: RowDigests = {}
-    for key, content, row in zip(keys, map(typed.content_json, typed.rows), typed.rows, strict=True):
-        fp = sha256(content).hexdigest()[:16]
+    for key, fp, row in zip(keys, fps, found, strict=True):
         stored = old.get(key)
         out[key] = (fp, stored[1] if stored is not None and stored[0] == fp else _checksums(typed.as_dict(row)))
     return out
