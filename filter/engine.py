@@ -157,13 +157,9 @@ class RouteRules:
     def partial(self, data: bytes, diff: rows.RowDiff) -> tuple[bytes, dict[str, str]]:
         """The payload with only new and changed rows (plus tombstones when asked), and attributes saying so."""
         assert self.route.rows is not None
-        payload = msgspec.json.decode(data)  # plain decode: forward the producer's own number spellings
         wanted = set(diff.added) | set(diff.changed)
         keys = tuple(self.route.row_key)
-        parent, leaf = _parent(payload, self.route.rows.parts)
-        kept = [
-            r for r in (parent[leaf] if leaf else payload) if isinstance(r, dict) and rows.row_key_of(r, keys) in wanted
-        ]
+        payload, parent, leaf, kept = self._kept_raw(data, wanted) or self._kept(data, wanted, keys)
         attributes = {
             "filter_rows_total": str(diff.total),
             "filter_rows_changed": str(len(wanted)),
@@ -184,6 +180,46 @@ class RouteRules:
         else:
             payload = kept
         return msgspec.json.encode(payload), attributes
+
+    def _kept(self, data: bytes, wanted: set[str], keys: tuple[str, ...]) -> tuple[Any, Any, str | None, list[Any]]:
+        """The rows to send, chosen by their keys as the digests read them (canonical numbers:
+        a key spelled `1.0` is the row `[1]`), sent as the producer spelled them (plain decode)."""
+        assert self.route.rows is not None
+        payload = msgspec.json.decode(data)
+        canonical = self.scheme.decode(data)
+        parent, leaf = _parent(payload, self.route.rows.parts)
+        found = parent[leaf] if leaf else payload
+        as_read = self.route.rows.resolve(canonical, {})  # the same list, row for row
+        if not isinstance(as_read, list) or len(as_read) != len(found):
+            as_read = found  # not canonical JSON (a number it refuses): key by the plain reading
+        kept = [
+            r for r, c in zip(found, as_read, strict=True) if isinstance(r, dict) and rows.row_key_of(c, keys) in wanted
+        ]
+        return payload, parent, leaf, kept
+
+    def _kept_raw(self, data: bytes, wanted: set[str]) -> tuple[Any, Any, str | None, list[Any]] | None:
+        """`_kept` without decoding the rows that are not sent: rows stay raw JSON until chosen
+        by the keys of the rows the fingerprint's fast path decoded (same rows, same order);
+        the chosen ones and the other top-level fields are decoded as `_kept` decodes them."""
+        assert self.route.rows is not None
+        typed = self.scheme.typed_rows(data) if self.scheme.typed_rows is not None else None
+        if typed is None or len(self.route.rows.parts) != 1:
+            return None
+        leaf = self.route.rows.parts[0]
+        try:
+            top = _raw_object(data)
+            found = _raw_list(top[leaf])
+        except (msgspec.DecodeError, KeyError):
+            return None
+        if len(found) != len(typed.rows):
+            return None
+        payload = {k: None if k == leaf else msgspec.json.decode(v) for k, v in top.items()}  # document order
+        kept = [
+            msgspec.json.decode(raw)
+            for raw, row in zip(found, typed.rows, strict=True)
+            if typed.key_json(row).decode() in wanted
+        ]
+        return payload, payload, leaf, kept
 
     def key_of(self, payload: Any, attributes: Mapping[str, str]) -> str:
         parts = []
@@ -208,6 +244,10 @@ class RouteRules:
         if "/" in expected:
             return subscription == expected
         return subscription.rsplit("/", 1)[-1] == expected
+
+
+_raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+_raw_list = msgspec.json.Decoder(list[msgspec.Raw]).decode
 
 
 def _parent(payload: Any, parts: tuple[str, ...]) -> tuple[Any, str | None]:
