@@ -33,7 +33,7 @@ import structlog
 from . import rows
 from .config import Condition, Config, Route
 from .envelope import format_time
-from .fingerprint import NOT_JSON, PayloadError, Scheme, compile_scheme, message_fingerprint
+from .fingerprint import NOT_JSON, PayloadError, Scheme, TypedRows, compile_scheme, message_fingerprint
 from .heartbeat import Heartbeat
 from .model import Decision, DecisionRecord, KeyState, Lease, Message
 from .paths import MISSING, list_index
@@ -138,28 +138,35 @@ class RouteRules:
         )
         self.tracks_rows = route.rows is not None and bool(route.row_key) and route.scheme == "canonical"
 
-    def row_digests(self, data: bytes, before: rows.RowDigests | None = None) -> rows.RowDigests | None:
+    def typed_rows(self, data: bytes) -> TypedRows | None:
+        """The rows as the fingerprint's fast path decodes them (included fields only), if it vouches for them."""
+        if not self.tracks_rows or self.scheme.typed_rows is None:
+            return None
+        return self.scheme.typed_rows(data)
+
+    def row_digests(
+        self, data: bytes, before: rows.RowDigests | None = None, typed: TypedRows | None = None
+    ) -> rows.RowDigests | None:
         """Per-row digests of the whole document (the scheme's fast path may not have decoded all of it)."""
         if not self.tracks_rows or self.route.rows is None:
             return None
-        if self.scheme.typed_rows is not None:
-            typed = self.scheme.typed_rows(data)  # included fields only: the others never decoded
-            if typed is not None:
-                digests = rows.digest_typed(typed, before)
-                if digests is not None:
-                    return digests
+        typed = typed or self.typed_rows(data)
+        if typed is not None:
+            digests = rows.digest_typed(typed, before)
+            if digests is not None:
+                return digests
         payload = self.scheme.decode(data)
         if payload is NOT_JSON:
             return None
         found = self.route.rows.resolve(payload, {})
         return rows.digest_rows(self.route, found, before) if isinstance(found, list) else None
 
-    def partial(self, data: bytes, diff: rows.RowDiff) -> tuple[bytes, dict[str, str]]:
+    def partial(self, data: bytes, diff: rows.RowDiff, typed: TypedRows | None = None) -> tuple[bytes, dict[str, str]]:
         """The payload with only new and changed rows (plus tombstones when asked), and attributes saying so."""
         assert self.route.rows is not None
         wanted = set(diff.added) | set(diff.changed)
         keys = tuple(self.route.row_key)
-        payload, parent, leaf, kept = self._kept_raw(data, wanted) or self._kept(data, wanted, keys)
+        payload, parent, leaf, kept = self._kept_raw(data, wanted, typed) or self._kept(data, wanted, keys)
         attributes = {
             "filter_rows_total": str(diff.total),
             "filter_rows_changed": str(len(wanted)),
@@ -197,12 +204,14 @@ class RouteRules:
         ]
         return payload, parent, leaf, kept
 
-    def _kept_raw(self, data: bytes, wanted: set[str]) -> tuple[Any, Any, str | None, list[Any]] | None:
+    def _kept_raw(
+        self, data: bytes, wanted: set[str], typed: TypedRows | None
+    ) -> tuple[Any, Any, str | None, list[Any]] | None:
         """`_kept` without decoding the rows that are not sent: rows stay raw JSON until chosen
         by the keys of the rows the fingerprint's fast path decoded (same rows, same order);
         the chosen ones and the other top-level fields are decoded as `_kept` decodes them."""
         assert self.route.rows is not None
-        typed = self.scheme.typed_rows(data) if self.scheme.typed_rows is not None else None
+        typed = typed or self.typed_rows(data)
         if typed is None or len(self.route.rows.parts) != 1:
             return None
         leaf = self.route.rows.parts[0]
@@ -345,7 +354,8 @@ def look_closer(
     if rules.full_scheme is not None:
         out.full_fingerprint = rules.full_scheme(msg.data)[1]
     before = rows.decode(state.rows) if state is not None and rules.tracks_rows else None
-    digests = rules.row_digests(msg.data, before)
+    typed = rules.typed_rows(msg.data)  # decoded once (usually kept from the fingerprint) for both uses
+    digests = rules.row_digests(msg.data, before, typed)
     if digests is None:
         return verdict, out, details
     out.rows = rows.encode(digests)
@@ -358,7 +368,7 @@ def look_closer(
     content_changed = state is not None and state.fingerprint not in (None, fp)
     if route.rows_mode == "changed" and content_changed:
         if diff.any:
-            out.data, out.attributes = rules.partial(msg.data, diff)
+            out.data, out.attributes = rules.partial(msg.data, diff, typed)
         else:
             # The fingerprint says the content changed and no row digest does (rows that are
             # not objects, say): forward it whole. Row mode only ever narrows what a forward

@@ -385,8 +385,10 @@ def _typed_canonical(route: Route) -> tuple[_Fast, _TypedRowsOf] | None:
 
     def typed_rows(data: bytes) -> TypedRows | None:
         # Exactly the rows `fast` hashes: the same checks, the same decode.
+        nonlocal last
         seen = last
         if seen is not None and seen[0] is data:
+            last = None  # freed with the forward that used it, not by the next message
             return TypedRows(seen[1], key_json, _encode_declared, as_dict)
         try:
             if not data.isascii():
