@@ -69,6 +69,10 @@ _COMMIT = (
 )
 
 
+# Straight into the tuple of pairs the state holds, in C (a list that is not of pairs is an error, as before).
+_decode_recent = msgspec.json.Decoder(tuple[tuple[Any, Any], ...]).decode
+
+
 def _row_to_state(row: tuple[Any, ...]) -> KeyState:
     (version, fp, fwd_at, mid, pub, recent, fence, holder, lfence, lexp, lfp, lmid, exp, rows, full_fp) = row
     lease = Lease(holder, lfence, lexp, lfp, lmid) if holder is not None else None
@@ -77,7 +81,7 @@ def _row_to_state(row: tuple[Any, ...]) -> KeyState:
         forwarded_at=fwd_at,
         message_id=mid,
         publish_time=pub,
-        recent=tuple((a, b) for a, b in msgspec.json.decode(recent)),
+        recent=_decode_recent(recent),
         fence=fence,
         lease=lease,
         expires_at=exp,

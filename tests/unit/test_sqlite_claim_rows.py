@@ -51,3 +51,11 @@ async def test_a_claim_on_a_stale_version_changes_nothing(tmp_path: Path) -> Non
     assert await store.claim("r", "k", seen, seen.with_lease(LEASE)) is None  # seen's version is gone
     after = await store.read("r", "k")
     assert after is not None and after.rows == b"old" and after.lease is None and after.fingerprint == "sha256:c"
+
+
+async def test_recent_message_ids_read_back_as_the_pairs_stored(tmp_path: Path) -> None:
+    store = SqliteStore(tmp_path / "state.db")
+    recent = (("m1", "sha256:a"), ("m2", "sha256:b"))
+    assert await store.claim("r", "k", None, KeyState(fingerprint="sha256:b", recent=recent)) is not None
+    after = await store.read("r", "k")
+    assert after is not None and after.recent == recent and after.decided("m1") == "sha256:a"
