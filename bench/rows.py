@@ -201,22 +201,24 @@ def summarize(runs: list[list[Run]]) -> dict[str, dict[str, float]]:
             "bytes": med([med([float(b) for b in r.published_bytes]) for r in per]),
             "row_state": med([float(r.row_state) for r in per]),
         }
-        for k in ("fwd_us", "sup_us", "bytes", "fwd_cpu_us", "sup_cpu_us"):
-            pairs = []
-            for rnd in runs:
-                this = next((r for r in rnd if r.mode == mode), None)
-                whole = next((r for r in rnd if r.mode == "whole"), None)
-                if this is None or whole is None:
-                    continue
-                pick: Callable[[Run], float] = {
-                    "fwd_us": lambda r: med(r.fwd_wall),
-                    "sup_us": lambda r: med(r.sup_wall),
-                    "fwd_cpu_us": lambda r: med(r.fwd_cpu),
-                    "sup_cpu_us": lambda r: med(r.sup_cpu),
-                    "bytes": lambda r: med([float(b) for b in r.published_bytes]),
-                }[k]
-                pairs.append(pick(this) / pick(whole))
-            s[f"{k}_vs_whole"] = med(pairs)
+        # vs whole: what the rows mode costs; vs no-rows: what keeping row state costs (goals P5, P5b)
+        for ref, suffix in (("whole", "vs_whole"), ("no-rows", "vs_norows")):
+            for k in ("fwd_us", "sup_us", "bytes", "fwd_cpu_us", "sup_cpu_us"):
+                pairs = []
+                for rnd in runs:
+                    this = next((r for r in rnd if r.mode == mode), None)
+                    base = next((r for r in rnd if r.mode == ref), None)
+                    if this is None or base is None:
+                        continue
+                    pick: Callable[[Run], float] = {
+                        "fwd_us": lambda r: med(r.fwd_wall),
+                        "sup_us": lambda r: med(r.sup_wall),
+                        "fwd_cpu_us": lambda r: med(r.fwd_cpu),
+                        "sup_cpu_us": lambda r: med(r.sup_cpu),
+                        "bytes": lambda r: med([float(b) for b in r.published_bytes]),
+                    }[k]
+                    pairs.append(pick(this) / pick(base))
+                s[f"{k}_{suffix}"] = med(pairs)
         out[mode] = s
     return out
 
@@ -224,7 +226,8 @@ def summarize(runs: list[list[Run]]) -> dict[str, dict[str, float]]:
 def table(backend: str, summary: dict[str, dict[str, float]]) -> str:
     head = [
         "backend", "rows_mode", "µs/fwd wall / CPU", "vs whole", "µs/supp wall / CPU", "vs whole",
-        "bytes published/fwd", "vs whole", "row state stored",
+        "bytes published/fwd", "vs whole", "row state stored", "fwd CPU vs no row state (P5)",
+        "supp CPU vs no row state (P5b)",
     ]  # fmt: skip
     rows = []
     for mode, s in summary.items():
@@ -239,6 +242,8 @@ def table(backend: str, summary: dict[str, dict[str, float]]) -> str:
                 f"{s['bytes']:,.0f}",
                 f"{s['bytes_vs_whole']:.3f}x",
                 f"{s['row_state']:,.0f} B",
+                f"{s['fwd_cpu_us_vs_norows']:.2f}x",
+                f"{s['sup_cpu_us_vs_norows']:.2f}x",
             ]
         )
     widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]

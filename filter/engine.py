@@ -33,7 +33,7 @@ import structlog
 from . import rows
 from .config import Condition, Config, Route
 from .envelope import format_time
-from .fingerprint import NOT_JSON, PayloadError, Scheme, compile_scheme, message_fingerprint
+from .fingerprint import NOT_JSON, PayloadError, Scheme, TypedRows, compile_scheme, message_fingerprint
 from .heartbeat import Heartbeat
 from .model import Decision, DecisionRecord, KeyState, Lease, Message
 from .paths import MISSING, list_index
@@ -138,26 +138,35 @@ class RouteRules:
         )
         self.tracks_rows = route.rows is not None and bool(route.row_key) and route.scheme == "canonical"
 
-    def row_digests(self, data: bytes) -> rows.RowDigests | None:
+    def typed_rows(self, data: bytes) -> TypedRows | None:
+        """The rows as the fingerprint's fast path decodes them (included fields only), if it vouches for them."""
+        if not self.tracks_rows or self.scheme.typed_rows is None:
+            return None
+        return self.scheme.typed_rows(data)
+
+    def row_digests(
+        self, data: bytes, before: rows.RowDigests | None = None, typed: TypedRows | None = None
+    ) -> rows.RowDigests | None:
         """Per-row digests of the whole document (the scheme's fast path may not have decoded all of it)."""
         if not self.tracks_rows or self.route.rows is None:
             return None
+        typed = typed or self.typed_rows(data)
+        if typed is not None:
+            digests = rows.digest_typed(typed, before)
+            if digests is not None:
+                return digests
         payload = self.scheme.decode(data)
         if payload is NOT_JSON:
             return None
         found = self.route.rows.resolve(payload, {})
-        return rows.digest_rows(self.route, found) if isinstance(found, list) else None
+        return rows.digest_rows(self.route, found, before) if isinstance(found, list) else None
 
-    def partial(self, data: bytes, diff: rows.RowDiff) -> tuple[bytes, dict[str, str]]:
+    def partial(self, data: bytes, diff: rows.RowDiff, typed: TypedRows | None = None) -> tuple[bytes, dict[str, str]]:
         """The payload with only new and changed rows (plus tombstones when asked), and attributes saying so."""
         assert self.route.rows is not None
-        payload = msgspec.json.decode(data)  # plain decode: forward the producer's own number spellings
         wanted = set(diff.added) | set(diff.changed)
         keys = tuple(self.route.row_key)
-        parent, leaf = _parent(payload, self.route.rows.parts)
-        kept = [
-            r for r in (parent[leaf] if leaf else payload) if isinstance(r, dict) and rows.row_key_of(r, keys) in wanted
-        ]
+        payload, parent, leaf, kept = self._kept_raw(data, wanted, typed) or self._kept(data, wanted, keys)
         attributes = {
             "filter_rows_total": str(diff.total),
             "filter_rows_changed": str(len(wanted)),
@@ -178,6 +187,48 @@ class RouteRules:
         else:
             payload = kept
         return msgspec.json.encode(payload), attributes
+
+    def _kept(self, data: bytes, wanted: set[str], keys: tuple[str, ...]) -> tuple[Any, Any, str | None, list[Any]]:
+        """The rows to send, chosen by their keys as the digests read them (canonical numbers:
+        a key spelled `1.0` is the row `[1]`), sent as the producer spelled them (plain decode)."""
+        assert self.route.rows is not None
+        payload = msgspec.json.decode(data)
+        canonical = self.scheme.decode(data)
+        parent, leaf = _parent(payload, self.route.rows.parts)
+        found = parent[leaf] if leaf else payload
+        as_read = self.route.rows.resolve(canonical, {})  # the same list, row for row
+        if not isinstance(as_read, list) or len(as_read) != len(found):
+            as_read = found  # not canonical JSON (a number it refuses): key by the plain reading
+        kept = [
+            r for r, c in zip(found, as_read, strict=True) if isinstance(r, dict) and rows.row_key_of(c, keys) in wanted
+        ]
+        return payload, parent, leaf, kept
+
+    def _kept_raw(
+        self, data: bytes, wanted: set[str], typed: TypedRows | None
+    ) -> tuple[Any, Any, str | None, list[Any]] | None:
+        """`_kept` without decoding the rows that are not sent: rows stay raw JSON until chosen
+        by the keys of the rows the fingerprint's fast path decoded (same rows, same order);
+        the chosen ones and the other top-level fields are decoded as `_kept` decodes them."""
+        assert self.route.rows is not None
+        typed = typed or self.typed_rows(data)
+        if typed is None or len(self.route.rows.parts) != 1:
+            return None
+        leaf = self.route.rows.parts[0]
+        try:
+            top = _raw_object(data)
+            found = _raw_list(top[leaf])
+        except (msgspec.DecodeError, KeyError):
+            return None
+        if len(found) != len(typed.rows):
+            return None
+        payload = {k: None if k == leaf else msgspec.json.decode(v) for k, v in top.items()}  # document order
+        kept = [
+            msgspec.json.decode(raw)
+            for raw, row in zip(found, typed.rows, strict=True)
+            if typed.key_json(row).decode() in wanted
+        ]
+        return payload, payload, leaf, kept
 
     def key_of(self, payload: Any, attributes: Mapping[str, str]) -> str:
         parts = []
@@ -202,6 +253,10 @@ class RouteRules:
         if "/" in expected:
             return subscription == expected
         return subscription.rsplit("/", 1)[-1] == expected
+
+
+_raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+_raw_list = msgspec.json.Decoder(list[msgspec.Raw]).decode
 
 
 def _parent(payload: Any, parts: tuple[str, ...]) -> tuple[Any, str | None]:
@@ -298,13 +353,14 @@ def look_closer(
         return verdict, out, details
     if rules.full_scheme is not None:
         out.full_fingerprint = rules.full_scheme(msg.data)[1]
-    digests = rules.row_digests(msg.data)
+    before = rows.decode(state.rows) if state is not None and rules.tracks_rows else None
+    typed = rules.typed_rows(msg.data)  # decoded once (usually kept from the fingerprint) for both uses
+    digests = rules.row_digests(msg.data, before, typed)
     if digests is None:
         return verdict, out, details
     out.rows = rows.encode(digests)
     if out.rows is None:
         details["rows_state"] = "too large to keep"
-    before = rows.decode(state.rows) if state is not None else None
     if before is None:
         return verdict, out, details
     diff = rows.diff(before, digests)
@@ -312,7 +368,7 @@ def look_closer(
     content_changed = state is not None and state.fingerprint not in (None, fp)
     if route.rows_mode == "changed" and content_changed:
         if diff.any:
-            out.data, out.attributes = rules.partial(msg.data, diff)
+            out.data, out.attributes = rules.partial(msg.data, diff, typed)
         else:
             # The fingerprint says the content changed and no row digest does (rows that are
             # not objects, say): forward it whole. Row mode only ever narrows what a forward

@@ -127,6 +127,18 @@ def raw_fingerprint(data: bytes) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class TypedRows:
+    """Rows decoded by the fast path (structs of the included fields), and how to read them
+    as the generic path's selected dicts would read: the key's JSON, the row's canonical JSON,
+    the row as that dict."""
+
+    rows: list[Any]
+    key_json: Callable[[Any], bytes]
+    content_json: Callable[[Any], bytes]
+    as_dict: Callable[[Any], dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
 class Scheme:
     """A route's payload fingerprint: how to decode, then how to hash the decoded value.
 
@@ -140,6 +152,9 @@ class Scheme:
     decode: Callable[[bytes], Any]
     digest: Callable[[Any], str]
     fast: Callable[[bytes], tuple[Any, str] | None] | None = None
+    #: The rows the fast path hashes, decoded its way, or None when it would not vouch for
+    #: them: what `filter.rows` digests on a forward.
+    typed_rows: Callable[[bytes], TypedRows | None] | None = None
 
     def __call__(self, data: bytes) -> tuple[Any, str]:
         """(decoded payload or NOT_JSON, fingerprint) for raw message data."""
@@ -250,7 +265,11 @@ def _canonical(route: Route) -> Callable[[Any], str]:
     return digest_rows
 
 
-def _typed_canonical(route: Route) -> Callable[[bytes], tuple[Any, str] | None] | None:
+_Fast = Callable[[bytes], tuple[Any, str] | None]
+_TypedRowsOf = Callable[[bytes], TypedRows | None]
+
+
+def _typed_canonical(route: Route) -> tuple[_Fast, _TypedRowsOf] | None:
     """The canonical scheme's fast path for the common route shape, or None when it does not apply.
 
     Shape: `rows: payload.NAME`, an `include` list that covers every `row_key` field, and
@@ -323,8 +342,15 @@ def _typed_canonical(route: Route) -> Callable[[bytes], tuple[Any, str] | None] 
         _encode_declared,
     )
     top_get = tuple(top_attrs.items())
+    # The last message's rows in arrival order, for `typed_rows` on the same bytes: a forward
+    # on a route with row state digests the rows the fingerprint just decoded, instead of
+    # decoding the document again. One entry, replaced as a whole (safe across threads); a
+    # miss only costs the decode. Kept only where row state can be asked for (a row key).
+    last: tuple[bytes, list[Any]] | None = None
+    remember = bool(key_attrs)
 
     def fast(data: bytes) -> tuple[Any, str] | None:
+        nonlocal last
         try:
             if not data.isascii():
                 data.decode()
@@ -335,9 +361,46 @@ def _typed_canonical(route: Route) -> Callable[[bytes], tuple[Any, str] | None] 
         if rows is msgspec.UNSET:
             return None
         payload = {name: v for name, attr in top_get if (v := getattr(top, attr)) is not msgspec.UNSET}
-        return payload, _hex(ordered(rows))
+        arrival = list(rows) if remember else rows
+        digest = _hex(ordered(rows))
+        if remember:
+            last = (data, arrival)
+        return payload, digest
 
-    return fast
+    row_get = tuple(row_attrs.items())
+    unset = msgspec.UNSET
+
+    def as_dict(r: Any) -> dict[str, Any]:
+        return {name: v for name, attr in row_get if (v := getattr(r, attr)) is not unset}
+
+    key_json: Callable[[Any], bytes]
+    if len(key_attrs) == 1:
+        only = attrgetter(key_attrs[0])
+        key_json = lambda r: _encode((only(r),))  # noqa: E731
+    elif key_attrs:
+        several = attrgetter(*key_attrs)
+        key_json = lambda r: _encode(several(r))  # noqa: E731
+    else:
+        key_json = lambda r: b"[]"  # noqa: E731
+
+    def typed_rows(data: bytes) -> TypedRows | None:
+        # Exactly the rows `fast` hashes: the same checks, the same decode.
+        nonlocal last
+        seen = last
+        if seen is not None and seen[0] is data:
+            last = None  # freed with the forward that used it, not by the next message
+            return TypedRows(seen[1], key_json, _encode_declared, as_dict)
+        try:
+            if not data.isascii():
+                data.decode()
+            top: Any = decode(data)
+        except (*_DECODE_ERRORS, RecursionError):
+            return None
+        if top.rows is msgspec.UNSET:
+            return None
+        return TypedRows(top.rows, key_json, _encode_declared, as_dict)
+
+    return fast, typed_rows
 
 
 def _get(row: Any, key: str) -> Any:
@@ -387,7 +450,9 @@ def _event(route: Route) -> Callable[[Any], str]:
 def compile_scheme(route: Route) -> Scheme:
     """Build the route's payload fingerprint once; call it per message."""
     if route.scheme == "canonical":
-        return Scheme("canonical", _decoder(_canonical_decoder), _canonical(route), _typed_canonical(route))
+        typed = _typed_canonical(route)
+        fast, selected = typed if typed is not None else (None, None)
+        return Scheme("canonical", _decoder(_canonical_decoder), _canonical(route), fast, selected)
     if route.scheme == "data_hash":
         return Scheme("data_hash", _decoder(_plain_decoder), _data_hash(route))
     return Scheme("event", _decoder(_plain_decoder), _event(route))

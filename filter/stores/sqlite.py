@@ -50,6 +50,27 @@ _COLUMNS = (
 )
 _ADDED_COLUMNS = {"rows": "BLOB", "full_fingerprint": "TEXT"}  # columns newer than the first release
 _SET = ", ".join(f"{c} = ?" for c in _COLUMNS.split(", ")[1:])
+_ROWS_AT = _COLUMNS.split(", ")[1:].index("rows")
+# A claim that carries the row state over unchanged (the usual case) leaves the column alone:
+# the update is conditional on the version it read, so the stored blob is that very value.
+_SET_KEEP_ROWS = ", ".join(f"{c} = ?" for c in _COLUMNS.split(", ")[1:] if c != "rows")
+_READ = f"SELECT {_COLUMNS} FROM key_state WHERE route = ? AND key = ?"
+_INSERT = (
+    f"INSERT INTO key_state (route, key, {_COLUMNS}) VALUES (?, ?, 1, {', '.join('?' * 14)}) "
+    "ON CONFLICT (route, key) DO NOTHING"
+)
+_CLAIM = f"UPDATE key_state SET version = version + 1, {_SET} WHERE route = ? AND key = ? AND version = ?"
+_CLAIM_KEEP_ROWS = (
+    f"UPDATE key_state SET version = version + 1, {_SET_KEEP_ROWS} WHERE route = ? AND key = ? AND version = ?"
+)
+_COMMIT = (
+    f"UPDATE key_state SET version = version + 1, {_SET} "
+    "WHERE route = ? AND key = ? AND lease_fence = ? AND lease_holder = ?"
+)
+
+
+# Straight into the tuple of pairs the state holds, in C (a list that is not of pairs is an error, as before).
+_decode_recent = msgspec.json.Decoder(tuple[tuple[Any, Any], ...]).decode
 
 
 def _row_to_state(row: tuple[Any, ...]) -> KeyState:
@@ -60,7 +81,7 @@ def _row_to_state(row: tuple[Any, ...]) -> KeyState:
         forwarded_at=fwd_at,
         message_id=mid,
         publish_time=pub,
-        recent=tuple((a, b) for a, b in msgspec.json.decode(recent)),
+        recent=_decode_recent(recent),
         fence=fence,
         lease=lease,
         expires_at=exp,
@@ -134,7 +155,7 @@ class SqliteStore:
 
     def _get(self, route: str, key: str) -> KeyState | None:
         self.ops["read"] += 1
-        row = self._exec(f"SELECT {_COLUMNS} FROM key_state WHERE route = ? AND key = ?", (route, key)).fetchone()
+        row = self._exec(_READ, (route, key)).fetchone()
         return _row_to_state(row) if row else None
 
     async def read(self, route: str, key: str) -> KeyState | None:
@@ -145,17 +166,14 @@ class SqliteStore:
         self.ops["write"] += 1
         self.ops["claim"] += 1
         if seen is None:
-            cur = self._exec(
-                f"INSERT INTO key_state (route, key, {_COLUMNS}) VALUES (?, ?, 1, {', '.join('?' * 14)}) "
-                "ON CONFLICT (route, key) DO NOTHING",
-                (route, key, *_values(new)),
-            )
+            cur = self._exec(_INSERT, (route, key, *_values(new)))
             version = 1
+        elif new.rows is seen.rows or new.rows == seen.rows:
+            values = _values(new)
+            cur = self._exec(_CLAIM_KEEP_ROWS, (*values[:_ROWS_AT], *values[_ROWS_AT + 1 :], route, key, seen.version))
+            version = seen.version + 1
         else:
-            cur = self._exec(
-                f"UPDATE key_state SET version = version + 1, {_SET} WHERE route = ? AND key = ? AND version = ?",
-                (*_values(new), route, key, seen.version),
-            )
+            cur = self._exec(_CLAIM, (*_values(new), route, key, seen.version))
             version = seen.version + 1
         if cur.rowcount != 1:
             return None
@@ -179,11 +197,7 @@ class SqliteStore:
         assert held.lease is not None
         self.ops["write"] += 1
         self.ops["commit"] += 1
-        cur = self._exec(
-            f"UPDATE key_state SET version = version + 1, {_SET} "
-            "WHERE route = ? AND key = ? AND lease_fence = ? AND lease_holder = ?",
-            (*_values(new), route, key, held.lease.fence, held.lease.holder),
-        )
+        cur = self._exec(_COMMIT, (*_values(new), route, key, held.lease.fence, held.lease.holder))
         if cur.rowcount == 1:
             return True
         current = self._get(route, key)  # a retried commit that already landed counts as done

@@ -261,3 +261,14 @@ def test_realistic_row_state_fits_a_firestore_document() -> None:
     payload = injury_report(450)
     blob = rows.encode(rows.digest_rows(cfg.routes[0], payload["players"]))
     assert blob is not None and len(blob) < 80_000
+
+
+async def test_a_changed_row_whose_key_is_spelled_as_a_float_is_forwarded(rig: Rig) -> None:
+    # The digests read `1.0` as the number 1 (canonical numbers); the rows sent must be chosen the same way.
+    first = {"game_date": "2026-01-10", "players": [{"player_lookup": "a", "game_id": 1.0, "injury_status": "Out"}]}
+    await rig.send("injury", first)
+    changed = copy.deepcopy(first)
+    changed["players"][0]["injury_status"] = "Available"
+    assert (await rig.send("injury", changed)).decision is Decision.FORWARDED
+    sent = json.loads(rig.publisher.published[-1].data)
+    assert sent["players"] == changed["players"]

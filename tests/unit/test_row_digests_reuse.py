@@ -1,0 +1,167 @@
+"""Row digests computed against the stored state are the digests computed from scratch.
+
+A forward passes the previous forward's stored digests to `rows.digest_rows`, which keeps
+the stored field checksums of rows whose fingerprint did not change, and `rows.encode`
+writes stored rows back as they were read. Neither may change a single stored byte or a
+single reported field: these compare both against the from-scratch computation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from filter import rows
+from filter.config import Route, parse
+from filter.engine import RouteRules
+
+FIELDS = ["id", "a", "b", "c"]
+VALUES = st.one_of(
+    st.none(),
+    st.integers(-3, 3),
+    st.sampled_from(["x", "y", ""]),
+    st.floats(allow_nan=False),
+    st.dictionaries(st.sampled_from(["z", "y"]), st.integers(0, 2), max_size=2),  # nested: key order matters
+)
+ROW = st.one_of(
+    st.fixed_dictionaries({"id": st.integers(0, 6)}, optional={f: VALUES for f in FIELDS[1:]}),
+    st.dictionaries(st.sampled_from(FIELDS), VALUES, max_size=4),  # the key may be missing
+    st.integers(),  # not an object: never digested
+)
+REPORTS = st.lists(ROW, max_size=12)
+
+
+def route(**extra: Any) -> Route:
+    base = {
+        "name": "rows",
+        "destination": "downstream",
+        "key": ["payload.k"],
+        "rows": "payload.rows",
+        "row_key": ["id"],
+    }
+    return parse({"routes": [base | extra]}).routes[0]
+
+
+ROUTES = st.sampled_from([route(), route(include=["id", "a", "b"]), route(exclude=["c"])])
+
+
+def stored(r: Route, report: list[Any]) -> rows.RowDigests | None:
+    return rows.decode(rows.encode(rows.digest_rows(r, report)))
+
+
+@settings(max_examples=400, deadline=None)
+@given(ROUTES, REPORTS, REPORTS)
+def test_digests_against_stored_state_equal_digests_from_scratch(r: Route, old: list[Any], new: list[Any]) -> None:
+    before = stored(r, old)
+    assert rows.digest_rows(r, new, before) == rows.digest_rows(r, new)
+
+
+@settings(max_examples=400, deadline=None)
+@given(ROUTES, REPORTS, REPORTS)
+def test_stored_state_written_back_is_byte_identical(r: Route, old: list[Any], new: list[Any]) -> None:
+    before = stored(r, old)
+    assert rows.encode(rows.digest_rows(r, new, before)) == rows.encode(rows.digest_rows(r, new))
+
+
+@settings(max_examples=400, deadline=None)
+@given(ROUTES, REPORTS, REPORTS)
+def test_diff_against_lazily_decoded_state_equals_diff_against_unpacked_state(
+    r: Route, old: list[Any], new: list[Any]
+) -> None:
+    before = stored(r, old)
+    unpacked = {k: (fp, dict(fields)) for k, (fp, fields) in before.items()} if before else {}
+    digests = rows.digest_rows(r, new, before)
+    assert rows.diff(before or {}, digests).summary(limit=100) == rows.diff(unpacked, digests).summary(limit=100)
+
+
+def test_an_unchanged_row_keeps_its_stored_checksums_unread() -> None:
+    r = route()
+    before = stored(r, [{"id": 1, "a": 1}, {"id": 2, "a": 2}])
+    assert before is not None
+    after = rows.digest_rows(r, [{"id": 1, "a": 1}, {"id": 2, "a": 3}], before)
+    assert after["[1]"][1] is before["[1]"][1], "an unchanged row is not digested field by field again"
+    assert dict(after["[2]"][1]) != dict(before["[2]"][1])
+
+
+FAST_ROUTES = st.sampled_from(
+    [
+        route(include=["id", "a", "b"]),
+        route(include=["id", "a", "b", "c"]),
+        route(include=["id", "a", "c"], row_key=["id", "a"]),
+    ]
+)
+
+
+def rules_pair(r: Route) -> tuple[RouteRules, RouteRules]:
+    fast = RouteRules(r)
+    assert fast.scheme.typed_rows is not None, "the route shape the fast path takes"
+    generic = RouteRules(r)
+    generic.scheme = dataclasses.replace(generic.scheme, fast=None, typed_rows=None)
+    return fast, generic
+
+
+@settings(max_examples=400, deadline=None)
+@given(FAST_ROUTES, REPORTS, REPORTS)
+def test_digests_of_fast_path_rows_equal_digests_of_generic_rows(r: Route, old: list[Any], new: list[Any]) -> None:
+    fast, generic = rules_pair(r)
+    data = json.dumps({"k": 1, "rows": new}).encode()
+    before = rows.decode(rows.encode(generic.row_digests(json.dumps({"k": 1, "rows": old}).encode()) or {}))
+    assert fast.row_digests(data, before) == generic.row_digests(data, before)
+    assert fast.row_digests(data) == generic.row_digests(data)
+
+
+@pytest.mark.parametrize(
+    "report",
+    [
+        [{"id": 1, "a": 1.0, "b": {"z": 1, "y": [2.0, None]}}, {"id": 2, "a": "é\u2028"}],
+        [{"id": 1, "a": 1}, {"id": 1, "a": 2}],  # a shared key: digested together
+        [{"id": 1, "a": 1}, {"a": 2}],  # a row without its key
+        [{"id": 1, "a": 1}, 7],  # a row that is not an object
+    ],
+)
+def test_fast_path_row_digests_match_the_generic_ones_on_the_edge_cases(report: list[Any]) -> None:
+    fast, generic = rules_pair(route(include=["id", "a", "b"]))
+    data = json.dumps({"k": 1, "rows": report}, ensure_ascii=False).encode()
+    assert fast.row_digests(data) == generic.row_digests(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(FAST_ROUTES, REPORTS, REPORTS)
+def test_rows_kept_from_the_fingerprint_digest_as_a_fresh_decode_does(
+    r: Route, one: list[Any], other: list[Any]
+) -> None:
+    fast, generic = rules_pair(r)
+    data, other_data = (json.dumps({"k": 1, "rows": report}).encode() for report in (one, other))
+    fast.scheme(data)  # the fingerprint decodes (and sorts) the rows first, as a forward does
+    assert fast.row_digests(data) == generic.row_digests(data)
+    assert fast.row_digests(other_data) == generic.row_digests(other_data), "rows of other bytes are not reused"
+
+
+def test_rows_kept_from_the_fingerprint_keep_their_arrival_order() -> None:
+    fast, _ = rules_pair(route(include=["id", "a"]))
+    data = json.dumps({"k": 1, "rows": [{"id": 3}, {"id": 1}, {"id": 2}]}).encode()
+    fast.scheme(data)
+    assert list(fast.row_digests(data) or {}) == ["[3]", "[1]", "[2]"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(FAST_ROUTES, REPORTS, REPORTS, st.booleans())
+def test_a_partial_payload_cut_from_raw_rows_is_byte_identical(
+    r: Route, old: list[Any], new: list[Any], seen: bool
+) -> None:
+    fast, generic = rules_pair(r)
+    document = {"meta": {"z": 1.50, "a": [1.0, "\\u00e9"]}, "k": 1, "rows": new, "tail": None}
+    data = json.dumps(document).encode()
+    if seen:
+        fast.scheme(data)  # the rows the fingerprint decoded, as on a forward
+    before = rows.decode(rows.encode(generic.row_digests(json.dumps({"k": 1, "rows": old}).encode()) or {}))
+    digests = generic.row_digests(data)
+    if before is None or digests is None:
+        return
+    diff = rows.diff(before, digests)
+    assert fast.partial(data, diff) == generic.partial(data, diff)
