@@ -349,13 +349,19 @@ def _typed_canonical(route: Route) -> tuple[_Fast, _TypedRowsOf] | None:
     last: tuple[bytes, list[Any]] | None = None
     remember = bool(key_attrs)
 
-    def fast(data: bytes) -> tuple[Any, str] | None:
-        nonlocal last
+    def decode_top(data: bytes) -> Any:
+        """The typed document, or None where the generic path must decide (not UTF-8, not this shape)."""
         try:
             if not data.isascii():
                 data.decode()
-            top: Any = decode(data)
-        except (*_DECODE_ERRORS, RecursionError):
+            return decode(data)
+        except _DECODE_ERRORS:
+            return None
+
+    def fast(data: bytes) -> tuple[Any, str] | None:
+        nonlocal last
+        top = decode_top(data)
+        if top is None:
             return None
         rows = top.rows
         if rows is msgspec.UNSET:
@@ -390,13 +396,8 @@ def _typed_canonical(route: Route) -> tuple[_Fast, _TypedRowsOf] | None:
         if seen is not None and seen[0] is data:
             last = None  # freed with the forward that used it, not by the next message
             return TypedRows(seen[1], key_json, _encode_declared, as_dict)
-        try:
-            if not data.isascii():
-                data.decode()
-            top: Any = decode(data)
-        except (*_DECODE_ERRORS, RecursionError):
-            return None
-        if top.rows is msgspec.UNSET:
+        top = decode_top(data)
+        if top is None or top.rows is msgspec.UNSET:
             return None
         return TypedRows(top.rows, key_json, _encode_declared, as_dict)
 

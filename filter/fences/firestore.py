@@ -7,7 +7,6 @@ consumer came first), else `update()` on the `update_time` read (`FailedPrecondi
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 from datetime import UTC, datetime
 from typing import Any
@@ -16,7 +15,7 @@ from google.api_core import exceptions as gexc
 
 from ..fence import Seen
 from ..stores import TTL_FIELD
-from ..stores.firestore import _AsyncClient
+from ..stores.firestore import ReconnectingClient, close_client
 
 DEFAULT_COLLECTION = "pubsub-filter-fences"
 
@@ -31,7 +30,7 @@ class FirestoreFences:
     ):
         self.collection = collection
         self.timeout = timeout
-        self._client = _AsyncClient(project=project, database=database or "(default)")
+        self._client = ReconnectingClient(project=project, database=database or "(default)")
 
     def _doc(self, identity: str) -> Any:
         # ids have length and character limits; the identity is kept as a field for humans
@@ -58,8 +57,4 @@ class FirestoreFences:
         return True
 
     async def close(self) -> None:
-        api = getattr(self._client, "_firestore_api_internal", None)  # built lazily by the first call
-        if api is not None:
-            self._client._firestore_api_internal = None
-            with contextlib.suppress(Exception):
-                await api.transport.close()
+        await close_client(self._client)

@@ -163,7 +163,7 @@ class _ReconnectingTransport(grpc_asyncio.FirestoreGrpcAsyncIOTransport):
         return super().create_channel(*args, **kwargs)
 
 
-class _AsyncClient(firestore.AsyncClient):
+class ReconnectingClient(firestore.AsyncClient):
     """`AsyncClient` whose gRPC channel (to Firestore or to the emulator) has `RECONNECT_OPTIONS`.
 
     Hooks the two places google-cloud-firestore 2.x builds its channel; everything else
@@ -206,7 +206,7 @@ class FirestoreStore:
         self.collection = collection
         self.timeout = timeout
         self.ops: Counter[str] = Counter()
-        self._client: Any = _AsyncClient(project=self.project, database=self.database)
+        self._client: Any = ReconnectingClient(project=self.project, database=self.database)
 
     @property
     def client(self) -> Any:
@@ -316,8 +316,13 @@ class FirestoreStore:
         await self._rpc("ping", ref.get(retry=None, timeout=self.timeout))
 
     async def close(self) -> None:
-        api = getattr(self._client, "_firestore_api_internal", None)  # built lazily by the first call
-        if api is not None:
-            self._client._firestore_api_internal = None
-            with contextlib.suppress(Exception):
-                await api.transport.close()
+        await close_client(self._client)
+
+
+async def close_client(client: Any) -> None:
+    """Close an `AsyncClient`'s channel, if its first call ever built one."""
+    api = getattr(client, "_firestore_api_internal", None)  # built lazily by the first call
+    if api is not None:
+        client._firestore_api_internal = None
+        with contextlib.suppress(Exception):
+            await api.transport.close()
