@@ -72,8 +72,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from filter.envelope import parse_time  # noqa: E402
-from filter.model import ACKED  # noqa: E402
+from filter.core.envelope import parse_time  # noqa: E402
+from filter.core.model import ACKED  # noqa: E402
 from tests.support.emulators import (  # noqa: E402
     JVM_FLAGS,
     Emulator,
@@ -149,8 +149,8 @@ def serve_theirs(argv: list[str]) -> int:
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
 
-    from filter.envelope import EnvelopeError, parse_envelope
-    from filter.model import Message
+    from filter.core.envelope import EnvelopeError, parse_envelope
+    from filter.core.model import Message
 
     backend = DatastoreLock(project=args.project, kind=args.kind)
     publisher = pubsub_v1.PublisherClient(

@@ -10,7 +10,7 @@ fields), per message:
          envelope (the floor: hashing the bytes we were given, nothing understood);
 * ref:   the seeds' approach: base64 decode, `json.loads`, select, `json.dumps(sort_keys=True)`,
          SHA-256 (`tests.support.seeds.reference_canonical`);
-* ours:  base64 decode exactly as filter/envelope.py does it (msgspec, from the JSON string:
+* ours:  base64 decode exactly as filter/core/envelope.py does it (msgspec, from the JSON string:
          `_PushMessage.data` is typed `bytes`), then `compile_scheme(route)(data)`: what the
          engine runs per message.
 
@@ -59,8 +59,8 @@ if str(ROOT) not in sys.path:
 
 import msgspec  # noqa: E402
 
-from filter.config import load  # noqa: E402
-from filter.fingerprint import compile_scheme  # noqa: E402
+from filter.core.config import load  # noqa: E402
+from filter.core.fingerprint import compile_scheme  # noqa: E402
 from tests.support.payloads import injury_report  # noqa: E402
 from tests.support.seeds import reference_canonical  # noqa: E402
 
@@ -69,7 +69,7 @@ GOAL_REF = 5.0  # ours ≥ 5 x faster than the reference, on 450 rows
 
 
 def envelope_b64(data: str) -> bytes:
-    """The base64 step of filter/envelope.py's parse_envelope, as it is today."""
+    """The base64 step of filter/core/envelope.py's parse_envelope, as it is today."""
     return base64.b64decode(data, validate=True)
 
 

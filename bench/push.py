@@ -6,7 +6,7 @@ Servers, each a subprocess on a free port, same uvicorn settings (loop and http 
 which pick uvloop and httptools; access log off; uvicorn log level warning):
 
 * bare:   a Starlette app whose one POST endpoint parses the push envelope with the
-          product's own `filter.envelope.parse_envelope` (msgspec decode, base64 decode of
+          product's own `filter.core.envelope.parse_envelope` (msgspec decode, base64 decode of
           `data`, publish time) and answers 200 with a small JSON body;
 * filter: `pubsub-filter serve` on the embedded default (SQLite store, outbox, SQLite
           decision records) in a temp dir, one route (the injury-report route of
@@ -64,7 +64,7 @@ if str(ROOT) not in sys.path:
 
 import msgspec  # noqa: E402
 
-from filter.envelope import make_envelope  # noqa: E402
+from filter.core.envelope import make_envelope  # noqa: E402
 from tests.support.payloads import injury_report  # noqa: E402
 
 GOAL = 0.6  # filter/bare on the suppress path
@@ -95,7 +95,7 @@ def serve_bare(port: int) -> None:
     from starlette.responses import Response
     from starlette.routing import Route
 
-    from filter.envelope import EnvelopeError, parse_envelope
+    from filter.core.envelope import EnvelopeError, parse_envelope
 
     async def push(request: Request) -> Response:
         try:
@@ -409,14 +409,14 @@ def serve_variant(variant: str, argv: list[str]) -> int:
     if variant == "no-store-timeout":
         from collections.abc import Awaitable, Callable
 
-        from filter.stores.guard import GuardedStore
+        from filter.backends.stores.guard import GuardedStore
 
         async def direct(self: GuardedStore, op: Callable[[], Awaitable[Any]]) -> Any:
             return await op()
 
         GuardedStore._call = direct  # type: ignore[method-assign]
     elif variant == "no-records":
-        import filter.wiring
+        import filter.runtime.wiring
 
         class NullRecorder:
             def record(self, record: Any) -> None:
@@ -428,7 +428,7 @@ def serve_variant(variant: str, argv: list[str]) -> int:
             async def close(self, deadline: float | None = None) -> None:
                 pass
 
-        filter.wiring.make_recorder = lambda cfg: NullRecorder()  # type: ignore[assignment,return-value]
+        filter.runtime.wiring.make_recorder = lambda cfg: NullRecorder()  # type: ignore[assignment,return-value]
     else:
         raise SystemExit(f"unknown variant {variant!r}: {', '.join(VARIANTS)}")
     from filter.cli import main as filter_main

@@ -53,10 +53,10 @@ if str(ROOT) not in sys.path:
 
 import structlog  # noqa: E402
 
-from filter.config import Config, parse  # noqa: E402
-from filter.engine import Engine  # noqa: E402
-from filter.model import Decision, Message  # noqa: E402
-from filter.stores.guard import GuardedStore  # noqa: E402
+from filter.backends.stores.guard import GuardedStore  # noqa: E402
+from filter.core.config import Config, parse  # noqa: E402
+from filter.core.engine import Engine  # noqa: E402
+from filter.core.model import Decision, Message  # noqa: E402
 from tests.support.emulators import EmulatorError, FirestoreEmulator  # noqa: E402
 from tests.support.fakes import MemoryPublisher, MemoryRecorder  # noqa: E402
 from tests.support.payloads import STATUSES, injury_report  # noqa: E402
@@ -302,13 +302,13 @@ async def main_async(args: argparse.Namespace) -> int:
     tables: list[str] = []
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench-rows-") as tmp:
-        from filter.stores.sqlite import SqliteStore
+        from filter.backends.stores.sqlite import SqliteStore
 
         summary, found = await bench_backend("sqlite", lambda tag: SqliteStore(Path(tmp) / f"{tag}.db"), args)
         tables.append(table("sqlite", summary))
         problems += found
         if args.firestore:
-            from filter.stores.firestore import FirestoreStore
+            from filter.backends.stores.firestore import FirestoreStore
 
             emu = FirestoreEmulator(log_dir=Path(tmp) / "firestore")
             try:

@@ -35,10 +35,10 @@ if str(ROOT) not in sys.path:
 
 import structlog  # noqa: E402
 
-from filter.config import Config, parse  # noqa: E402
-from filter.engine import Engine  # noqa: E402
-from filter.model import ACKED, Decision, Message  # noqa: E402
-from filter.stores.guard import GuardedStore  # noqa: E402
+from filter.backends.stores.guard import GuardedStore  # noqa: E402
+from filter.core.config import Config, parse  # noqa: E402
+from filter.core.engine import Engine  # noqa: E402
+from filter.core.model import ACKED, Decision, Message  # noqa: E402
 from tests.support.emulators import EmulatorError, FirestoreEmulator  # noqa: E402
 from tests.support.fakes import MemoryPublisher, MemoryRecorder  # noqa: E402
 
@@ -210,14 +210,14 @@ async def main_async(args: argparse.Namespace) -> int:
     rows: list[list[str]] = []
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp:
-        from filter.stores.sqlite import SqliteStore
+        from filter.backends.stores.sqlite import SqliteStore
 
         def open_sqlite(tag: str) -> SqliteStore:
             return SqliteStore(Path(tmp) / f"{tag}.db")
 
         rows += await run_backend("sqlite", open_sqlite, msgs, args.concurrency, args.warmup)
         if not args.skip_firestore:
-            from filter.stores.firestore import FirestoreStore
+            from filter.backends.stores.firestore import FirestoreStore
 
             emu = FirestoreEmulator(log_dir=Path(tmp) / "firestore")
             try:

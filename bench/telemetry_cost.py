@@ -34,11 +34,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
 import asyncio, base64, json, os, sys, tempfile
-from filter import logsetup, telemetry
-from filter.config import load
-from filter.envelope import make_envelope, parse_envelope
-from filter.push import create_app
-from filter.wiring import make_engine
+from filter.observability import logsetup
+from filter.observability import telemetry
+from filter.core.config import load
+from filter.core.envelope import make_envelope, parse_envelope
+from filter.push.app import create_app
+from filter.runtime.wiring import make_engine
 
 mode, n, path = sys.argv[1], int(sys.argv[2]), sys.argv[4]
 logsetup.configure(fmt="json", stream=open(os.devnull, "w"))

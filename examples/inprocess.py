@@ -12,11 +12,11 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from filter.fence import Fences
-from filter.fences.sqlite import SqliteFences
-from filter.handlers import on_payload
+from filter.backends.fences.sqlite import SqliteFences
+from filter.core.fence import Fences
 from filter.inprocess import SyncFilter
-from filter.logsetup import configure
+from filter.inprocess.handlers import on_payload
+from filter.observability.logsetup import configure
 
 CONFIG = Path(__file__).resolve().with_name("inprocess.yaml")
 

@@ -1,3 +1,3 @@
-from .cli import main
+from filter.cli import main
 
 raise SystemExit(main())

@@ -12,9 +12,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from . import __version__, preflight
-from .config import CONFIG_ENV, DEFAULT_CONFIG, Config, ConfigError, load
-from .operational import BIGQUERY, FIRESTORE, PUBSUB, Backend, describe, require
+from filter import __version__
+from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, Config, ConfigError, load
+from filter.runtime import preflight
+from filter.runtime.operational import BIGQUERY, FIRESTORE, PUBSUB, Backend, describe, require
 
 ATTRIBUTE_HELP = "a message attribute (repeatable), for keys and bypass rules that read attributes"
 #: exit codes (the README's "Exit codes" table)
@@ -81,7 +82,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from .serve import serve
+    from filter.push.serve import serve
 
     port = _port(args)
     cfg = _config(args.config)
@@ -90,8 +91,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_fingerprint(args: argparse.Namespace) -> int:
-    from .engine import RouteRules
-    from .fingerprint import NOT_JSON, message_fingerprint
+    from filter.core.engine import RouteRules
+    from filter.core.fingerprint import NOT_JSON, message_fingerprint
 
     cfg = _config(args.config)
     route = cfg.route(args.route)
@@ -117,7 +118,7 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    from .explain import run
+    from filter.tools.explain import run
 
     cfg = _config(args.config)
     if cfg.store.backend == "firestore":
@@ -126,7 +127,7 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_skip_rate(args: argparse.Namespace) -> int:
-    from .skiprate import run
+    from filter.tools.skiprate import run
 
     return run(args)
 
@@ -135,20 +136,20 @@ def cmd_skip_rate(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from .pull import run
+    from filter.pull.worker import run
 
     return run(_config(args.config), args.route, health_port=args.health_port)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from .replay import run
+    from filter.replay.replayer import run
 
     require(PUBSUB, *(_backends(_config(args.config)) if args.through_filter and args.config else ()))
     return run(args)
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
-    from .provision import run
+    from filter.tools.provision import run
 
     cfg = _config(args.config)
     if not args.dry_run:

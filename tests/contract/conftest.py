@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from filter.stores.firestore import FirestoreStore
-from filter.stores.sqlite import SqliteStore
+from filter.backends.stores.firestore import FirestoreStore
+from filter.backends.stores.sqlite import SqliteStore
 
 BACKENDS = ["sqlite", pytest.param("firestore", marks=pytest.mark.emulator)]
 COLLECTION = "contract"

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from filter.config import Config
-from filter.ports import StateStore
-from filter.stores.firestore import FirestoreStore
-from filter.stores.guard import GuardedStore
+from filter.backends.stores.firestore import FirestoreStore
+from filter.backends.stores.guard import GuardedStore
+from filter.core.config import Config
+from filter.core.ports import StateStore
 from tests.support.clock import ManualClock
 from tests.support.emulators import FirestoreEmulator
 from tests.support.engine_model import STEPS, EngineMachine

@@ -10,10 +10,10 @@ import asyncio
 import json
 from typing import Any
 
-from filter.config import Config, parse
-from filter.engine import ATTR_FINGERPRINT, Engine
-from filter.model import Decision, Message
-from filter.stores.guard import GuardedStore
+from filter.backends.stores.guard import GuardedStore
+from filter.core.config import Config, parse
+from filter.core.engine import ATTR_FINGERPRINT, Engine
+from filter.core.model import Decision, Message
 from tests.contract.conftest import OpenStore
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from filter.fence import Admission, FenceError, Fences, FenceStore, Seen
-from filter.fences.firestore import FirestoreFences
-from filter.fences.sqlite import SqliteFences
+from filter.backends.fences.firestore import FirestoreFences
+from filter.backends.fences.sqlite import SqliteFences
+from filter.core.fence import Admission, FenceError, Fences, FenceStore, Seen
 from tests.contract.conftest import BACKENDS
 from tests.support.clock import ManualClock
 

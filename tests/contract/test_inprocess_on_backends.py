@@ -22,11 +22,11 @@ from typing import Any
 
 import pytest
 
-from filter.config import Config, parse
+from filter.backends.stores.firestore import FirestoreStore
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core.config import Config, parse
+from filter.core.model import Decision, KeyState, Message
 from filter.inprocess import Filter, Forward
-from filter.model import Decision, KeyState, Message
-from filter.stores.firestore import FirestoreStore
-from filter.stores.sqlite import SqliteStore
 from tests.contract.conftest import BACKENDS, COLLECTION
 from tests.support.clock import ManualClock
 from tests.support.emulators import FirestoreEmulator

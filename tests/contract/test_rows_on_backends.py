@@ -7,10 +7,10 @@ import json
 import random
 from typing import Any
 
-from filter.config import Config, parse
-from filter.engine import Engine
-from filter.model import Decision, DecisionRecord, Message
-from filter.stores.guard import GuardedStore
+from filter.backends.stores.guard import GuardedStore
+from filter.core.config import Config, parse
+from filter.core.engine import Engine
+from filter.core.model import Decision, DecisionRecord, Message
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.payloads import injury_report, props_snapshot
 

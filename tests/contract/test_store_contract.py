@@ -1,4 +1,4 @@
-"""The StateStore contract (filter/ports.py), one behaviour per test, on every backend.
+"""The StateStore contract (filter/core/ports.py), one behaviour per test, on every backend.
 
 SQLite is the reference; Firestore (on the emulator) must behave the same. Times are
 rounded to the millisecond so they survive Firestore's microsecond timestamps exactly.
@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
-from filter.model import KeyState, Lease
-from filter.ports import StoreUnavailable
-from filter.stores import TTL_FIELD
-from filter.stores.firestore import FirestoreStore, doc_id
+from filter.backends.stores import TTL_FIELD
+from filter.backends.stores.firestore import FirestoreStore, doc_id
+from filter.core.model import KeyState, Lease
+from filter.core.ports import StoreUnavailable
 from tests.contract.conftest import COLLECTION, OpenStore
 from tests.support.emulators import FirestoreEmulator
 from tests.support.net import free_port

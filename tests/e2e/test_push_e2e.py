@@ -19,8 +19,8 @@ from typing import Any
 import httpx
 import pytest
 
-from filter.envelope import make_envelope
-from filter.model import ACKED
+from filter.core.envelope import make_envelope
+from filter.core.model import ACKED
 from tests.support.payloads import injury_report
 from tests.support.pubsub_helpers import DelayProxy, Pulled
 from tests.support.serve import ServeProcess, wait_decisions
@@ -63,7 +63,7 @@ def all_decisions(procs: list[ServeProcess]) -> list[dict[str, Any]]:
 
 def stored_state(pipeline: Pipeline, key: str) -> Any:
     """The key's document, read back from the Firestore emulator through the production adapter."""
-    from filter.stores.firestore import FirestoreStore
+    from filter.backends.stores.firestore import FirestoreStore
 
     async def read() -> Any:
         with pipeline.firestore.env():
@@ -275,7 +275,7 @@ def test_the_latest_version_ends_up_downstream(delay_proxy: DelayProxy, pipeline
 
 def wait_for_lease(pipeline: Pipeline, key: str, timeout: float = 15.0) -> None:
     """Poll the key's Firestore document until a lease is on it (a publish for it is in flight)."""
-    from filter.stores.firestore import FirestoreStore
+    from filter.backends.stores.firestore import FirestoreStore
 
     async def poll() -> None:
         with pipeline.firestore.env():

@@ -14,10 +14,8 @@ from typing import Any
 import pytest
 from google.cloud import bigquery
 
-from filter.config import BigqueryRecords
-from filter.model import Decision, DecisionRecord
-from filter.records.batch import BatchingRecorder
-from filter.records.bigquery import (
+from filter.backends.records.batch import BatchingRecorder
+from filter.backends.records.bigquery import (
     EMULATOR_ENV,
     SCHEMA,
     BigQuerySink,
@@ -25,6 +23,8 @@ from filter.records.bigquery import (
     decision_counts,
     make_client,
 )
+from filter.core.config import BigqueryRecords
+from filter.core.model import Decision, DecisionRecord
 from tests.support.bqemu import BqEmulator, free_port
 
 pytestmark = pytest.mark.emulator

@@ -11,9 +11,9 @@ from typing import TypeVar
 import pytest
 from google.api_core import exceptions as gexc
 
-from filter.config import ConfigError
-from filter.ports import PublishFailed
-from filter.publishers.pubsub import PubsubPublisher
+from filter.backends.publishers.pubsub import PubsubPublisher
+from filter.core.config import ConfigError
+from filter.core.ports import PublishFailed
 from tests.support.emulators import PubsubEmulator
 from tests.support.net import free_port
 from tests.support.pubsub_helpers import DelayProxy, PubsubAdmin, emulator_env, unique

@@ -19,13 +19,13 @@ import httpx
 import pytest
 from google.api_core import exceptions as gexc
 
-from filter.config import parse
-from filter.engine import Engine
-from filter.envelope import make_envelope
-from filter.model import ACKED
-from filter.pull import PullSetupError, select_routes
-from filter.push import create_app
-from filter.wiring import make_store
+from filter.core.config import parse
+from filter.core.engine import Engine
+from filter.core.envelope import make_envelope
+from filter.core.model import ACKED
+from filter.pull.worker import PullSetupError, select_routes
+from filter.push.app import create_app
+from filter.runtime.wiring import make_store
 from tests.support.dlq import DeadLetterRig, PullProcess, peek
 from tests.support.emulators import PubsubEmulator
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
@@ -188,7 +188,7 @@ def test_pull_decides_a_mixed_stream_like_push(world: World) -> None:
     tapped = peek(world.admin, world.tap, len(ids))
     by_id = {t.message_id: t for t in tapped}
     assert set(by_id) == set(ids)
-    from filter.envelope import parse_time
+    from filter.core.envelope import parse_time
 
     seek_to = parse_time(by_id[m2].publish_time) - 0.0005
     world.admin.subscriber.seek(

@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from filter.envelope import ATTR_ORIGINAL_TIME, effective_publish_time, parse_time
-from filter.model import Message
-from filter.replay import (
+from filter.core.envelope import ATTR_ORIGINAL_TIME, effective_publish_time, parse_time
+from filter.core.model import Message
+from filter.replay.replayer import (
     ATTR_COUNT,
     ATTR_ORIGINAL_ID,
     Counts,
@@ -279,9 +279,9 @@ def filter_config(tmp_path: Path, project: str, subscription: str, destination: 
 def decide_now(config_path: Path, host: str, admin: PubsubAdmin, sub: str, ids: list[str]) -> list[str]:
     """A working instance decides `ids` as they arrive on `sub` (engine from the config, as pull would);
     anything else it nacks (that part of the route is still failing)."""
-    from filter.config import load
-    from filter.pull import to_message
-    from filter.wiring import make_engine
+    from filter.core.config import load
+    from filter.pull.worker import to_message
+    from filter.runtime.wiring import make_engine
 
     path = admin.subscription_path(sub)
     wanted = set(ids)

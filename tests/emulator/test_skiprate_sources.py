@@ -2,7 +2,7 @@
 
 One fixed script of 60 messages over 3 routes (one in shadow mode) and two hours (an
 injected clock) runs through a real `Engine`. Its recorder writes every decision to a
-SQLite table and to a BigQuery table; `filter.logsetup` writes the log lines to a file.
+SQLite table and to a BigQuery table; `filter.observability.logsetup` writes the log lines to a file.
 The three `decision_counts` sources must give identical rows by route, hour and day,
 and those must equal the counts worked out by hand below.
 """
@@ -25,19 +25,19 @@ import pytest
 import structlog
 from google.cloud import bigquery
 
-from filter import logsetup
+from filter.backends.records import sqlite as sqlite_records
+from filter.backends.records.batch import BatchingRecorder
+from filter.backends.records.bigquery import EMULATOR_ENV, BigQuerySink, decision_counts
+from filter.backends.records.log_lines import counts_from_log
+from filter.backends.records.sqlite import SqliteSink
+from filter.backends.stores.sqlite import SqliteStore
 from filter.cli import main
-from filter.config import parse
-from filter.decision_log import counts_from_log
-from filter.engine import Engine
-from filter.model import DecisionRecord, KeyState, Lease, Message
-from filter.ports import StoreUnavailable
-from filter.records import sqlite as sqlite_records
-from filter.records.batch import BatchingRecorder
-from filter.records.bigquery import EMULATOR_ENV, BigQuerySink, decision_counts
-from filter.records.sqlite import SqliteSink
-from filter.skiprate import render, summarize
-from filter.stores.sqlite import SqliteStore
+from filter.core.config import parse
+from filter.core.engine import Engine
+from filter.core.model import DecisionRecord, KeyState, Lease, Message
+from filter.core.ports import StoreUnavailable
+from filter.observability import logsetup
+from filter.tools.skiprate import render, summarize
 from tests.support.bqemu import BqEmulator
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher

@@ -21,13 +21,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client.parser import text_string_to_metric_families
 
-from filter.config import parse
-from filter.engine import Engine
-from filter.instrumented import InstrumentedPublisher
-from filter.model import Message
-from filter.publishers.pubsub import PubsubPublisher
-from filter.telemetry import Telemetry
-from filter.wiring import make_store
+from filter.backends.publishers.pubsub import PubsubPublisher
+from filter.core.config import parse
+from filter.core.engine import Engine
+from filter.core.model import Message
+from filter.observability.instrumented import InstrumentedPublisher
+from filter.observability.telemetry import Telemetry
+from filter.runtime.wiring import make_store
 from tests.support.dlq import DeadLetterRig, PullProcess
 from tests.support.emulators import PubsubEmulator
 from tests.support.fakes import MemoryRecorder

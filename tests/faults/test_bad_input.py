@@ -33,17 +33,17 @@ import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from filter import logsetup
-from filter.config import ConfigError, parse
-from filter.engine import Engine, RouteRules
-from filter.envelope import ATTR_ORIGINAL_TIME, make_envelope
-from filter.fingerprint import PayloadError
-from filter.model import ACKED
-from filter.push import create_app
-from filter.records.batch import BatchingRecorder
-from filter.records.sqlite import SqliteSink
-from filter.stores.guard import GuardedStore
-from filter.stores.sqlite import SqliteStore
+from filter.backends.records.batch import BatchingRecorder
+from filter.backends.records.sqlite import SqliteSink
+from filter.backends.stores.guard import GuardedStore
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core.config import ConfigError, parse
+from filter.core.engine import Engine, RouteRules
+from filter.core.envelope import ATTR_ORIGINAL_TIME, make_envelope
+from filter.core.fingerprint import PayloadError
+from filter.core.model import ACKED
+from filter.observability import logsetup
+from filter.push.app import create_app
 from tests.support.fakes import MemoryPublisher
 
 pytestmark = pytest.mark.faults
@@ -954,7 +954,7 @@ def test_regression_a_delivery_attempt_beyond_int64_does_not_poison_the_decision
 
 
 def test_regression_a_content_length_of_a_non_ascii_digit_is_not_a_500(app: Harness) -> None:
-    """Fixed in filter/push.py `_body`: `'²'.isdigit()` is True but `int('²')` raises ValueError.
+    """Fixed in filter/push/app.py `_body`: `'²'.isdigit()` is True but `int('²')` raises ValueError.
 
     Starlette decodes headers as latin-1, so `Content-Length: \\xb2` reaches `_body` as '²'.
     uvicorn's parsers reject such a header before the app sees it, so only an ASGI server
@@ -965,7 +965,7 @@ def test_regression_a_content_length_of_a_non_ascii_digit_is_not_a_500(app: Harn
 
 
 def test_regression_a_duration_beyond_float_range_is_a_config_error() -> None:
-    """Fixed in filter/config.py `parse_duration`: `float(10**400)` raises OverflowError, which
+    """Fixed in filter/core/config.py `parse_duration`: `float(10**400)` raises OverflowError, which
     pydantic does not turn into a validation error, so it escapes `parse` as itself."""
     raw = {"routes": [{"name": "r", "destination": "phase3", "key": ["payload.k"], "window": 10**400}]}
     with pytest.raises(ConfigError) as exc:

@@ -45,15 +45,15 @@ from typing import Any
 import httpx
 import pytest
 
-from filter.config import ConfigError, parse
-from filter.engine import Engine
-from filter.envelope import make_envelope
-from filter.fence import Fences
-from filter.fences.sqlite import SqliteFences
-from filter.model import Decision, Message
-from filter.publishers.pubsub import PubsubPublisher
-from filter.stores.firestore import FirestoreStore
-from filter.stores.guard import GuardedStore
+from filter.backends.fences.sqlite import SqliteFences
+from filter.backends.publishers.pubsub import PubsubPublisher
+from filter.backends.stores.firestore import FirestoreStore
+from filter.backends.stores.guard import GuardedStore
+from filter.core.config import ConfigError, parse
+from filter.core.engine import Engine
+from filter.core.envelope import make_envelope
+from filter.core.fence import Fences
+from filter.core.model import Decision, Message
 from tests.support import faultrig
 from tests.support.emulators import FirestoreEmulator, PubsubEmulator
 from tests.support.fakes import MemoryRecorder
@@ -591,7 +591,7 @@ async def test_after_a_refused_late_commit_downstream_ends_on_the_latest_content
 async def test_a_consumer_that_fences_ends_on_the_latest_content_after_a_refused_late_commit(
     rig_factory: Any, firestore: FirestoreEmulator, pubsub_emulator: PubsubEmulator, tmp_path: Path
 ) -> None:
-    """The same late holder, seen by a consumer that admits every downstream copy with `filter.fence`.
+    """The same late holder, seen by a consumer that admits every downstream copy with `filter.core.fence`.
 
     Downstream, B's Y (fence 2) lands before A's late X (fence 1): the consumer takes Y and
     drops X, so what it applied ends on Y, the content the store holds (the strict xfail

@@ -22,15 +22,15 @@ import httpx
 import pytest
 import structlog
 
-from filter import logsetup
-from filter.auth import PushAuthenticator
-from filter.config import parse
-from filter.engine import Engine
-from filter.envelope import make_envelope
-from filter.model import Decision
-from filter.push import create_app
-from filter.stores.guard import GuardedStore
-from filter.stores.sqlite import SqliteStore
+from filter.backends.stores.guard import GuardedStore
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core.config import parse
+from filter.core.engine import Engine
+from filter.core.envelope import make_envelope
+from filter.core.model import Decision
+from filter.observability import logsetup
+from filter.push.app import create_app
+from filter.push.auth import PushAuthenticator
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.oidc import LocalGoogleCerts, SigningKey, google_claims
 

@@ -1,7 +1,7 @@
 """A reference model of the README's decision table, and a state machine that drives the real engine with it.
 
 `ReferenceModel` is the README's table in plain Python, written from the README and not
-from `filter.engine`: per (route, key) the last forward, the recent message ids, the lease
+from `filter.core.engine`: per (route, key) the last forward, the recent message ids, the lease
 and the fence, with contents named by small integers instead of fingerprints. It knows
 nothing of SQLite, Firestore or the engine's code.
 
@@ -41,10 +41,10 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from filter.config import Config, parse
-from filter.engine import ATTR_ROUTE, ATTR_SOURCE_ID, RECENT, Engine
-from filter.model import Decision, DecisionRecord, Message
-from filter.ports import PublishFailed, StateStore
+from filter.core.config import Config, parse
+from filter.core.engine import ATTR_ROUTE, ATTR_SOURCE_ID, RECENT, Engine
+from filter.core.model import Decision, DecisionRecord, Message
+from filter.core.ports import PublishFailed, StateStore
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryRecorder, SwitchStore
 

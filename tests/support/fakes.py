@@ -1,4 +1,4 @@
-"""In-memory stand-ins for OUR interfaces (`filter.ports.Publisher`, `DecisionRecorder`, a switchable `StateStore`).
+"""In-memory stand-ins for OUR interfaces (`filter.core.ports.Publisher`, `DecisionRecorder`, a switchable store).
 
 They fake the engine's collaborators, never a Google client: tests that claim to cover
 Pub/Sub or Firestore run against the emulators.
@@ -13,8 +13,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import NamedTuple
 
-from filter.model import Decision, DecisionRecord, KeyState
-from filter.ports import PublishFailed, StateStore, StoreUnavailable
+from filter.core.model import Decision, DecisionRecord, KeyState
+from filter.core.ports import PublishFailed, StateStore, StoreUnavailable
 
 
 class Published(NamedTuple):

@@ -49,11 +49,11 @@ import httpx
 import pytest
 import structlog
 
-from filter import logsetup
-from filter.envelope import format_time, make_envelope
-from filter.model import ACKED, KeyState
-from filter.ports import StoreUnavailable
-from filter.stores.firestore import from_document
+from filter.backends.stores.firestore import from_document
+from filter.core.envelope import format_time, make_envelope
+from filter.core.model import ACKED, KeyState
+from filter.core.ports import StoreUnavailable
+from filter.observability import logsetup
 
 from .balancer import RoundRobin
 from .emulators import FirestoreEmulator, PubsubEmulator
@@ -90,7 +90,7 @@ rfc3339 = format_time  # the product's own formatter: publish times in envelopes
 
 def log_time(event: dict[str, Any]) -> float:
     """A log line's `time` (RFC 3339, microseconds, UTC) as epoch seconds."""
-    from filter.envelope import parse_time
+    from filter.core.envelope import parse_time
 
     return parse_time(event["time"])
 

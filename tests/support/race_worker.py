@@ -17,14 +17,14 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from filter.config import parse
-from filter.engine import Engine
-from filter.model import ACKED, Decision, Message
-from filter.publishers.outbox import OutboxPublisher
-from filter.records.batch import BatchingRecorder
-from filter.records.sqlite import SqliteSink
-from filter.stores.guard import GuardedStore
-from filter.stores.sqlite import SqliteStore
+from filter.backends.publishers.outbox import OutboxPublisher
+from filter.backends.records.batch import BatchingRecorder
+from filter.backends.records.sqlite import SqliteSink
+from filter.backends.stores.guard import GuardedStore
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core.config import parse
+from filter.core.engine import Engine
+from filter.core.model import ACKED, Decision, Message
 
 
 class TracedPublisher(OutboxPublisher):

@@ -21,14 +21,14 @@ from typing import Any
 
 import httpx
 
-from filter.config import parse
-from filter.engine import Engine
-from filter.envelope import make_envelope
-from filter.ports import PublishFailed
-from filter.publishers.outbox import OutboxPublisher, read_outbox
-from filter.push import create_app
-from filter.stores.guard import GuardedStore
-from filter.stores.sqlite import SqliteStore
+from filter.backends.publishers.outbox import OutboxPublisher, read_outbox
+from filter.backends.stores.guard import GuardedStore
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core.config import parse
+from filter.core.engine import Engine
+from filter.core.envelope import make_envelope
+from filter.core.ports import PublishFailed
+from filter.push.app import create_app
 from tests.support.fakes import MemoryRecorder
 
 #: A message this large cannot fit under the limit; small ones can.

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-import filter.auth as auth_module
-from filter.auth import AuthError, Principal, PushAuthenticator
+import filter.push.auth as auth_module
+from filter.push.auth import AuthError, Principal, PushAuthenticator
 from tests.support.oidc import LocalGoogleCerts, SigningKey, google_claims
 
 AUD = "https://filter.example.run.app/push"

@@ -8,8 +8,8 @@ import inspect
 import pytest
 from structlog.testing import capture_logs
 
-from filter.model import Decision, DecisionRecord
-from filter.records.batch import BatchingRecorder
+from filter.backends.records.batch import BatchingRecorder
+from filter.core.model import Decision, DecisionRecord
 
 
 class FakeClock:

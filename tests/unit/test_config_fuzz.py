@@ -20,11 +20,11 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from filter import preflight
-from filter.config import Config, ConfigError, OutboxPublisher, SqliteRecords, SqliteStore, load
-from filter.envelope import make_envelope
-from filter.push import create_app, engine_lifespan
-from filter.wiring import make_engine
+from filter.core.config import Config, ConfigError, OutboxPublisher, SqliteRecords, SqliteStore, load
+from filter.core.envelope import make_envelope
+from filter.push.app import create_app, engine_lifespan
+from filter.runtime import preflight
+from filter.runtime.wiring import make_engine
 
 SETTINGS = settings(
     max_examples=300,

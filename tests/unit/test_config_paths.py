@@ -12,14 +12,14 @@ from typing import Any
 import httpx
 import pytest
 
-from filter.config import ConfigError, parse
-from filter.engine import Engine
-from filter.envelope import make_envelope
-from filter.paths import MISSING, PathError, list_index
-from filter.paths import Path as FieldPath
-from filter.push import create_app
-from filter.stores.guard import GuardedStore
-from filter.stores.sqlite import SqliteStore
+from filter.backends.stores.guard import GuardedStore
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core.config import ConfigError, parse
+from filter.core.engine import Engine
+from filter.core.envelope import make_envelope
+from filter.core.paths import MISSING, PathError, list_index
+from filter.core.paths import Path as FieldPath
+from filter.push.app import create_app
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 

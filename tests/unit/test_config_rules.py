@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from filter.config import ConfigError, parse
+from filter.core.config import ConfigError, parse
 
 
 def a_route(**kw: Any) -> dict[str, Any]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from filter.config import ConfigError, load
+from filter.core.config import ConfigError, load
 
 ROUTE = """\
 routes:

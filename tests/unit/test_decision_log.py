@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from filter.decision_log import counts_from_log
-from filter.envelope import parse_time
+from filter.backends.records.log_lines import counts_from_log
+from filter.core.envelope import parse_time
 
 # 2026-01-01: 00:10 and 00:50 (hour 00), 01:05 (hour 01), and 2026-01-02 00:30 (next day)
 T0, T1, T2, T3 = (
@@ -35,7 +35,7 @@ DECISIONS: list[tuple[str, str, bool, str]] = [
 
 
 def ours(route: str, decision: str, enforced: bool, time: str, **extra: Any) -> dict[str, Any]:
-    """A decision line as filter.logsetup writes it."""
+    """A decision line as filter.observability.logsetup writes it."""
     return {
         "route": route,
         "decision": decision,

@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from filter.config import parse
-from filter.engine import Engine
-from filter.model import Decision, DecisionRecord, KeyState, Message
-from filter.ports import StoreUnavailable
-from filter.stores.guard import GuardedStore
-from filter.stores.sqlite import SqliteStore
+from filter.backends.stores.guard import GuardedStore
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core.config import parse
+from filter.core.engine import Engine
+from filter.core.model import Decision, DecisionRecord, KeyState, Message
+from filter.core.ports import StoreUnavailable
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+from filter.backends.records.inline import InlineSqliteRecorder
 from filter.cli import main
-from filter.config import load
-from filter.push import create_app
-from filter.records.inline import InlineSqliteRecorder
-from filter.wiring import make_engine
+from filter.core.config import load
+from filter.push.app import create_app
+from filter.runtime.wiring import make_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,10 +12,10 @@ from pathlib import Path
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from filter.config import Config, StoreErrors
-from filter.ports import StateStore
-from filter.stores.guard import GuardedStore
-from filter.stores.sqlite import SqliteStore
+from filter.backends.stores.guard import GuardedStore
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core.config import Config, StoreErrors
+from filter.core.ports import StateStore
 from tests.support.clock import ManualClock
 from tests.support.engine_model import STEPS, EngineMachine
 from tests.support.fakes import SwitchStore

@@ -11,12 +11,12 @@ from typing import Any
 import pytest
 import yaml
 
+from filter.backends.stores.sqlite import SqliteStore
 from filter.cli import main
-from filter.config import load
-from filter.engine import Engine
-from filter.model import Message
-from filter.stores.sqlite import SqliteStore
-from filter.wiring import make_store
+from filter.core.config import load
+from filter.core.engine import Engine
+from filter.core.model import Message
+from filter.runtime.wiring import make_store
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.payloads import injury_report
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from filter.config import Route
-from filter.fingerprint import NOT_JSON, PayloadError, compile_scheme, message_fingerprint
+from filter.core.config import Route
+from filter.core.fingerprint import NOT_JSON, PayloadError, compile_scheme, message_fingerprint
 from tests.support.payloads import injury_report, props_snapshot
 from tests.support.seeds import SmartIdempotencyMixin, TransactionEvent, hash_events
 

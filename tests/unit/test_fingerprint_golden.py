@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from filter.config import Route
-from filter.fingerprint import NOT_JSON, compile_scheme, message_fingerprint
+from filter.core.config import Route
+from filter.core.fingerprint import NOT_JSON, compile_scheme, message_fingerprint
 from tests.support.seeds import SmartIdempotencyMixin
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "fingerprints.json"

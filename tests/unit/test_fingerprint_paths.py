@@ -1,6 +1,6 @@
 """The typed fast path and the generic path are one function: same fingerprint, same error.
 
-`Scheme.fast` (filter/fingerprint.py, `_typed_canonical`) decodes only what a route counts.
+`Scheme.fast` (filter/core/fingerprint.py, `_typed_canonical`) decodes only what a route counts.
 It may decline (None), and then the generic path answers; when it answers, it must give
 the generic path's fingerprint and the top-level fields the key and bypass rules read.
 Routes and payloads are generated: include/exclude/rows/row_key, key and bypass paths;
@@ -17,8 +17,8 @@ import msgspec
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from filter.config import Route
-from filter.fingerprint import NOT_JSON, PayloadError, compile_scheme
+from filter.core.config import Route
+from filter.core.fingerprint import NOT_JSON, PayloadError, compile_scheme
 from tests.support.json_text import NAMES, NUMBERS, SCALARS, VALUES, arr, obj, strings
 
 SETTINGS = settings(max_examples=400, deadline=None, derandomize=True)

@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from filter.config import parse
-from filter.engine import ATTRIBUTE_LIMIT, Engine
-from filter.fingerprint import message_fingerprint
-from filter.model import Decision, Message
-from filter.stores.guard import GuardedStore
-from filter.stores.sqlite import SqliteStore
+from filter.backends.stores.guard import GuardedStore
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core.config import parse
+from filter.core.engine import ATTRIBUTE_LIMIT, Engine
+from filter.core.fingerprint import message_fingerprint
+from filter.core.model import Decision, Message
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

@@ -72,7 +72,7 @@ routes:
 """
 
 # Run by the venv's own python: import every module of the installed package, then build
-# each config's backends with filter.wiring (and the authenticator as `serve` does) and
+# each config's backends with filter.runtime.wiring (and the authenticator as `serve` does) and
 # close them again. Prints one JSON object; a failure is reported, not raised, so the test
 # can name every missing piece at once.
 PROBE = """\
@@ -90,9 +90,9 @@ for info in pkgutil.walk_packages(filter.__path__, "filter."):
     except BaseException:
         report["import_errors"][info.name] = traceback.format_exc(limit=-3)
 
-from filter.config import load
-from filter.wiring import make_publisher, make_recorder, make_store
-from filter.auth import PushAuthenticator
+from filter.core.config import load
+from filter.runtime.wiring import make_publisher, make_recorder, make_store
+from filter.push.auth import PushAuthenticator
 
 
 async def build(path):

@@ -22,8 +22,8 @@ import hcl2
 import pytest
 import yaml
 
-from filter.config import load, parse_duration
-from filter.records import bigquery as bq
+from filter.backends.records import bigquery as bq
+from filter.core.config import load, parse_duration
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
@@ -328,7 +328,7 @@ def test_max_delivery_attempts_covers_lease_contention(
 
 def test_firestore_ttl_policy_is_on_the_stores_expiry_field() -> None:
     try:
-        from filter.stores import TTL_FIELD as expected
+        from filter.backends.stores import TTL_FIELD as expected
     except ImportError:
         expected = "expires_at"
     field = resources()[("google_firestore_field", "ttl")]

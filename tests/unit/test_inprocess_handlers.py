@@ -12,13 +12,13 @@ from typing import Any
 
 import pytest
 
-from filter.config import Config, parse
-from filter.engine import Engine
-from filter.envelope import make_envelope
-from filter.handlers import Nack, on_cloudevent, on_payload, on_push
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core.config import Config, parse
+from filter.core.engine import Engine
+from filter.core.envelope import make_envelope
+from filter.core.model import Decision, Message
 from filter.inprocess import Filter, Forward, SyncFilter
-from filter.model import Decision, Message
-from filter.stores.sqlite import SqliteStore
+from filter.inprocess.handlers import Nack, on_cloudevent, on_payload, on_push
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
 
-from filter.latency import Histograms
-from filter.telemetry import LATENCY_BUCKETS
+from filter.observability.latency import Histograms
+from filter.observability.telemetry import LATENCY_BUCKETS
 
 LABELS = st.sampled_from([{"route": "r", "decision": "suppressed"}, {"route": "r", "decision": "forwarded"}])
 # bounds themselves included: a value equal to a bound belongs to that bound's bucket

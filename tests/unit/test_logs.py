@@ -1,7 +1,7 @@
 """The log line schema: one Cloud Logging JSON line per decision, lifecycle events alike, no payload or token ever.
 
 Decisions run through a real `Engine` (SQLite store, in-memory publisher and recorder)
-and `filter.logsetup` writes to a StringIO; every line is parsed back.
+and `filter.observability.logsetup` writes to a StringIO; every line is parsed back.
 """
 
 from __future__ import annotations
@@ -20,16 +20,16 @@ import httpx
 import pytest
 import structlog
 
-from filter import logsetup
-from filter.auth import PushAuthenticator
-from filter.config import parse
-from filter.engine import Engine
-from filter.envelope import make_envelope
-from filter.heartbeat import Heartbeat
-from filter.model import Decision, DecisionRecord, KeyState, Lease, Message
-from filter.ports import StoreUnavailable
-from filter.push import create_app
-from filter.stores.sqlite import SqliteStore
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core.config import parse
+from filter.core.engine import Engine
+from filter.core.envelope import make_envelope
+from filter.core.heartbeat import Heartbeat
+from filter.core.model import Decision, DecisionRecord, KeyState, Lease, Message
+from filter.core.ports import StoreUnavailable
+from filter.observability import logsetup
+from filter.push.app import create_app
+from filter.push.auth import PushAuthenticator
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder, SwitchStore
 from tests.support.oidc import LocalGoogleCerts, google_claims

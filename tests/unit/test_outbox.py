@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from filter.ports import PublishFailed
-from filter.publishers.outbox import OutboxPublisher, read_outbox
+from filter.backends.publishers.outbox import OutboxPublisher, read_outbox
+from filter.core.ports import PublishFailed
 
 ROOT = Path(__file__).parents[2]
 

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 import structlog
 
-from filter.config import parse
-from filter.engine import Engine
-from filter.envelope import ATTR_ORIGINAL_TIME, make_envelope, parse_envelope
-from filter.model import Decision, KeyState, Message
-from filter.push import status_for
-from filter.stores.guard import GuardedStore
-from filter.stores.sqlite import SqliteStore
-from filter.wiring import make_store
+from filter.backends.stores.guard import GuardedStore
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core.config import parse
+from filter.core.engine import Engine
+from filter.core.envelope import ATTR_ORIGINAL_TIME, make_envelope, parse_envelope
+from filter.core.model import Decision, KeyState, Message
+from filter.push.app import status_for
+from filter.runtime.wiring import make_store
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder, SwitchStore
 from tests.unit.test_decisions import World, report

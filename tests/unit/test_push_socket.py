@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from filter.config import parse
-from filter.engine import Engine
-from filter.model import Decision
-from filter.push import create_app
-from filter.stores.guard import GuardedStore
-from filter.stores.sqlite import SqliteStore
+from filter.backends.stores.guard import GuardedStore
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core.config import parse
+from filter.core.engine import Engine
+from filter.core.model import Decision
+from filter.push.app import create_app
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.net import free_port
 from tests.support.serve import ServeProcess, write_config

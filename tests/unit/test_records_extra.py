@@ -12,9 +12,9 @@ import decimal
 import enum
 import uuid
 
-from filter.model import Decision, DecisionRecord
-from filter.records.bigquery import to_row
-from filter.records.extra import encode_extra
+from filter.backends.records.bigquery import to_row
+from filter.backends.records.extra import encode_extra
+from filter.core.model import Decision, DecisionRecord
 
 
 class Colour(enum.Enum):

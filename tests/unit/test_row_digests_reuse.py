@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filter import rows
-from filter.config import Route, parse
-from filter.engine import RouteRules
+from filter.core import rows
+from filter.core.config import Route, parse
+from filter.core.engine import RouteRules
 
 FIELDS = ["id", "a", "b", "c"]
 VALUES = st.one_of(

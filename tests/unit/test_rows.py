@@ -10,12 +10,12 @@ from typing import Any
 
 import pytest
 
-from filter import rows
-from filter.config import parse
-from filter.engine import Engine
-from filter.model import Decision, DecisionRecord, Message
-from filter.stores.guard import GuardedStore
-from filter.stores.sqlite import SqliteStore
+from filter.backends.stores.guard import GuardedStore
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core import rows
+from filter.core.config import parse
+from filter.core.engine import Engine
+from filter.core.model import Decision, DecisionRecord, Message
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.payloads import injury_report, props_snapshot

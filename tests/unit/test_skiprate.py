@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from filter import skiprate
 from filter.cli import main
-from filter.skiprate import CHART_HINT, SkipRow, chart, render, summarize
+from filter.tools import skiprate
+from filter.tools.skiprate import CHART_HINT, SkipRow, chart, render, summarize
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 

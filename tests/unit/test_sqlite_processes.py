@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from filter.publishers.outbox import read_outbox
-from filter.stores.sqlite import SqliteStore
+from filter.backends.publishers.outbox import read_outbox
+from filter.backends.stores.sqlite import SqliteStore
 
 ROOT = Path(__file__).parents[2]
 MESSAGES = 150

@@ -6,10 +6,10 @@ import asyncio
 
 import pytest
 
-from filter.config import StoreErrors
-from filter.model import KeyState
-from filter.ports import StoreUnavailable
-from filter.stores.guard import GuardedStore
+from filter.backends.stores.guard import GuardedStore
+from filter.core.config import StoreErrors
+from filter.core.model import KeyState
+from filter.core.ports import StoreUnavailable
 
 
 class Flaky:

@@ -2,7 +2,7 @@
 
 The engine runs on real parts (SQLite store behind the guard, the push app over ASGI);
 only the publisher and recorder are our in-memory ones. Metrics and spans come from the
-SDK providers the product builds (`filter.telemetry`).
+SDK providers the product builds (`filter.observability.telemetry`).
 """
 
 from __future__ import annotations
@@ -27,15 +27,15 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
-from filter import logsetup
-from filter.config import parse
-from filter.engine import Engine
-from filter.envelope import make_envelope
-from filter.instrumented import InstrumentedPublisher, InstrumentedStore
-from filter.push import create_app
-from filter.stores.guard import GuardedStore
-from filter.stores.sqlite import SqliteStore
-from filter.telemetry import PrometheusText, Telemetry, from_config
+from filter.backends.stores.guard import GuardedStore
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core.config import parse
+from filter.core.engine import Engine
+from filter.core.envelope import make_envelope
+from filter.observability import logsetup
+from filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
+from filter.observability.telemetry import PrometheusText, Telemetry, from_config
+from filter.push.app import create_app
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 CONFIG: dict[str, Any] = {

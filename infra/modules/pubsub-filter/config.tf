@@ -6,7 +6,7 @@ locals {
   config = yamldecode(var.config_yaml)
 
   # Durations in the config are numbers of seconds or strings like 90s, 15m, 24h, 7d,
-  # 500ms: the same grammar as filter.config.parse_duration.
+  # 500ms: the same grammar as filter.core.config.parse_duration.
   duration_units   = { ms = 0.001, s = 1, m = 60, h = 3600, d = 86400 }
   duration_pattern = "^\\s*([0-9]+(?:\\.[0-9]+)?)\\s*(ms|s|m|h|d)?\\s*$"
   lease_raw = {
@@ -46,7 +46,7 @@ locals {
   auth_service_account = try(local.config.auth.service_account, null)
 
   # The Firestore field the store writes a document's expiry to. Keep in sync with
-  # filter.stores.TTL_FIELD (tests/unit/test_infra_wiring.py checks it).
+  # filter.backends.stores.TTL_FIELD (tests/unit/test_infra_wiring.py checks it).
   ttl_field = "expires_at"
 
   # One entry per route. The subscription name is the route's `subscription` (the filter

@@ -1,0 +1,291 @@
+"""The BigQuery decisions table: a batch sink, its table definition, and the skip-rate read.
+
+The table is partitioned by day on `time` (partitions expire after
+`partition_expiration_days`) and clustered by route and decision, so the skip-rate query
+over a few days reads a few partitions. Terraform normally creates it; `ensure_table()`
+creates it when it is missing (needs only `tables.get` when it exists).
+
+Against an emulator set `BIGQUERY_EMULATOR_HOST=http://127.0.0.1:PORT`: the client then
+uses anonymous credentials and that endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import os
+from typing import Any, Literal
+
+from google.api_core.client_options import ClientOptions
+from google.api_core.exceptions import NotFound
+from google.api_core.retry import Retry
+from google.auth.credentials import AnonymousCredentials
+from google.cloud import bigquery
+from google.cloud.bigquery.retry import DEFAULT_RETRY
+
+from filter.backends.records.batch import BatchingRecorder
+from filter.backends.records.extra import encode_extra
+from filter.core.config import BigqueryRecords
+from filter.core.model import DecisionRecord
+
+EMULATOR_ENV = "BIGQUERY_EMULATOR_HOST"
+
+SCHEMA: tuple[bigquery.SchemaField, ...] = (
+    bigquery.SchemaField("time", "TIMESTAMP", mode="REQUIRED"),
+    bigquery.SchemaField("route", "STRING", mode="REQUIRED"),
+    bigquery.SchemaField("decision", "STRING", mode="REQUIRED"),
+    bigquery.SchemaField("enforced", "BOOL"),
+    bigquery.SchemaField("message_id", "STRING"),
+    bigquery.SchemaField("key", "STRING"),
+    bigquery.SchemaField("reason", "STRING"),
+    bigquery.SchemaField("fingerprint", "STRING"),
+    bigquery.SchemaField("message_fingerprint", "STRING"),
+    bigquery.SchemaField("previous_fingerprint", "STRING"),
+    bigquery.SchemaField("destination", "STRING"),
+    bigquery.SchemaField("published_id", "STRING"),
+    bigquery.SchemaField("fence", "INT64"),
+    bigquery.SchemaField("publish_time", "TIMESTAMP"),
+    bigquery.SchemaField("delivery_attempt", "INT64"),
+    bigquery.SchemaField("latency_ms", "FLOAT64"),
+    bigquery.SchemaField("trace", "STRING"),
+    bigquery.SchemaField("extra", "JSON"),
+)
+CLUSTERING = ["route", "decision"]
+
+
+class InsertFailed(Exception):
+    """BigQuery answered the insert with per-row errors."""
+
+    def __init__(self, table: str, errors: list[dict[str, Any]]):
+        self.errors = errors
+        first = errors[0] if errors else {}
+        super().__init__(f"{len(errors)} row(s) rejected by {table}; first: {first}")
+
+
+def make_client(project: str | None, location: str | None = None) -> bigquery.Client:
+    """A BigQuery client; anonymous against `$BIGQUERY_EMULATOR_HOST` when that is set."""
+    host = os.environ.get(EMULATOR_ENV)
+    if host:
+        if not host.startswith(("http://", "https://")):
+            host = f"http://{host}"
+        return bigquery.Client(
+            project=project,
+            location=location,
+            credentials=AnonymousCredentials(),  # type: ignore[no-untyped-call]
+            client_options=ClientOptions(api_endpoint=host),
+        )
+    return bigquery.Client(project=project, location=location)
+
+
+def _timestamp(seconds: float | None) -> str | None:
+    """Epoch seconds → RFC 3339 in UTC (JSON numbers are read as seconds by BigQuery but
+    as microseconds by the emulator; a string means the same to both)."""
+    if seconds is None:
+        return None
+    return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def to_row(rec: DecisionRecord) -> dict[str, Any]:
+    """One decision record as a JSON row of the decisions table."""
+    return {
+        "time": _timestamp(rec.time),
+        "route": rec.route,
+        "decision": str(rec.decision),
+        "enforced": rec.enforced,
+        "message_id": rec.message_id,
+        "key": rec.key,
+        "reason": rec.reason,
+        "fingerprint": rec.fingerprint,
+        "message_fingerprint": rec.message_fingerprint,
+        "previous_fingerprint": rec.previous_fingerprint,
+        "destination": rec.destination,
+        "published_id": rec.published_id,
+        "fence": rec.fence,
+        "publish_time": _timestamp(rec.publish_time),
+        "delivery_attempt": rec.delivery_attempt,
+        "latency_ms": rec.latency_ms,
+        "trace": rec.trace,
+        "extra": encode_extra(rec.extra) if rec.extra else None,
+    }
+
+
+def insert_id(rec: DecisionRecord) -> str:
+    """A stable insertId, so BigQuery's best-effort dedup drops a retried batch's rows."""
+    raw = f"{rec.route}\x00{rec.message_id}\x00{rec.decision}\x00{rec.time!r}\x00{rec.key}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
+class BigQuerySink:
+    """Writes batches of decision records to one table with `insertAll` (streaming inserts).
+
+    Each `write()` runs in a thread and is bounded by `deadline` seconds in all (the
+    client's own retry would otherwise keep retrying a 5xx for ten minutes); it raises on
+    any failure, leaving retry-then-drop to `BatchingRecorder`.
+    """
+
+    def __init__(
+        self,
+        client: bigquery.Client,
+        table: str,
+        *,
+        partition_expiration_days: int = 90,
+        location: str | None = None,
+        deadline: float = 20.0,
+        timeout: float = 10.0,
+        create_table: bool = True,
+    ) -> None:
+        if table.count(".") == 1:
+            table = f"{client.project}.{table}"
+        self.client = client
+        self.table = table
+        self.name = f"bigquery:{table}"
+        self.partition_expiration_days = partition_expiration_days
+        self.location = location
+        self.timeout = timeout
+        self.retry: Retry = DEFAULT_RETRY.with_timeout(deadline)
+        self._create_table = create_table
+        self._table_ready = not create_table
+
+    def table_definition(self) -> bigquery.Table:
+        table = bigquery.Table(self.table, schema=list(SCHEMA))
+        table.time_partitioning = bigquery.TimePartitioning(
+            type_=bigquery.TimePartitioningType.DAY,
+            field="time",
+            expiration_ms=self.partition_expiration_days * 86_400_000,
+        )
+        table.clustering_fields = CLUSTERING
+        table.description = "pubsub-filter decisions: one row per message decided"
+        return table
+
+    def ensure_table(self) -> bigquery.Table:
+        """Return the table, creating the dataset and table first if they are missing (blocking)."""
+        try:
+            table = self.client.get_table(self.table, retry=self.retry, timeout=self.timeout)
+        except NotFound:
+            project, dataset_id, _ = self.table.split(".")
+            dataset = bigquery.Dataset(f"{project}.{dataset_id}")
+            if self.location:
+                dataset.location = self.location
+            self.client.create_dataset(dataset, exists_ok=True, retry=self.retry, timeout=self.timeout)
+            table = self.client.create_table(
+                self.table_definition(), exists_ok=True, retry=self.retry, timeout=self.timeout
+            )
+        self._table_ready = True
+        return table
+
+    def _insert(self, rows: list[DecisionRecord]) -> None:
+        if not self._table_ready:
+            self.ensure_table()
+        errors = self.client.insert_rows_json(
+            self.table,
+            [to_row(r) for r in rows],
+            row_ids=[insert_id(r) for r in rows],
+            retry=self.retry,
+            timeout=self.timeout,
+        )
+        if errors:
+            raise InsertFailed(self.table, list(errors))
+
+    async def write(self, rows: list[DecisionRecord]) -> None:
+        if rows:
+            await asyncio.to_thread(self._insert, rows)
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.client.close)
+
+
+def bigquery_recorder(cfg: BigqueryRecords, project: str | None) -> BatchingRecorder:
+    """The configured decisions table behind a batching recorder (no network I/O here)."""
+    client = make_client(cfg.project or project, cfg.location)
+    sink = BigQuerySink(
+        client,
+        f"{client.project}.{cfg.dataset}.{cfg.table}",
+        partition_expiration_days=cfg.partition_expiration_days,
+        location=cfg.location,
+    )
+    return BatchingRecorder(
+        sink,
+        batch_size=cfg.batch_size,
+        flush_interval=cfg.flush_interval,
+        max_buffer=cfg.max_buffer,
+    )
+
+
+# --- reading it back: skip rate ------------------------------------------------------
+
+_BUCKETS = {
+    "route": "CAST(NULL AS TIMESTAMP)",
+    "hour": "TIMESTAMP_TRUNC(time, HOUR)",
+    "day": "TIMESTAMP_TRUNC(time, DAY)",
+}
+
+
+def _counts_query(table: str, since: float | None, by: str) -> tuple[str, list[Any]]:
+    if by not in _BUCKETS:
+        raise ValueError(f"by must be one of {sorted(_BUCKETS)}, not {by!r}")
+    where = ""
+    params: list[Any] = []
+    if since is not None:
+        where = "WHERE time >= @since"
+        params.append(bigquery.ScalarQueryParameter("since", "TIMESTAMP", dt.datetime.fromtimestamp(since, dt.UTC)))
+    sql = (
+        f"SELECT route, {_BUCKETS[by]} AS bucket, decision, enforced, COUNT(*) AS n\n"
+        f"FROM `{table}`\n{where}\n"
+        "GROUP BY route, bucket, decision, enforced\n"
+        "ORDER BY route, bucket, decision, enforced"
+    )
+    return sql, params
+
+
+#: Bucket labels, the same strings the SQLite records backend returns.
+_BUCKET_FORMAT = {"hour": "%Y-%m-%dT%H:00:00Z", "day": "%Y-%m-%d"}
+
+
+def _bucket(value: Any, by: str) -> str | None:
+    if value is None or by not in _BUCKET_FORMAT:
+        return None
+    if isinstance(value, dt.datetime):
+        stamp: dt.datetime = value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+        return stamp.astimezone(dt.UTC).strftime(_BUCKET_FORMAT[by])
+    return str(value)
+
+
+async def decision_counts(
+    client_or_sink: bigquery.Client | BigQuerySink,
+    since: float | None,
+    by: Literal["route", "hour", "day"],
+    *,
+    table: str | None = None,
+    job_timeout: float = 60.0,
+) -> list[dict[str, Any]]:
+    """Decisions counted per route (and hour or day bucket), decision and enforced.
+
+    Rows: `{"route", "bucket", "decision", "enforced", "n"}` where `bucket` is the UTC
+    hour or day as an ISO 8601 string (`2024-05-01T13:00:00Z` by hour, `2024-05-01` by
+    day, as the SQLite backend writes them), or None when `by="route"`. `since` is epoch
+    seconds (None: the whole table). Pass a `BigQuerySink`, or a client with
+    `table="project.dataset.table"`.
+    """
+    if isinstance(client_or_sink, BigQuerySink):
+        client, table = client_or_sink.client, table or client_or_sink.table
+    else:
+        client = client_or_sink
+        if table is None:
+            raise ValueError("decision_counts(client, ...) needs table='project.dataset.table'")
+    sql, params = _counts_query(table, since, by)
+
+    def run() -> list[dict[str, Any]]:
+        job = client.query(sql, job_config=bigquery.QueryJobConfig(query_parameters=params))
+        return [
+            {
+                "route": row["route"],
+                "bucket": _bucket(row["bucket"], by),
+                "decision": row["decision"],
+                "enforced": row["enforced"],
+                "n": int(row["n"]),
+            }
+            for row in job.result(timeout=job_timeout)
+        ]
+
+    return await asyncio.to_thread(run)

@@ -1,0 +1,191 @@
+"""Skip-rate counts from decision log lines, wherever the lines were collected.
+
+`counts_from_log` accepts, from a file (`.gz` too) or `-` for stdin:
+
+- our own JSON lines (`filter.observability.logsetup`): `{"message": "decision", "route": ..., "time": ...}`;
+- `gcloud logging read ... --format=json`: one JSON array of LogEntry objects whose
+  `jsonPayload` holds those fields and whose `timestamp` is RFC 3339 (Cloud Logging
+  moves our `time` there); a log sink's JSON-lines export (one LogEntry per line) too;
+- `kubectl logs` / `docker logs` output, where a prefix may come before the JSON
+  (`--timestamps`, `--prefix`, `service | `): the object starts at the first `{`; and
+  Docker's json-file driver lines (`{"log": "<our line>\\n", ...}`).
+
+Lines that are not decisions (other events, stdlib text, blank lines) are skipped
+silently. Lines that mention a decision but cannot be read (truncated, no route, no
+time) are counted, and one warning line goes to stderr at the end. Input is read line
+by line, so the file can be larger than memory; only the gcloud array is read whole.
+
+The result has the shape of the records backends' `decision_counts`: rows
+`{"route", "bucket", "decision", "enforced", "n"}`, with bucket `YYYY-MM-DDTHH:00:00Z`
+by hour, `YYYY-MM-DD` by day, None by route (all UTC).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import gzip
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import IO, Any
+
+import msgspec
+
+_BUCKET_FORMAT = {"hour": "%Y-%m-%dT%H:00:00Z", "day": "%Y-%m-%d"}
+
+
+class _Entry(msgspec.Struct):
+    """The few fields a decision line (or a LogEntry around one) needs; the rest are skipped."""
+
+    message: Any = None
+    route: Any = None
+    decision: Any = None
+    enforced: Any = True
+    time: dt.datetime | float | None = None  # RFC 3339 (decoded by msgspec, in C) or epoch seconds
+    timestamp: dt.datetime | None = None  # LogEntry
+    jsonPayload: _Entry | None = None  # LogEntry
+    log: Any = None  # Docker json-file driver
+
+
+_decode_entry = msgspec.json.Decoder(_Entry).decode
+_decode_entries = msgspec.json.Decoder(list[_Entry]).decode
+
+
+class _Counter:
+    def __init__(self, since: float | None, by: str) -> None:
+        if by not in ("route", "hour", "day"):
+            raise ValueError(f"by must be route, hour or day, not {by!r}")
+        self.since = since
+        self.by = by
+        self.counts: dict[tuple[str, str | None, str, bool], int] = {}
+        self.bad = 0
+        self.first_bad: int | None = None
+        self._labels: dict[int, str] = {}
+
+    def bad_line(self, where: int) -> None:
+        self.bad += 1
+        if self.first_bad is None:
+            self.first_bad = where
+
+    def label(self, t: float) -> str | None:
+        if self.by == "route":
+            return None
+        hour = int(t // 3600)
+        label = self._labels.get(hour)
+        if label is None:
+            label = self._labels[hour] = time.strftime(_BUCKET_FORMAT[self.by], time.gmtime(hour * 3600))
+        return label
+
+    def add(self, entry: _Entry, where: int) -> None:
+        """Count one decoded object if it is a decision; note it if it is a broken one."""
+        if entry.jsonPayload is not None:  # a Cloud Logging LogEntry
+            stamp = entry.timestamp if entry.timestamp is not None else entry.jsonPayload.time
+            entry = entry.jsonPayload
+        elif entry.message is None and isinstance(entry.log, str):  # Docker's json-file wrapper
+            inner = entry.log
+            start = inner.find("{")
+            if start < 0 or "decision" not in inner:
+                return
+            try:
+                entry = _decode_entry(inner[start:])
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                self.bad_line(where)
+                return
+            stamp = entry.time
+        else:
+            stamp = entry.time
+        if entry.message != "decision":
+            return
+        route, decision, enforced = entry.route, entry.decision, entry.enforced
+        if not isinstance(route, str) or not isinstance(decision, str) or not isinstance(enforced, bool):
+            self.bad_line(where)
+            return
+        if isinstance(stamp, dt.datetime):
+            t = (stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=dt.UTC)).timestamp()
+        elif stamp is not None:
+            t = float(stamp)
+        else:
+            self.bad_line(where)
+            return
+        if self.since is not None and t < self.since:
+            return
+        k = (route, self.label(t), decision, enforced)
+        self.counts[k] = self.counts.get(k, 0) + 1
+
+    def rows(self) -> list[dict[str, Any]]:
+        return [
+            {"route": r, "bucket": b, "decision": d, "enforced": e, "n": n}
+            for (r, b, d, e), n in sorted(self.counts.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", *kv[0][2:]))
+        ]
+
+
+@contextlib.contextmanager
+def _open(source: str) -> Iterator[IO[bytes]]:
+    if source == "-":
+        yield sys.stdin.buffer
+        return
+    opener: Any = gzip.open if source.endswith(".gz") else open
+    with opener(source, "rb") as fh:
+        yield fh
+
+
+def _is_array(first: bytes) -> bool:
+    """`[` then `{` or `]` (gcloud's JSON), not `[pod/name/container] {...}` (kubectl --prefix)."""
+    if not first.startswith(b"["):
+        return False
+    rest = first[1:].lstrip()
+    return not rest or rest[:1] in (b"{", b"]")
+
+
+def _count_lines(lines: Iterable[bytes], counter: _Counter, start: int) -> None:
+    for n, line in enumerate(lines, start):
+        if b"decision" not in line:
+            continue
+        brace = line.find(b"{")
+        if brace < 0:
+            continue
+        try:
+            entry = _decode_entry(line[brace:])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            counter.bad_line(n)
+            continue
+        counter.add(entry, n)
+
+
+def counts_from_log(source: str, since: float | None, by: str) -> list[dict[str, Any]]:
+    """Decisions counted per (route, bucket, decision, enforced) from log lines in `source`.
+
+    `source` is a path or `-` (stdin); `since` is epoch seconds (None: everything);
+    `by` is route, hour or day. Raises OSError when the file cannot be read.
+    """
+    counter = _Counter(since, by)
+    with _open(source) as fh:
+        first, lineno = b"", 0
+        for first in fh:
+            lineno += 1
+            first = first.removeprefix(b"\xef\xbb\xbf").lstrip()
+            if first:
+                break
+        if _is_array(first):
+            try:
+                entries = _decode_entries(first + fh.read())
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                print(f"warning: {source} looks like a JSON array but cannot be read: {exc}", file=sys.stderr)
+                return []
+            for i, entry in enumerate(entries, 1):
+                counter.add(entry, i)
+            what = "entries"
+        else:
+            _count_lines([first], counter, lineno)
+            _count_lines(fh, counter, lineno + 1)
+            what = "lines"
+    if counter.bad:
+        name = "stdin" if source == "-" else source
+        unit = what if counter.bad > 1 else what[:-1]
+        print(
+            f"warning: {counter.bad} {unit} in {name} looked like decisions but could not be read, "
+            f"so {'they were' if counter.bad > 1 else 'it was'} not counted (first: {what[:-1]} {counter.first_bad})",
+            file=sys.stderr,
+        )
+    return counter.rows()

@@ -1,0 +1,248 @@
+"""The embedded state store: one SQLite file, WAL, every write a compare-and-set.
+
+Calls run inline on the event loop: a local WAL read or write takes microseconds, far
+less than a hop to a thread. Two processes may share the file: writes are conditional
+(on the row version for a claim, on the lease fence for the rest), so the loser of a
+race sees zero rows changed and the engine looks again.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from filter.core.model import KeyState, Lease
+from filter.core.ports import StoreUnavailable
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS key_state (
+    route TEXT NOT NULL,
+    key TEXT NOT NULL,
+    version INTEGER NOT NULL,
+    fingerprint TEXT,
+    forwarded_at REAL,
+    message_id TEXT,
+    publish_time REAL,
+    recent TEXT NOT NULL DEFAULT '[]',
+    fence INTEGER NOT NULL DEFAULT 0,
+    lease_holder TEXT,
+    lease_fence INTEGER,
+    lease_expires REAL,
+    lease_fingerprint TEXT,
+    lease_message_id TEXT,
+    expires_at REAL,
+    rows BLOB,
+    full_fingerprint TEXT,
+    PRIMARY KEY (route, key)
+) WITHOUT ROWID
+"""
+
+_COLUMNS = (
+    "version, fingerprint, forwarded_at, message_id, publish_time, recent, fence, "
+    "lease_holder, lease_fence, lease_expires, lease_fingerprint, lease_message_id, expires_at, rows, full_fingerprint"
+)
+_ADDED_COLUMNS = {"rows": "BLOB", "full_fingerprint": "TEXT"}  # columns newer than the first release
+_SET = ", ".join(f"{c} = ?" for c in _COLUMNS.split(", ")[1:])
+_ROWS_AT = _COLUMNS.split(", ")[1:].index("rows")
+# A claim that carries the row state over unchanged (the usual case) leaves the column alone:
+# the update is conditional on the version it read, so the stored blob is that very value.
+_SET_KEEP_ROWS = ", ".join(f"{c} = ?" for c in _COLUMNS.split(", ")[1:] if c != "rows")
+_READ = f"SELECT {_COLUMNS} FROM key_state WHERE route = ? AND key = ?"
+_INSERT = (
+    f"INSERT INTO key_state (route, key, {_COLUMNS}) VALUES (?, ?, 1, {', '.join('?' * 14)}) "
+    "ON CONFLICT (route, key) DO NOTHING"
+)
+_CLAIM = f"UPDATE key_state SET version = version + 1, {_SET} WHERE route = ? AND key = ? AND version = ?"
+_CLAIM_KEEP_ROWS = (
+    f"UPDATE key_state SET version = version + 1, {_SET_KEEP_ROWS} WHERE route = ? AND key = ? AND version = ?"
+)
+_COMMIT = (
+    f"UPDATE key_state SET version = version + 1, {_SET} "
+    "WHERE route = ? AND key = ? AND lease_fence = ? AND lease_holder = ?"
+)
+
+
+# Straight into the tuple of pairs the state holds, in C (a list that is not of pairs is an error, as before).
+_decode_recent = msgspec.json.Decoder(tuple[tuple[Any, Any], ...]).decode
+
+
+def _row_to_state(row: tuple[Any, ...]) -> KeyState:
+    (version, fp, fwd_at, mid, pub, recent, fence, holder, lfence, lexp, lfp, lmid, exp, rows, full_fp) = row
+    lease = Lease(holder, lfence, lexp, lfp, lmid) if holder is not None else None
+    return KeyState(
+        fingerprint=fp,
+        forwarded_at=fwd_at,
+        message_id=mid,
+        publish_time=pub,
+        recent=_decode_recent(recent),
+        fence=fence,
+        lease=lease,
+        expires_at=exp,
+        rows=rows,
+        full_fingerprint=full_fp,
+        version=version,
+    )
+
+
+def _values(s: KeyState) -> tuple[Any, ...]:
+    le = s.lease
+    return (
+        s.fingerprint,
+        s.forwarded_at,
+        s.message_id,
+        s.publish_time,
+        msgspec.json.encode([list(p) for p in s.recent]).decode(),
+        s.fence,
+        le.holder if le else None,
+        le.fence if le else None,
+        le.expires_at if le else None,
+        le.fingerprint if le else None,
+        le.message_id if le else None,
+        s.expires_at,
+        s.rows,
+        s.full_fingerprint,
+    )
+
+
+#: How often the embedded store deletes expired keys by itself (Firestore's TTL policy does it there).
+PURGE_EVERY = 3600.0
+
+
+class SqliteStore:
+    """`purge_every`: seconds between the store's own purges of expired keys (`filter.runtime.wiring` sets
+    `PURGE_EVERY`; None: only when `purge()` is called). A purge runs from a claim, a write the
+    forward path makes anyway, so the suppress path stays a single read. `clock` tells the
+    purge what time it is (the engine's clock, in tests that move time by hand)."""
+
+    def __init__(
+        self,
+        path: str | Path,
+        busy_timeout: float = 5.0,
+        *,
+        purge_every: float | None = None,
+        clock: Callable[[], float] = time.time,
+    ):
+        self.path = str(path)
+        self.ops: Counter[str] = Counter()  # statements by kind, as FirestoreStore.ops counts RPCs
+        self.purge_every = purge_every
+        self.clock = clock
+        self._next_purge = 0.0
+        try:
+            self._db = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            self._db.execute(_SCHEMA)
+            present = {r[1] for r in self._db.execute("PRAGMA table_info(key_state)")}
+            for column, kind in _ADDED_COLUMNS.items():
+                if column not in present:
+                    self._db.execute(f"ALTER TABLE key_state ADD COLUMN {column} {kind}")
+            self._db.execute("CREATE INDEX IF NOT EXISTS key_state_expiry ON key_state (expires_at)")
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
+
+    def _exec(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        try:
+            return self._db.execute(sql, params)
+        except sqlite3.Error as exc:  # locked beyond busy_timeout, disk I/O, a corrupt file, ...
+            raise StoreUnavailable(f"sqlite {self.path}: {exc}") from exc
+
+    def _get(self, route: str, key: str) -> KeyState | None:
+        self.ops["read"] += 1
+        row = self._exec(_READ, (route, key)).fetchone()
+        return _row_to_state(row) if row else None
+
+    async def read(self, route: str, key: str) -> KeyState | None:
+        return self._get(route, key)
+
+    async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
+        self._purge_when_due()
+        self.ops["write"] += 1
+        self.ops["claim"] += 1
+        if seen is None:
+            cur = self._exec(_INSERT, (route, key, *_values(new)))
+            version = 1
+        elif new.rows is seen.rows or new.rows == seen.rows:
+            values = _values(new)
+            cur = self._exec(_CLAIM_KEEP_ROWS, (*values[:_ROWS_AT], *values[_ROWS_AT + 1 :], route, key, seen.version))
+            version = seen.version + 1
+        else:
+            cur = self._exec(_CLAIM, (*_values(new), route, key, seen.version))
+            version = seen.version + 1
+        if cur.rowcount != 1:
+            return None
+        return replace(new, version=version)
+
+    async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
+        assert held.lease is not None
+        self.ops["write"] += 1
+        self.ops["extend"] += 1
+        row = self._exec(
+            "UPDATE key_state SET version = version + 1, lease_expires = ? "
+            "WHERE route = ? AND key = ? AND lease_fence = ? AND lease_holder = ? RETURNING version",
+            (expires_at, route, key, held.lease.fence, held.lease.holder),
+        ).fetchone()
+        if row is None:
+            return None
+        lease = Lease(held.lease.holder, held.lease.fence, expires_at, held.lease.fingerprint, held.lease.message_id)
+        return replace(held, lease=lease, version=row[0])
+
+    async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
+        assert held.lease is not None
+        self.ops["write"] += 1
+        self.ops["commit"] += 1
+        cur = self._exec(_COMMIT, (*_values(new), route, key, held.lease.fence, held.lease.holder))
+        if cur.rowcount == 1:
+            return True
+        current = self._get(route, key)  # a retried commit that already landed counts as done
+        return (
+            current is not None
+            and current.lease is None
+            and current.message_id == new.message_id
+            and current.fingerprint == new.fingerprint
+            and current.fence == new.fence
+        )
+
+    async def release(self, route: str, key: str, held: KeyState) -> None:
+        assert held.lease is not None
+        self.ops["write"] += 1
+        self.ops["release"] += 1
+        self._exec(
+            "UPDATE key_state SET version = version + 1, lease_holder = NULL, lease_fence = NULL, "
+            "lease_expires = NULL, lease_fingerprint = NULL, lease_message_id = NULL "
+            "WHERE route = ? AND key = ? AND lease_fence = ? AND lease_holder = ?",
+            (route, key, held.lease.fence, held.lease.holder),
+        )
+
+    def purge(self, now: float | None = None) -> int:
+        """Delete keys past their expiry (the embedded twin of Firestore's TTL policy).
+
+        Safe against a holder that is still publishing: a key with a live lease stays, and a
+        late commit is conditional on its holder token, which a recreated key never carries.
+        """
+        at = self.clock() if now is None else now
+        cur = self._exec(
+            "DELETE FROM key_state WHERE expires_at < ? AND (lease_expires IS NULL OR lease_expires < ?)", (at, at)
+        )
+        self.ops["purge"] += 1
+        return cur.rowcount
+
+    def _purge_when_due(self) -> None:
+        if self.purge_every is None:
+            return
+        now = self.clock()
+        if now >= self._next_purge:
+            self._next_purge = now + self.purge_every
+            self.purge(now)
+
+    async def ping(self) -> None:
+        self._exec("SELECT 1").fetchone()
+
+    async def close(self) -> None:
+        self._db.close()

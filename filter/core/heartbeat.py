@@ -1,0 +1,83 @@
+"""Keep a lease alive while a publish is under way: publishes can retry for longer than a lease."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+
+import structlog
+
+from filter.core.config import LeaseConfig
+from filter.core.counters import counts
+from filter.core.model import KeyState
+from filter.core.ports import Clock, StateStore, StoreUnavailable
+
+log = structlog.get_logger("pubsub_filter.heartbeat")
+
+
+class Heartbeat:
+    """An async context manager: while open, extends the lease every `lease.heartbeat` seconds.
+
+    `held` is always the latest state the store confirmed (its version moves with each
+    extension, and the commit must present it). A beat that finds a newer fence stops:
+    the lease was taken over and the commit will be refused.
+    """
+
+    def __init__(
+        self,
+        store: StateStore,
+        route: str,
+        key: str,
+        held: KeyState,
+        lease: LeaseConfig,
+        clock: Clock,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ):
+        self.store, self.route, self.key = store, route, key
+        self.held = held
+        self.lease = lease
+        self.clock = clock
+        self.sleep = sleep
+        self.extended = 0
+        self.failures = 0
+        self.lost = False
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> Heartbeat:
+        self._task = asyncio.create_task(self._beat())
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            # The beat never raises into the publish it guards: by now the publish may have
+            # landed, and only a commit attempt (refused if the lease moved) may follow it.
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _beat(self) -> None:
+        fence = self.held.lease.fence if self.held.lease else None
+        while True:
+            await self.sleep(self.lease.heartbeat)
+            try:
+                extended = await self.store.extend(
+                    self.route, self.key, self.held, self.clock.now() + self.lease.duration
+                )
+            except Exception as exc:  # any store error: keep beating, the lease may still be saved
+                self.failures += 1
+                counts["heartbeat_failed"] += 1
+                error = str(exc) if isinstance(exc, StoreUnavailable) else f"{type(exc).__name__}: {exc}"
+                log.warning("heartbeat_failed", route=self.route, key=self.key, fence=fence, error=error)
+                continue
+            if extended is None:
+                self.lost = True
+                counts["lease_lost"] += 1
+                log.warning("lease_lost", route=self.route, key=self.key, fence=fence)
+                return
+            self.held = extended
+            self.extended += 1
+            log.debug("lease_extended", route=self.route, key=self.key, fence=fence)

@@ -1,0 +1,160 @@
+"""The nouns of the filter: messages, stored key state, leases and decisions.
+
+Times are float seconds since the epoch throughout: cheap to compare on the hot path;
+backends convert at their edges.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One Pub/Sub message as the filter sees it, whichever surface delivered it."""
+
+    data: bytes
+    attributes: Mapping[str, str]
+    message_id: str
+    publish_time: float | None = None
+    ordering_key: str | None = None
+    delivery_attempt: int | None = None
+    subscription: str | None = None
+
+
+class Decision(enum.StrEnum):
+    FORWARDED = "forwarded"  # new or changed content: published downstream
+    SUPPRESSED = "suppressed"  # unchanged since the last forward, within the window
+    DUPLICATE = "duplicate"  # this message was already decided, or its content is in flight
+    CONTENDED = "contended"  # other content for this key is in flight: retry later
+    STALE = "stale"  # older than what was last forwarded for the key
+    NOISE_ONLY = "noise_only"  # suppressed, but fields outside the selection changed (audit sample)
+    FAIL_OPEN = "fail_open"  # the store was unreachable: forwarded anyway
+    REJECTED = "rejected"  # malformed, unknown route, wrong subscription
+    FAILED = "failed"  # could not be decided or published now: nacked, will be redelivered
+
+
+#: Decisions after which the source message is acked (push answers 2xx).
+ACKED = frozenset(
+    {
+        Decision.FORWARDED,
+        Decision.SUPPRESSED,
+        Decision.DUPLICATE,
+        Decision.STALE,
+        Decision.FAIL_OPEN,
+        Decision.NOISE_ONLY,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """Who is publishing for a key right now, and until when that claim holds."""
+
+    holder: str
+    fence: int
+    expires_at: float
+    fingerprint: str
+    message_id: str
+
+    def live(self, now: float) -> bool:
+        return self.expires_at > now
+
+
+@dataclass(frozen=True, slots=True)
+class KeyState:
+    """Everything stored for one (route, key): the last forward, recent ids, the lease.
+
+    `version` is the store's compare-and-set token for the document (opaque to the
+    engine); `fence` is the last fencing token ever issued for the key and only grows.
+    """
+
+    fingerprint: str | None = None
+    forwarded_at: float | None = None
+    message_id: str | None = None
+    publish_time: float | None = None
+    recent: tuple[tuple[str, str], ...] = ()  # (message id, fingerprint), oldest first
+    fence: int = 0
+    lease: Lease | None = None
+    expires_at: float | None = None  # for the store's TTL: when the whole document may go
+    rows: bytes | None = None  # per-row digests of the last forward (see filter.core.rows), routes with row_key
+    full_fingerprint: str | None = None  # the last forward over all fields, for the noise audit
+    version: Any = field(default=None, compare=False)
+
+    def decided(self, message_id: str) -> str | None:
+        """The fingerprint this message id was forwarded with, if it is a recent one."""
+        for mid, fp in self.recent:
+            if mid == message_id:
+                return fp
+        return None
+
+    def with_lease(self, lease: Lease | None) -> KeyState:
+        return replace(self, lease=lease, fence=lease.fence if lease else self.fence)
+
+    def expired(self, now: float) -> bool:
+        """Past `expires_at`: the state a TTL would have deleted (Firestore's TTL deletes a day or more late)."""
+        return self.expires_at is not None and self.expires_at <= now
+
+    def forgotten(self) -> KeyState:
+        """What the decision sees of expired state: nothing, except the lease (a live one still counts)
+        and what keeps writes safe (the fence only grows; the version is the compare-and-set token)."""
+        return KeyState(fence=self.fence, lease=self.lease, version=self.version)
+
+
+@dataclass(slots=True)
+class DecisionRecord:
+    """One decision, as logged and as written to the decisions table."""
+
+    time: float
+    route: str
+    decision: Decision
+    enforced: bool
+    message_id: str
+    key: str | None = None
+    reason: str | None = None
+    fingerprint: str | None = None
+    message_fingerprint: str | None = None
+    previous_fingerprint: str | None = None
+    destination: str | None = None
+    published_id: str | None = None
+    fence: int | None = None
+    publish_time: float | None = None
+    delivery_attempt: int | None = None
+    latency_ms: float | None = None
+    trace: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def acked(self) -> bool:
+        """Whether the source message is acked: every surface answers from this, and only this.
+
+        A shadow route acks whatever it published (it publishes once per delivery, whatever
+        enforce mode would have done); an unpublished shadow decision is answered as enforce
+        mode would answer it.
+        """
+        return self.decision in ACKED or (not self.enforced and self.published_id is not None)
+
+    def as_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "time": self.time,
+            "route": self.route,
+            "decision": str(self.decision),
+            "enforced": self.enforced,
+            "message_id": self.message_id,
+            "key": self.key,
+            "reason": self.reason,
+            "fingerprint": self.fingerprint,
+            "message_fingerprint": self.message_fingerprint,
+            "previous_fingerprint": self.previous_fingerprint,
+            "destination": self.destination,
+            "published_id": self.published_id,
+            "fence": self.fence,
+            "publish_time": self.publish_time,
+            "delivery_attempt": self.delivery_attempt,
+            "latency_ms": self.latency_ms,
+        }
+        out.update(self.extra)
+        return out

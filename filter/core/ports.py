@@ -1,0 +1,77 @@
+"""The small interfaces the engine talks to. Each backend is one module behind one of these."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Protocol
+
+from filter.core.model import DecisionRecord, KeyState
+
+
+class StoreUnavailable(Exception):
+    """The state store could not answer in time. The route's `on_store_error` decides."""
+
+
+class PublishFailed(Exception):
+    """The destination did not confirm the publish. The source message must be nacked."""
+
+
+class StateStore(Protocol):
+    """Per-(route, key) state with compare-and-set writes.
+
+    Every write is conditional, so two processes sharing a store can never both win:
+    `claim` succeeds only if the document is unchanged since `seen` was read; `extend`,
+    `commit` and `release` only while the stored lease still carries `held`'s fence.
+    Implementations raise `StoreUnavailable` when they cannot reach their backend.
+    """
+
+    async def read(self, route: str, key: str) -> KeyState | None: ...
+
+    async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
+        """Write `new` (which carries a lease) if nothing changed since `seen`; None if beaten."""
+
+    async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
+        """Push the lease expiry out; None if the lease is no longer ours (a newer fence)."""
+
+    async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
+        """Replace the state with `new` (no lease) if `held`'s fence still owns the lease."""
+
+    async def release(self, route: str, key: str, held: KeyState) -> None:
+        """Drop the lease if it is still ours, leaving the last forward untouched."""
+
+    async def ping(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+class Publisher(Protocol):
+    async def publish(
+        self,
+        destination: str,
+        data: bytes,
+        attributes: Mapping[str, str],
+        ordering_key: str | None = None,
+    ) -> str:
+        """Publish and wait for confirmation; return the destination's message id.
+
+        Raises `PublishFailed` when the publish is not confirmed.
+        """
+
+    async def ping(self) -> None:
+        """Cheap readiness check for `/readyz`: raise when every publish would certainly fail now."""
+
+    async def close(self) -> None: ...
+
+
+class DecisionRecorder(Protocol):
+    def record(self, record: DecisionRecord) -> None:
+        """Accept a record without blocking the request; writing happens elsewhere."""
+
+    async def flush(self) -> None: ...
+
+    async def close(self, deadline: float | None = None) -> None:
+        """Write what is waiting (giving up after `deadline` seconds), then release resources."""
+
+
+class Clock(Protocol):
+    def now(self) -> float: ...

@@ -1,0 +1,167 @@
+"""Decorators for a processor's handler: run the body only for a forward, under the lease.
+
+Three shapes of handler, each for a `SyncFilter` (plain functions) or a `Filter` (async
+functions):
+
+- `on_payload(f, route)`: `fn(payload)`; call it as `fn(payload, attributes=..., message_id=...)`.
+  The body gets the payload forwarded (decoded JSON, or bytes when it is not JSON).
+- `on_push(f, route)`: `fn(envelope)` for a Pub/Sub push body (bytes, text or the decoded dict).
+- `on_cloudevent(f, route)`: `fn(event)` for a functions-framework CloudEvent of a Pub/Sub
+  message (`data.message` with base64 `data`, `attributes`, `messageId`, `publishTime`).
+
+The push and CloudEvent bodies get the event they were called with. Every wrapper returns
+the `Outcome` (`outcome.skipped`: the content was unchanged, the body did not run), and
+raises `Nack` for a decision that must be redelivered (contended, failed, rejected): the
+platform then retries, as the sidecar's non-2xx answer would make it.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar, overload
+
+import msgspec
+
+from filter.core.engine import Engine
+from filter.core.envelope import EnvelopeError, parse_envelope
+from filter.core.model import Decision, Message
+from filter.inprocess.api import Filter, Forward, Outcome, SyncFilter
+
+T = TypeVar("T")
+
+ToMessage = Callable[..., Message]
+SyncDecorator = Callable[[Callable[..., T]], Callable[..., Outcome[T]]]
+AsyncDecorator = Callable[[Callable[..., Awaitable[T]]], Callable[..., Awaitable[Outcome[T]]]]
+
+
+class Nack(Exception):
+    """The message must be redelivered: the decision was not one to ack. `status` is what the sidecar answers."""
+
+    def __init__(self, outcome: Outcome[Any]):
+        super().__init__(f"{outcome.decision}: {outcome.reason}")
+        self.outcome = outcome
+
+    @property
+    def status(self) -> int:
+        if self.outcome.decision is Decision.REJECTED:
+            return 404 if self.outcome.record.extra.get("cause") == "unknown_route" else 400
+        if self.outcome.decision is Decision.CONTENDED or self.outcome.record.extra.get("cause") == "store":
+            return 503
+        return 500
+
+
+# --- messages from each handler shape ------------------------------------------------
+
+
+def payload_message(
+    payload: Any,
+    attributes: Mapping[str, str] | None = None,
+    message_id: str | None = None,
+    publish_time: float | None = None,
+) -> Message:
+    """A plain payload (bytes, text, or anything JSON-encodable) as a message.
+
+    Without a message id each call is a new delivery (a fresh id): the content decides.
+    """
+    if isinstance(payload, str):
+        data = payload.encode()
+    elif isinstance(payload, bytes | bytearray | memoryview):
+        data = bytes(payload)
+    else:
+        data = msgspec.json.encode(payload)
+    return Message(data, dict(attributes or {}), message_id or uuid.uuid4().hex, publish_time)
+
+
+def push_message(envelope: bytes | str | Mapping[str, Any]) -> Message:
+    """A push body (as received, or already decoded) → its message; `EnvelopeError` says what is wrong."""
+    if isinstance(envelope, Mapping):
+        envelope = msgspec.json.encode(envelope)
+    return parse_envelope(envelope.encode() if isinstance(envelope, str) else envelope)
+
+
+def cloudevent_message(event: Any) -> Message:
+    """A functions-framework CloudEvent for a Pub/Sub message (its `data` carries the push envelope's fields)."""
+    data = event.data if hasattr(event, "data") else event.get("data") if isinstance(event, Mapping) else None
+    if not isinstance(data, Mapping) or not isinstance(data.get("message"), Mapping):
+        raise EnvelopeError("not a Pub/Sub CloudEvent: its data has no message object")
+    return push_message({"message": data["message"], "subscription": data.get("subscription")})
+
+
+def _payload_of(forward: Forward) -> Any:
+    try:
+        return msgspec.json.decode(forward.data)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return forward.data
+
+
+# --- the decorators --------------------------------------------------------------------
+
+
+def _message_or_nack(engine: Engine, route: str, to_message: ToMessage, args: Any, kw: Any) -> Message:
+    try:
+        return to_message(*args, **kw)
+    except (EnvelopeError, TypeError, msgspec.EncodeError) as exc:
+        # Recorded and logged as the sidecar records a body it cannot read.
+        rec = engine.reject(route, None, str(exc), message_id=getattr(exc, "message_id", None))
+        raise Nack(Outcome(rec)) from exc
+
+
+def _acked(outcome: Outcome[T]) -> Outcome[T]:
+    if not outcome.acked:
+        raise Nack(outcome)
+    return outcome
+
+
+def _decorator(f: Filter | SyncFilter, route: str, to_message: ToMessage, gives_payload: bool) -> Any:
+    engine = f.engine
+
+    def body_args(forward: Forward, args: Any) -> Any:
+        return _payload_of(forward) if gives_payload else args[0]
+
+    def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        if isinstance(f, Filter):
+
+            @functools.wraps(fn)
+            async def async_wrapper(*args: Any, **kw: Any) -> Outcome[Any]:
+                msg = _message_or_nack(engine, route, to_message, args, kw)
+                return _acked(await f.process(route, msg, lambda fwd: fn(body_args(fwd, args))))
+
+            return async_wrapper
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kw: Any) -> Outcome[Any]:
+            msg = _message_or_nack(engine, route, to_message, args, kw)
+            return _acked(f.process(route, msg, lambda fwd: fn(body_args(fwd, args))))
+
+        return wrapper
+
+    return decorate
+
+
+@overload
+def on_payload(f: SyncFilter, route: str) -> SyncDecorator[Any]: ...
+@overload
+def on_payload(f: Filter, route: str) -> AsyncDecorator[Any]: ...
+def on_payload(f: Filter | SyncFilter, route: str) -> Any:
+    """`fn(payload)`, called as `fn(payload, attributes=None, message_id=None, publish_time=None)`."""
+    return _decorator(f, route, payload_message, gives_payload=True)
+
+
+@overload
+def on_push(f: SyncFilter, route: str) -> SyncDecorator[Any]: ...
+@overload
+def on_push(f: Filter, route: str) -> AsyncDecorator[Any]: ...
+def on_push(f: Filter | SyncFilter, route: str) -> Any:
+    """`fn(envelope)` for a Pub/Sub push body; the body gets the envelope as it was called with it."""
+    return _decorator(f, route, push_message, gives_payload=False)
+
+
+@overload
+def on_cloudevent(f: SyncFilter, route: str) -> SyncDecorator[Any]: ...
+@overload
+def on_cloudevent(f: Filter, route: str) -> AsyncDecorator[Any]: ...
+def on_cloudevent(f: Filter | SyncFilter, route: str) -> Any:
+    """`fn(event)` for a functions-framework CloudEvent of a Pub/Sub message."""
+    return _decorator(f, route, cloudevent_message, gives_payload=False)

@@ -1,0 +1,137 @@
+"""The store and the publisher, measured and traced, around whatever backends the config names.
+
+Composed like `GuardedStore` (and outside it: a store call's latency and span include its
+retries), so the engine needs no code for store and publish latency, their child spans,
+heartbeat events, commit refusals or the trace context a forwarded message carries.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TypeVar
+
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from filter.core.model import KeyState
+from filter.core.ports import Publisher, StateStore
+from filter.observability.telemetry import SYSTEM, Telemetry, short_name
+
+T = TypeVar("T")
+
+
+_OPERATIONS = ("read", "claim", "extend", "commit", "release")
+# attribute sets built once: the SDK hashes them on every record
+_OK = {op: {"operation": op, "outcome": "ok"} for op in _OPERATIONS}
+_ERROR = {op: {"operation": op, "outcome": "error"} for op in _OPERATIONS}
+
+
+class InstrumentedStore:
+    def __init__(self, inner: StateStore, telemetry: Telemetry) -> None:
+        self.inner = inner
+        self.telemetry = telemetry
+
+    async def _timed(self, operation: str, route: str, call: Callable[[], Awaitable[T]]) -> T:
+        t = self.telemetry
+        started = time.perf_counter()
+        outcome = _ERROR[operation]
+        try:
+            if t.tracing:
+                with t.child(f"store {operation}", {"pubsub_filter.route": route}):
+                    result = await call()
+            else:  # the suppress path's one store call: no span machinery when nothing records spans
+                result = await call()
+            outcome = _OK[operation]
+            return result
+        finally:
+            if t.metrics:
+                t.store_latency.record(time.perf_counter() - started, outcome)
+
+    async def read(self, route: str, key: str) -> KeyState | None:
+        return await self._timed("read", route, lambda: self.inner.read(route, key))
+
+    async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
+        return await self._timed("claim", route, lambda: self.inner.claim(route, key, seen, new))
+
+    async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
+        # A heartbeat: an event on the publish it keeps alive, not a span of its own.
+        t = self.telemetry
+        started = time.perf_counter()
+        try:
+            extended = await self.inner.extend(route, key, held, expires_at)
+        except Exception as exc:
+            if t.metrics:
+                t.store_latency.record(time.perf_counter() - started, _ERROR["extend"])
+                t.heartbeat_failures.add(1, {"route": route})
+            t.heartbeat_event("heartbeat failed", error=f"{type(exc).__name__}: {exc}")
+            raise
+        if t.metrics:
+            t.store_latency.record(time.perf_counter() - started, _OK["extend"])
+        t.heartbeat_event("lease extended" if extended is not None else "lease lost")
+        return extended
+
+    async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
+        committed = await self._timed("commit", route, lambda: self.inner.commit(route, key, held, new))
+        if not committed and self.telemetry.metrics:
+            self.telemetry.commit_refusals.add(1, {"route": route})
+        return committed
+
+    async def release(self, route: str, key: str, held: KeyState) -> None:
+        await self._timed("release", route, lambda: self.inner.release(route, key, held))
+
+    async def ping(self) -> None:
+        await self.inner.ping()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+class InstrumentedPublisher:
+    def __init__(self, inner: Publisher, telemetry: Telemetry) -> None:
+        self.inner = inner
+        self.telemetry = telemetry
+
+    async def publish(
+        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None = None
+    ) -> str:
+        t = self.telemetry
+        topic = short_name(destination) or destination
+        started = time.perf_counter()
+        outcome = "error"
+        span_attributes: dict[str, str | int] = {
+            "messaging.system": SYSTEM,
+            "messaging.operation.name": "send",
+            "messaging.operation.type": "send",
+            "messaging.destination.name": topic,
+            "messaging.message.body.size": len(data),
+        }
+        if ordering_key:
+            span_attributes["messaging.gcp_pubsub.message.ordering_key"] = ordering_key
+        try:
+            with t.child(f"{topic} send", span_attributes, SpanKind.PRODUCER) as span:
+                t.publishing(span)
+                outgoing = dict(attributes)
+                t.inject(outgoing)
+                try:
+                    published = await self.inner.publish(destination, data, outgoing, ordering_key)
+                except BaseException as exc:
+                    if span is not None:
+                        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                    raise
+                finally:
+                    t.publishing(None)
+                if span is not None:
+                    span.set_attribute("messaging.message.id", published)
+            outcome = "ok"
+            return published
+        finally:
+            if t.metrics:
+                t.publish_latency.record(
+                    time.perf_counter() - started, {"destination": destination, "outcome": outcome}
+                )
+
+    async def ping(self) -> None:
+        await self.inner.ping()
+
+    async def close(self) -> None:
+        await self.inner.close()

@@ -1,0 +1,39 @@
+"""What every long-running surface answers on its probe port: readiness of the engine's
+backends, and Prometheus text for `/metrics`. Shared by push and the pull worker's health
+port, so neither surface imports the other."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+if TYPE_CHECKING:
+    from filter.core.engine import Engine
+    from filter.observability.telemetry import PrometheusText
+
+
+async def backend_problems(engine: Engine) -> dict[str, str]:
+    """Why every forward would fail now, by backend: the store cannot answer, or the publisher
+    cannot take a message (an outbox whose directory vanished, a full disk). Empty: ready."""
+    budget = engine.config.store_errors.budget
+    problems: dict[str, str] = {}
+    for name, ping in (("store", engine.store.ping), ("publisher", engine.publisher.ping)):
+        try:
+            await asyncio.wait_for(ping(), budget)
+        except Exception as exc:
+            problems[name] = str(exc) or type(exc).__name__
+    return problems
+
+
+def metrics_route(prometheus: PrometheusText) -> Route:
+    """`GET /metrics`: Prometheus text, for a Managed Prometheus sidecar or any scraper."""
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    async def metrics(_: Request) -> Response:
+        return Response(prometheus.render(), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    return Route("/metrics", metrics, methods=["GET"])

@@ -1,0 +1,146 @@
+"""The pull worker's probes and its watchdog.
+
+- `HealthServer`: `/healthz` (the worker's loop answers and no stream failed), `/readyz`
+  (every stream open, none stalled, store and publisher answer) and `/metrics`, on a small
+  uvicorn server inside the worker's own event loop (for GKE probes, Cloud Run worker pools
+  and Prometheus scrapes).
+- `Watchdog`: when a route has had no message for a quarter of its ack deadline, ask Pub/Sub
+  about its subscription (a unary `GetSubscription`, bounded in time). A failure (Pub/Sub
+  unreachable, the subscription deleted or detached, permission lost) is one `pull_stalled`
+  error line, well within the ack deadline; `pull_recovered` when it answers again. An idle
+  subscription that Pub/Sub confirms is healthy is not an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+import structlog
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from filter.observability.probes import backend_problems, metrics_route
+from filter.runtime.operational import Failure
+
+log = structlog.get_logger("pubsub_filter.pull")
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn inside the worker's loop: the worker owns SIGTERM/SIGINT, not uvicorn."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+def _json(body: dict[str, Any], status: int = 200) -> Response:
+    return Response(msgspec.json.encode(body), status, media_type="application/json")
+
+
+class Watchdog:
+    """Per route: when did a message last arrive, and is the subscription answering?"""
+
+    def __init__(self, paths: dict[str, str], ack_deadline: float, probe: Callable[[str, float], None]) -> None:
+        self.paths = paths
+        self.quiet_after = max(ack_deadline / 4, 0.05)
+        self.probe = probe  # (subscription path, timeout): raises when Pub/Sub cannot confirm it
+        now = time.monotonic()
+        self.last_message = dict.fromkeys(paths, now)
+        self.stalled: dict[str, str] = {}
+
+    def saw_message(self, route: str) -> None:
+        self.last_message[route] = time.monotonic()
+        if route in self.stalled:
+            self._recovered(route)
+
+    async def check(self) -> None:
+        """One round: probe every route that has been quiet for a quarter of the ack deadline."""
+        for route, path in self.paths.items():
+            quiet = time.monotonic() - self.last_message[route]
+            if quiet < self.quiet_after:
+                continue
+            try:
+                await asyncio.to_thread(self.probe, path, self.quiet_after)
+            except Exception as exc:
+                error = f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
+                if route not in self.stalled:
+                    log.error(
+                        "pull_stalled",
+                        route=route,
+                        subscription=path,
+                        quiet_s=round(quiet, 1),
+                        error=error,
+                        hint="no message arrives and Pub/Sub does not confirm the subscription: "
+                        "check the network to Pub/Sub, that the subscription exists and is not detached, "
+                        "and the worker's roles/pubsub.subscriber",
+                    )
+                self.stalled[route] = error
+            else:
+                if route in self.stalled:
+                    self._recovered(route)
+
+    def _recovered(self, route: str) -> None:
+        del self.stalled[route]
+        log.info("pull_recovered", route=route, subscription=self.paths[route])
+
+    async def run(self, every: float) -> None:
+        while True:
+            await asyncio.sleep(every)
+            await self.check()
+
+
+class HealthServer:
+    def __init__(self, app: Starlette, host: str, port: int) -> None:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            self.sock = socket.create_server((host, port), family=family)
+        except OSError as exc:
+            raise Failure(f"cannot listen on {host}:{port} for health checks: {exc.strerror or exc}") from None
+        self.port = self.sock.getsockname()[1]
+        self.server = _QuietServer(uvicorn.Config(app, lifespan="off", access_log=False, log_level="warning"))
+        self.task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self.server.serve(sockets=[self.sock]))
+
+    async def stop(self) -> None:
+        self.server.should_exit = True
+        if self.task is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(self.task, 5.0)
+        self.sock.close()
+
+
+def health_app(worker: Any) -> Starlette:
+    """Probes over a `PullWorker` (its engine, streams and watchdog)."""
+    engine = worker.engine
+
+    async def healthz(_: Request) -> Response:
+        if worker.failure is not None:
+            return _json({"status": "failed", "error": str(worker.failure)}, 503)
+        return _json({"status": "ok", "in_flight": engine.in_flight, "handled": worker.handled})
+
+    async def readyz(_: Request) -> Response:
+        problems: dict[str, str] = {}
+        if not worker.ready.is_set():
+            problems["streams"] = "not open yet"
+        for route, error in worker.watchdog.stalled.items():
+            problems[f"route {route}"] = error
+        problems.update(await backend_problems(engine))
+        if problems:
+            return _json({"status": "unavailable", **problems}, 503)
+        return _json({"status": "ready"})
+
+    routes = [Route("/healthz", healthz, methods=["GET"]), Route("/readyz", readyz, methods=["GET"])]
+    if engine.telemetry.prometheus is not None:
+        routes.append(metrics_route(engine.telemetry.prometheus))
+    return Starlette(routes=routes)

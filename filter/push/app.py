@@ -1,0 +1,181 @@
+"""The Cloud Run push endpoint: a thin HTTP surface over `Engine.handle`.
+
+Pub/Sub acks a push on 2xx and redelivers on anything else. The emulator does not treat
+202 as an ack, so every acked decision answers 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import structlog
+from opentelemetry import context as otel_context
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from filter.core.counters import counts
+from filter.core.engine import Engine
+from filter.core.envelope import EnvelopeError, parse_envelope
+from filter.core.model import Decision, DecisionRecord
+from filter.observability.probes import backend_problems, metrics_route
+from filter.observability.telemetry import request_context
+
+log = structlog.get_logger("pubsub_filter.push")
+
+_TRACE = re.compile(r"^([0-9a-fA-F]{32})")
+_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-")
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(msgspec.json.encode(body), status, headers, media_type="application/json")
+
+
+def status_for(rec: DecisionRecord) -> int:
+    if rec.acked:
+        return 200
+    cause = rec.extra.get("cause")
+    if rec.decision is Decision.REJECTED:
+        return 404 if cause == "unknown_route" else 400
+    if rec.decision is Decision.CONTENDED or cause == "store":
+        return 503
+    return 500
+
+
+def trace_of(request: Request) -> str | None:
+    header = request.headers.get("x-cloud-trace-context")
+    if header and (m := _TRACE.match(header)):
+        return m.group(1)
+    header = request.headers.get("traceparent")
+    if header and (m := _TRACEPARENT.match(header)):
+        return m.group(1)
+    return None
+
+
+async def _body(request: Request, limit: int) -> bytes:
+    declared = request.headers.get("content-length")
+    # isascii: '²'.isdigit() is True, and int('²') raises
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
+        raise _TooLarge
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise _TooLarge
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def create_app(
+    engine: Engine, authenticator: Any = None, lifespan: Any = None, body_timeout: float | None = None
+) -> Starlette:
+    max_body = engine.config.server.max_body
+    # A client that sends part of a body and stalls would otherwise hold a request (and its memory) open for good.
+    body_timeout = engine.config.server.body_timeout if body_timeout is None else body_timeout
+
+    async def push(request: Request) -> Response:
+        route = request.path_params["route"]
+        if authenticator is not None:
+            from filter.push.auth import AuthError
+
+            try:
+                await authenticator.verify(request.headers.get("authorization"))
+            except AuthError as exc:
+                counts["auth_rejected"] += 1
+                log.warning("push_unauthorized", route=route, status=exc.status, reason=exc.reason)
+                return _json({"error": exc.reason}, exc.status)
+        trace = trace_of(request)
+        if trace:
+            # Lifecycle lines (lease taken over, heartbeat failed...) then carry the request's trace too.
+            structlog.contextvars.bind_contextvars(trace=trace)
+        if route not in engine.rules:
+            rec = engine.reject(route, None, f"unknown route {route!r}", trace=trace, cause="unknown_route")
+            return _json({"decision": "rejected", "reason": rec.reason}, 404)
+        try:
+            async with asyncio.timeout(body_timeout):
+                body = await _body(request, max_body)
+        except _TooLarge:
+            rec = engine.reject(route, None, f"body larger than {max_body} bytes", trace=trace)
+            return _json({"decision": "rejected", "reason": rec.reason}, 413)
+        except TimeoutError:
+            rec = engine.reject(route, None, f"body not received in full within {body_timeout:g}s", trace=trace)
+            # the rest of the body may still arrive: it must not be read as the next request
+            return _json({"decision": "rejected", "reason": rec.reason}, 408, {"Connection": "close"})
+        except ClientDisconnect:
+            # Nobody is left to answer, and no decision was taken: Pub/Sub sends it again.
+            counts["client_disconnected"] += 1
+            log.info("push_client_disconnected", route=route)
+            return Response(status_code=499)
+        try:
+            msg = parse_envelope(body)
+        except EnvelopeError as exc:
+            rec = engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
+            return _json({"decision": "rejected", "reason": rec.reason}, 400)
+        if engine.telemetry.tracing and (parent := request_context(request.headers)) is not None:
+            token = otel_context.attach(parent)  # the decision span's parent: the push request's trace
+            try:
+                rec = await engine.handle(route, msg, trace)
+            finally:
+                otel_context.detach(token)
+        else:
+            rec = await engine.handle(route, msg, trace)
+        status = status_for(rec)
+        out: dict[str, Any] = {
+            "decision": str(rec.decision),
+            "reason": rec.reason,
+            "message_id": rec.message_id,
+        }
+        if rec.key is not None:
+            out["key"] = rec.key
+            out["fingerprint"] = rec.fingerprint
+        if not rec.enforced:
+            out["enforced"] = False
+        if rec.published_id:
+            out["published_id"] = rec.published_id
+        return _json(out, status, {"Retry-After": "1"} if status == 503 else None)
+
+    async def healthz(_: Request) -> Response:
+        return _json({"status": "ok", "in_flight": engine.in_flight, "counts": dict(counts)})
+
+    async def readyz(_: Request) -> Response:
+        problems = await backend_problems(engine)
+        if problems:
+            return _json({"status": "unavailable", **problems}, 503)
+        return _json({"status": "ready"})
+
+    routes = [
+        Route("/push/{route}", push, methods=["POST"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/readyz", readyz, methods=["GET"]),
+    ]
+    if engine.telemetry.prometheus is not None:
+        routes.append(metrics_route(engine.telemetry.prometheus))
+    return Starlette(
+        routes=routes,
+        lifespan=lifespan,
+    )
+
+
+@contextlib.asynccontextmanager
+async def engine_lifespan(engine: Engine) -> AsyncIterator[None]:
+    """Close cleanly after uvicorn has drained in-flight requests on SIGTERM."""
+    log.info("serving", routes=sorted(engine.rules), instance=engine.instance)
+    try:
+        yield
+    finally:
+        # A hung records backend must not hold up shutdown past the grace period.
+        await engine.recorder.close(deadline=engine.config.server.shutdown_grace)
+        await engine.publisher.close()
+        await engine.store.close()
+        engine.telemetry.shutdown()  # the last OTLP batches
+        log.info("stopped", instance=engine.instance)

@@ -1,0 +1,87 @@
+"""`pubsub-filter serve`: the push endpoint under uvicorn, drained gracefully on SIGTERM."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+from collections.abc import Iterator
+
+import structlog
+import uvicorn
+
+from filter.core.config import Config
+from filter.observability.logsetup import configure
+from filter.push.app import create_app, engine_lifespan
+from filter.runtime.operational import Failure
+from filter.runtime.wiring import make_engine, make_telemetry
+
+
+class _GracefulServer(uvicorn.Server):
+    """Exit 0 after a SIGTERM shutdown: it is how Cloud Run stops every instance, not a failure.
+
+    uvicorn re-raises the captured signal once drained (so the process dies of it); keep
+    its graceful drain and drop only that re-raise, for SIGTERM.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        with super().capture_signals():
+            yield
+            self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before anything else starts, so a port in use is one
+    clear line (`Failure`) rather than a server that starts, logs and stops."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family, backlog=2048)
+    except OSError as exc:
+        raise Failure(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+
+
+def serve(cfg: Config, host: str, port: int) -> int:
+    sock = listen(host, port)
+    try:
+        return _serve(cfg, sock, host, port)
+    finally:
+        sock.close()
+
+
+def _serve(cfg: Config, sock: socket.socket, host: str, port: int) -> int:
+    configure(project=cfg.project)
+    engine = make_engine(cfg, make_telemetry(cfg))
+    authenticator = None
+    if cfg.auth.audience:
+        from filter.push.auth import PushAuthenticator
+
+        authenticator = PushAuthenticator(
+            audience=cfg.auth.audience,
+            service_account=cfg.auth.service_account,
+            issuers=tuple(cfg.auth.issuers),
+            certs_url=cfg.auth.certs_url,
+        )
+    structlog.get_logger("pubsub_filter").info(
+        "config_loaded",
+        routes=[r.name for r in cfg.routes],
+        store=cfg.store.backend,
+        publisher=cfg.publisher.backend,
+        records=cfg.records.backend,
+        auth=authenticator is not None,
+        port=port,
+    )
+    app = create_app(engine, authenticator, lifespan=lambda _app: engine_lifespan(engine))
+    server = _GracefulServer(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            lifespan="on",
+            access_log=False,
+            log_level="warning",
+            timeout_graceful_shutdown=int(cfg.server.shutdown_grace),
+        )
+    )
+    server.run(sockets=[sock])
+    return 0

@@ -1,0 +1,75 @@
+"""Can the files the config names be opened? Asked by `check` and before `serve` starts.
+
+The embedded backends open their files lazily or deep inside start-up: a missing
+directory showed up as a traceback, or (the outbox) as a 500 on the first forward.
+Nothing here creates or writes a file: an existing one is opened and closed, a new one
+needs a writable directory to be created in. Relative paths are taken from the
+current directory, as the service will.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from pathlib import Path
+
+from filter.core.config import Config, ConfigError
+
+
+def problems(cfg: Config) -> list[str]:
+    found: list[str] = []
+    if cfg.store.backend == "sqlite":
+        found += _sqlite("store.path", Path(cfg.store.path))
+    if cfg.records.backend == "sqlite":
+        found += _sqlite("records.path", Path(cfg.records.path))
+    if cfg.publisher.backend == "outbox":
+        found += _appendable("publisher.path", Path(cfg.publisher.path))
+    return found
+
+
+def check(cfg: Config, source: str) -> None:
+    """Raise `ConfigError` naming each file that cannot be opened or created."""
+    found = problems(cfg)
+    if found:
+        raise ConfigError(source, found)
+
+
+def _creatable(key: str, path: Path) -> list[str]:
+    parent = path.absolute().parent
+    if not parent.exists():
+        return [f"{key}: cannot create {str(path)!r}: the directory {str(parent)!r} does not exist"]
+    if not parent.is_dir():
+        return [f"{key}: cannot create {str(path)!r}: {str(parent)!r} is not a directory"]
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return [f"{key}: cannot create {str(path)!r}: no permission to write in {str(parent)!r}"]
+    return []
+
+
+def _sqlite(key: str, path: Path) -> list[str]:
+    if path.is_dir():
+        return [f"{key}: {str(path)!r} is a directory, not a database file"]
+    # WAL keeps its -wal and -shm files beside the database: the directory must be writable either way.
+    found = _creatable(key, path)
+    if found or not path.exists():
+        return found
+    try:
+        db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=rw", uri=True)
+        try:
+            db.execute("PRAGMA schema_version").fetchone()
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        return [f"{key}: cannot open {str(path)!r} as a SQLite database: {exc}"]
+    return []
+
+
+def _appendable(key: str, path: Path) -> list[str]:
+    if path.is_dir():
+        return [f"{key}: {str(path)!r} is a directory, not a file"]
+    if not path.exists():
+        return _creatable(key, path)
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND))
+    except OSError as exc:
+        return [f"{key}: cannot append to {str(path)!r}: {exc.strerror}"]
+    return []

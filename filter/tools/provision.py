@@ -1,0 +1,484 @@
+"""`pubsub-filter provision`: create the Pub/Sub resources a config needs, idempotently.
+
+For every route (each must name its `subscription`):
+
+- the **destination** topic (`destination`);
+- the **source** topic that feeds it: `--source-topic ROUTE=TOPIC`; else, when the
+  subscription already exists, the topic it is attached to; else the subscription id with
+  a trailing `-sub` or a leading `sub-` removed (`injuries-sub` → `injuries`). Any other
+  subscription id needs `--source-topic`;
+- the **subscription**: push to `BASE_URL/push/ROUTE` (`--push-endpoint BASE_URL`, with
+  the config's `auth.service_account`/`auth.audience` as its OIDC token when set) or pull
+  (`--pull`), ack deadline `lease.ack_deadline`, retry policy 10 s to 600 s, a dead-letter
+  policy after `--max-delivery-attempts` (default: ceil(lease.duration / 10 s) + 5, as infra/
+  sizes it), message ordering on (README, "Ordering"), never expiring;
+- the **dead-letter topic** `<subscription id>-dlq` and its pull subscription
+  `<subscription id>-dlq-sub` (ack deadline 60 s, 7 days' retention, never expiring),
+  so what is dead-lettered waits for `pubsub-filter replay`.
+
+Each resource is read first and only created or updated when it is missing or differs:
+one line per resource says `created`, `exists` or `updated` (with what changed), and a
+second run says `no changes`. `--dry-run` says what it would do and changes nothing. A
+subscription attached to another topic than the one wanted is reported, never deleted
+(a subscription's topic cannot change), and the command exits 1.
+
+On the real service (not `PUBSUB_EMULATOR_HOST`), dead-lettering also needs IAM for the
+Pub/Sub service agent; that is printed as a reminder, and infra/ grants it in production.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import math
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from filter.core.config import Config
+
+MIN_BACKOFF_S = 10
+MAX_BACKOFF_S = 600
+#: Spare deliveries on top of what lease contention alone can use up (the same rule as infra/).
+ATTEMPTS_MARGIN = 5
+
+
+def delivery_attempts_for(cfg: Config) -> int:
+    """Enough attempts that a message only waiting out another version's lease is never dead-lettered.
+
+    A `contended` 503 lasts at most one lease and comes back no sooner than the minimum
+    backoff apart: ceil(lease.duration / minimum_backoff) + margin, within Pub/Sub's 5..100.
+    """
+    return min(100, max(5, math.ceil(cfg.lease.duration / MIN_BACKOFF_S) + ATTEMPTS_MARGIN))
+
+
+DLQ_ACK_DEADLINE_S = 60
+DLQ_RETENTION_S = 7 * 86400
+NO_CREDENTIALS = (
+    "no Google credentials: run `gcloud auth application-default login` (or use a service account), "
+    "or set PUBSUB_EMULATOR_HOST for the emulator"
+)
+
+
+class ProvisionError(Exception):
+    """The config or the options cannot be provisioned as asked (exit 2)."""
+
+
+# --- what the config needs ---------------------------------------------------------------------
+
+
+@dataclass
+class SubscriptionSpec:
+    path: str
+    topic: str
+    route: str | None = None
+    push_endpoint: str = ""
+    oidc_service_account: str = ""
+    oidc_audience: str = ""
+    ack_deadline: int = DLQ_ACK_DEADLINE_S
+    dead_letter_topic: str = ""
+    max_delivery_attempts: int = 0
+    retry: bool = False
+    retention_s: int | None = None
+    ordered: bool = False  # set at creation only: Pub/Sub cannot change it on an existing subscription
+
+    def request(self) -> dict[str, Any]:
+        req: dict[str, Any] = {
+            "name": self.path,
+            "topic": self.topic,
+            "ack_deadline_seconds": self.ack_deadline,
+            "push_config": self._push_config(),
+            "expiration_policy": {},  # no ttl: never expires
+        }
+        if self.dead_letter_topic:
+            req["dead_letter_policy"] = {
+                "dead_letter_topic": self.dead_letter_topic,
+                "max_delivery_attempts": self.max_delivery_attempts,
+            }
+        if self.retry:
+            req["retry_policy"] = {
+                "minimum_backoff": {"seconds": MIN_BACKOFF_S},
+                "maximum_backoff": {"seconds": MAX_BACKOFF_S},
+            }
+        if self.retention_s is not None:
+            req["message_retention_duration"] = {"seconds": self.retention_s}
+        if self.ordered:
+            req["enable_message_ordering"] = True
+        return req
+
+    def _push_config(self) -> dict[str, Any]:
+        if not self.push_endpoint:
+            return {}
+        cfg: dict[str, Any] = {"push_endpoint": self.push_endpoint}
+        if self.oidc_service_account:
+            cfg["oidc_token"] = {
+                "service_account_email": self.oidc_service_account,
+                "audience": self.oidc_audience,
+            }
+        return cfg
+
+    def describe(self) -> str:
+        how = f"push → {self.push_endpoint}" if self.push_endpoint else "pull"
+        parts = [how, f"ack deadline {self.ack_deadline}s"]
+        if self.dead_letter_topic:
+            parts.append(f"dead letters → {_short(self.dead_letter_topic)} after {self.max_delivery_attempts} attempts")
+        return ", ".join(parts)
+
+    def differences(self, current: Any) -> list[tuple[str, str]]:
+        """(update-mask path, what changes) for every setting `current` lacks; [] when it matches."""
+        diffs: list[tuple[str, str]] = []
+        if int(current.ack_deadline_seconds) != self.ack_deadline:
+            diffs.append(
+                ("ack_deadline_seconds", f"ack deadline {current.ack_deadline_seconds}s → {self.ack_deadline}s")
+            )
+        push = current.push_config
+        have_endpoint = str(push.push_endpoint or "")
+        have_oidc = (
+            (str(push.oidc_token.service_account_email), str(push.oidc_token.audience))
+            if "oidc_token" in push
+            else ("", "")
+        )
+        want_oidc = (self.oidc_service_account, self.oidc_audience) if self.push_endpoint else ("", "")
+        if have_endpoint != self.push_endpoint or (self.push_endpoint and have_oidc != want_oidc):
+            before = f"push → {have_endpoint}" if have_endpoint else "pull"
+            after = f"push → {self.push_endpoint}" if self.push_endpoint else "pull"
+            if before == after:
+                before, after = f"OIDC {have_oidc[0] or 'none'}", f"OIDC {want_oidc[0] or 'none'}"
+            diffs.append(("push_config", f"{before} → {after}"))
+        if self.dead_letter_topic:
+            dlp = current.dead_letter_policy if "dead_letter_policy" in current else None
+            have = (str(dlp.dead_letter_topic), int(dlp.max_delivery_attempts)) if dlp is not None else ("", 0)
+            if have != (self.dead_letter_topic, self.max_delivery_attempts):
+                was = f"{_short(have[0])} after {have[1]}" if have[0] else "none"
+                diffs.append(
+                    (
+                        "dead_letter_policy",
+                        f"dead letters {was} → {_short(self.dead_letter_topic)} after {self.max_delivery_attempts}",
+                    )
+                )
+        if self.retry:
+            rp = current.retry_policy if "retry_policy" in current else None
+            have_rp = (_seconds(rp.minimum_backoff), _seconds(rp.maximum_backoff)) if rp is not None else None
+            if have_rp != (MIN_BACKOFF_S, MAX_BACKOFF_S):
+                was = f"{have_rp[0]:g}s-{have_rp[1]:g}s" if have_rp else "none"
+                diffs.append(("retry_policy", f"retry backoff {was} → {MIN_BACKOFF_S}s-{MAX_BACKOFF_S}s"))
+        if "expiration_policy" not in current or _seconds(current.expiration_policy.ttl):
+            diffs.append(("expiration_policy", "expiry → never"))
+        if self.retention_s is not None and _seconds(current.message_retention_duration) != self.retention_s:
+            diffs.append(
+                (
+                    "message_retention_duration",
+                    f"retention {_seconds(current.message_retention_duration):g}s → {self.retention_s}s",
+                )
+            )
+        return diffs
+
+
+def _seconds(value: Any) -> float:
+    if value is None:
+        return 0.0
+    if isinstance(value, dt.timedelta):
+        return value.total_seconds()
+    return float(getattr(value, "seconds", 0)) + float(getattr(value, "nanos", 0)) / 1e9
+
+
+def _short(path: str) -> str:
+    return path.rsplit("/", 1)[-1]
+
+
+@dataclass
+class Plan:
+    project: str
+    topics: list[tuple[str, str]] = field(default_factory=list)  # (path, why)
+    subscriptions: list[SubscriptionSpec] = field(default_factory=list)
+
+
+def derive_source_topic(subscription_id: str) -> str | None:
+    """`injuries-sub` → `injuries`, `sub-injuries` → `injuries`; None when neither affix is there."""
+    if subscription_id.endswith("-sub") and len(subscription_id) > 4:
+        return subscription_id[: -len("-sub")]
+    if subscription_id.startswith("sub-") and len(subscription_id) > 4:
+        return subscription_id[len("sub-") :]
+    return None
+
+
+def topic_path(name: str, project: str) -> str:
+    if name.startswith("projects/"):
+        if not re.match(r"^projects/[^/]+/topics/[^/]+$", name):
+            raise ProvisionError(f"{name!r} is not a projects/PROJECT/topics/TOPIC path")
+        return name
+    if "/" in name:
+        raise ProvisionError(f"{name!r}: give a topic id or a projects/PROJECT/topics/TOPIC path")
+    return f"projects/{project}/topics/{name}"
+
+
+def subscription_path(name: str, project: str) -> str:
+    if name.startswith("projects/"):
+        if not re.match(r"^projects/[^/]+/subscriptions/[^/]+$", name):
+            raise ProvisionError(f"{name!r} is not a projects/PROJECT/subscriptions/NAME path")
+        return name
+    return f"projects/{project}/subscriptions/{name}"
+
+
+def plan(
+    cfg: Config,
+    project: str,
+    *,
+    push_endpoint: str | None,
+    max_delivery_attempts: int,
+    source_topics: dict[str, str],
+    existing_topic_of: Any,
+) -> Plan:
+    """Everything the config needs. `existing_topic_of(subscription path)` → its topic, or None."""
+    if not 5 <= max_delivery_attempts <= 100:
+        raise ProvisionError(
+            f"--max-delivery-attempts must be between 5 and 100 (Pub/Sub's limits), not {max_delivery_attempts}"
+        )
+    ack_deadline = round(cfg.lease.ack_deadline)
+    if not 10 <= ack_deadline <= 600:
+        raise ProvisionError(
+            f"lease.ack_deadline is {cfg.lease.ack_deadline:g}s; a subscription's ack deadline must be 10s to 600s"
+        )
+    unknown = sorted(set(source_topics) - {r.name for r in cfg.routes})
+    if unknown:
+        raise ProvisionError(f"--source-topic names unknown route(s): {', '.join(unknown)}")
+    missing = [r.name for r in cfg.routes if not r.subscription]
+    if missing:
+        raise ProvisionError(
+            f"route(s) {', '.join(missing)} have no `subscription`: set one per route in the config, "
+            "it names the subscription to create"
+        )
+    out = Plan(project)
+    seen: set[str] = set()
+
+    def topic(path: str, why: str) -> None:
+        if path not in seen:
+            seen.add(path)
+            out.topics.append((path, why))
+
+    base = push_endpoint.rstrip("/") if push_endpoint else None
+    oidc_sa = cfg.auth.service_account or ""
+    oidc_aud = cfg.auth.audience or ""
+    for route in cfg.routes:
+        assert route.subscription is not None
+        sub = subscription_path(route.subscription, project)
+        sub_id = _short(sub)
+        sub_project = sub.split("/")[1]
+        topic(topic_path(route.destination, project), f"destination of route {route.name!r}")
+        if route.name in source_topics:
+            source = topic_path(source_topics[route.name], sub_project)
+        else:
+            attached = existing_topic_of(sub)
+            derived = derive_source_topic(sub_id)
+            if attached:
+                source = attached
+            elif derived:
+                source = topic_path(derived, sub_project)
+            else:
+                raise ProvisionError(
+                    f"route {route.name!r}: cannot tell the source topic from subscription id {sub_id!r} "
+                    f"(no -sub suffix or sub- prefix to remove): pass --source-topic {route.name}=TOPIC"
+                )
+        topic(source, f"source of route {route.name!r}")
+        dlq = f"projects/{sub_project}/topics/{sub_id}-dlq"
+        topic(dlq, f"dead letters of route {route.name!r}")
+        out.subscriptions.append(
+            SubscriptionSpec(
+                path=f"projects/{sub_project}/subscriptions/{sub_id}-dlq-sub",
+                topic=dlq,
+                route=None,
+                ack_deadline=DLQ_ACK_DEADLINE_S,
+                retention_s=DLQ_RETENTION_S,
+            )
+        )
+        out.subscriptions.append(
+            SubscriptionSpec(
+                path=sub,
+                topic=source,
+                route=route.name,
+                push_endpoint=f"{base}/push/{route.name}" if base else "",
+                oidc_service_account=oidc_sa if base else "",
+                oidc_audience=(oidc_aud or base) if base and oidc_sa else "",
+                ack_deadline=ack_deadline,
+                dead_letter_topic=dlq,
+                max_delivery_attempts=max_delivery_attempts,
+                retry=True,
+                ordered=True,
+            )
+        )
+    return out
+
+
+# --- applying it -----------------------------------------------------------------------------------
+
+
+class Provisioner:
+    def __init__(self, publisher: Any, subscriber: Any, dry_run: bool = False, out: Any = None):
+        self.publisher = publisher
+        self.subscriber = subscriber
+        self.dry_run = dry_run
+        self.out = out or sys.stdout
+        self.created = 0
+        self.updated = 0
+        self.conflicts = 0
+        self._subs: dict[str, Any] = {}
+
+    def say(self, status: str, kind: str, path: str, detail: str = "") -> None:
+        if self.dry_run and status in ("created", "updated"):
+            status = "would " + ("create" if status == "created" else "update")
+        tail = f"  ({detail})" if detail else ""
+        self.out.write(f"{status:<15}{kind:<14}{path}{tail}\n")
+        self.out.flush()
+
+    def current_subscription(self, path: str) -> Any:
+        from google.api_core import exceptions as gexc
+
+        if path not in self._subs:
+            try:
+                self._subs[path] = self.subscriber.get_subscription(subscription=path, timeout=30)
+            except gexc.NotFound:
+                self._subs[path] = None
+        return self._subs[path]
+
+    def topic_of(self, path: str) -> str | None:
+        current = self.current_subscription(path)
+        return str(current.topic) if current is not None else None
+
+    def ensure_topic(self, path: str, why: str) -> None:
+        from google.api_core import exceptions as gexc
+
+        try:
+            self.publisher.get_topic(topic=path, timeout=30)
+        except gexc.NotFound:
+            pass
+        else:
+            self.say("exists", "topic", path, why)
+            return
+        if not self.dry_run:
+            try:
+                self.publisher.create_topic(name=path, timeout=30)
+            except gexc.AlreadyExists:  # created meanwhile by someone else
+                self.say("exists", "topic", path, why)
+                return
+        self.created += 1
+        self.say("created", "topic", path, why)
+
+    def ensure_subscription(self, spec: SubscriptionSpec) -> None:
+        from google.api_core import exceptions as gexc
+
+        what = f"route {spec.route!r}: {spec.describe()}" if spec.route else spec.describe()
+        current = self.current_subscription(spec.path)
+        if current is None:
+            if not self.dry_run:
+                try:
+                    self.subscriber.create_subscription(request=spec.request(), timeout=30)
+                except gexc.AlreadyExists:
+                    self._subs.pop(spec.path, None)
+                    current = self.current_subscription(spec.path)
+            if current is None:
+                self.created += 1
+                self.say("created", "subscription", spec.path, what)
+                return
+        if str(current.topic) != spec.topic:
+            self.conflicts += 1
+            self.say(
+                "CONFLICT",
+                "subscription",
+                spec.path,
+                f"attached to {current.topic}, the config needs {spec.topic}: a subscription's topic cannot "
+                "change; delete it or fix --source-topic",
+            )
+            return
+        diffs = spec.differences(current)
+        if not diffs:
+            self.say("exists", "subscription", spec.path, what)
+            return
+        if not self.dry_run:
+            self.subscriber.update_subscription(
+                request={"subscription": spec.request(), "update_mask": {"paths": [p for p, _ in diffs]}},
+                timeout=30,
+            )
+        self.updated += 1
+        self.say("updated", "subscription", spec.path, "; ".join(d for _, d in diffs))
+
+    def apply(self, p: Plan) -> None:
+        for path, why in p.topics:
+            self.ensure_topic(path, why)
+        for spec in p.subscriptions:  # each dead-letter subscription comes before its route's
+            self.ensure_subscription(spec)
+
+
+def parse_source_topics(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        route, sep, topic = item.partition("=")
+        if not sep or not route or not topic:
+            raise ProvisionError(f"--source-topic {item!r}: write ROUTE=TOPIC")
+        out[route] = topic
+    return out
+
+
+def run(cfg: Config, args: argparse.Namespace) -> int:
+    """`pubsub-filter provision`: plan, apply (or only print with --dry-run), summarise."""
+    import google.cloud.pubsub_v1 as pubsub_v1
+    from google.api_core import exceptions as gexc
+    from google.auth.exceptions import DefaultCredentialsError
+
+    from filter.backends.publishers.pubsub import resolve_project
+
+    prog = "pubsub-filter provision"
+    emulator = bool(os.environ.get("PUBSUB_EMULATOR_HOST"))
+    project = resolve_project(args.project or cfg.project)
+    try:
+        publisher = pubsub_v1.PublisherClient()
+        subscriber = pubsub_v1.SubscriberClient()
+    except DefaultCredentialsError as exc:
+        print(f"{prog}: {NO_CREDENTIALS} ({exc})", file=sys.stderr)
+        return 1
+    prov = Provisioner(publisher, subscriber, dry_run=args.dry_run)
+    try:
+        try:
+            wanted = plan(
+                cfg,
+                project,
+                push_endpoint=args.push_endpoint,
+                max_delivery_attempts=args.max_delivery_attempts or delivery_attempts_for(cfg),
+                source_topics=parse_source_topics(args.source_topic),
+                existing_topic_of=prov.topic_of,
+            )
+        except ProvisionError as exc:
+            print(f"{prog}: {exc}", file=sys.stderr)
+            return 2
+        where = f"the emulator at {os.environ['PUBSUB_EMULATOR_HOST']}" if emulator else "Pub/Sub"
+        dry = "dry run: " if args.dry_run else ""
+        print(f"{dry}provisioning {len(cfg.routes)} route(s) in project {project} on {where}")
+        try:
+            prov.apply(wanted)
+        except gexc.GoogleAPICallError as exc:
+            print(f"{prog}: {type(exc).__name__}: {exc.message}", file=sys.stderr)
+            return 1
+    finally:
+        publisher.stop()
+        publisher.transport.close()
+        subscriber.close()
+    verb = ("to create", "to update") if args.dry_run else ("created", "updated")
+    if prov.created or prov.updated:
+        print(
+            f"{prov.created} {verb[0]}, {prov.updated} {verb[1]}"
+            + (" (dry run: nothing changed)" if args.dry_run else "")
+        )
+    elif not prov.conflicts:
+        print("no changes: every resource exists as the config needs it")
+    if prov.conflicts:
+        print(f"{prov.conflicts} conflict(s): see CONFLICT above", file=sys.stderr)
+    if not emulator:
+        dead_letter_topics = sorted({s.dead_letter_topic for s in wanted.subscriptions if s.dead_letter_topic})
+        print(
+            "reminder: dead-lettering on Pub/Sub needs IAM for the Pub/Sub service agent "
+            "(service-PROJECT_NUMBER@gcp-sa-pubsub.iam.gserviceaccount.com): roles/pubsub.publisher on "
+            f"{', '.join(dead_letter_topics)} and roles/pubsub.subscriber on each route's subscription. "
+            "infra/ grants these in production; without them messages are never dead-lettered."
+        )
+    return 1 if prov.conflicts else 0
