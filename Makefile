@@ -29,6 +29,7 @@ lint: $(VENV)/.installed-test
 	$(BIN)/ruff check filter tests bench
 	$(BIN)/ruff format --check filter tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache  # the layers of docs/architecture.md
 
 unit: $(VENV)/.installed-test
 	$(BIN)/pytest tests/unit -q

@@ -72,8 +72,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from filter.core.envelope import parse_time  # noqa: E402
 from filter.core.model import ACKED  # noqa: E402
+from filter.core.times import parse_time  # noqa: E402
 from tests.support.emulators import (  # noqa: E402
     JVM_FLAGS,
     Emulator,

@@ -24,31 +24,10 @@ from pydantic import (
 
 from filter.core import yamlfile
 from filter.core.paths import Path, PathError
+from filter.core.times import parse_duration
 
 CONFIG_ENV = "PUBSUB_FILTER_CONFIG"
 DEFAULT_CONFIG = "filter.yaml"
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$", re.ASCII)
-_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
-
-
-def parse_duration(value: Any) -> float:
-    """`90`, `90s`, `15m`, `24h`, `7d`, `500ms` → seconds."""
-    if isinstance(value, bool):
-        raise ValueError("a duration is a number of seconds or a string like 90s, 15m, 24h, 7d")
-    try:
-        if isinstance(value, (int, float)):
-            seconds = float(value)
-        else:
-            m = _DURATION.match(str(value))
-            if not m:
-                raise ValueError(f"{value!r} is not a duration: write e.g. 90s, 15m, 24h or 7d")
-            seconds = float(m.group(1)) * _UNITS[m.group(2)]
-    except OverflowError:
-        raise ValueError("that duration is too large") from None
-    if not 0 < seconds < 10 * 365 * 86400:  # also rejects nan and inf
-        raise ValueError("a duration must be positive and under ten years")
-    return seconds
 
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]

@@ -32,13 +32,21 @@ import structlog
 
 from filter.core import rows
 from filter.core.config import Condition, Config, Route
-from filter.core.envelope import format_time
 from filter.core.fingerprint import NOT_JSON, PayloadError, Scheme, TypedRows, compile_scheme, message_fingerprint
 from filter.core.heartbeat import Heartbeat
 from filter.core.model import Decision, DecisionRecord, KeyState, Lease, Message
 from filter.core.paths import MISSING, list_index
-from filter.core.ports import Clock, DecisionRecorder, Publisher, PublishFailed, StateStore, StoreUnavailable
-from filter.observability.telemetry import NO_TELEMETRY, Telemetry
+from filter.core.ports import (
+    UNOBSERVED,
+    Clock,
+    DecisionObserver,
+    DecisionRecorder,
+    Publisher,
+    PublishFailed,
+    StateStore,
+    StoreUnavailable,
+)
+from filter.core.times import format_time
 
 log = structlog.get_logger("pubsub_filter.engine")
 
@@ -393,7 +401,7 @@ class Engine:
         recorder: DecisionRecorder,
         clock: Clock | None = None,
         instance: str | None = None,
-        telemetry: Telemetry | None = None,
+        telemetry: DecisionObserver | None = None,
     ):
         self.config = config
         self.store = store
@@ -404,7 +412,23 @@ class Engine:
         self.rules = {r.name: RouteRules(r) for r in config.routes}
         self.random = random.Random()
         self.in_flight = 0
-        self.telemetry = telemetry or NO_TELEMETRY  # telemetry: metrics and the decision's span
+        self.telemetry = telemetry or UNOBSERVED  # telemetry: metrics and the decision's span
+
+    async def close(self, deadline: float | None = None) -> None:
+        """The one close sequence, for every surface: the records still waiting (for at most
+        `deadline` seconds, by default the shutdown grace), then the publisher, the store and
+        the last telemetry batches. Each step runs even when one before it failed."""
+        grace = self.config.server.shutdown_grace if deadline is None else deadline
+        try:
+            await self.recorder.close(deadline=grace)
+        finally:
+            try:
+                await self.publisher.close()
+            finally:
+                try:
+                    await self.store.close()
+                finally:
+                    self.telemetry.shutdown()
 
     async def handle(
         self, route_name: str, msg: Message, trace: str | None = None, act: Act | None = None

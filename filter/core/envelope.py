@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import base64
-import calendar
-import re
-import time
 from collections.abc import Mapping
 from typing import Annotated
 
@@ -13,6 +10,7 @@ import msgspec
 import structlog
 
 from filter.core.model import Message
+from filter.core.times import parse_time
 
 log = structlog.get_logger("pubsub_filter.envelope")
 
@@ -44,32 +42,6 @@ class _Envelope(msgspec.Struct):
 
 
 _decoder = msgspec.json.Decoder(_Envelope)
-_RFC3339 = re.compile(r"^(\d{4})-(\d\d)-(\d\d)[Tt ](\d\d):(\d\d):(\d\d)(?:\.(\d+))?(Z|z|[+-]\d\d:\d\d)$")
-
-
-def format_time(ts: float) -> str:
-    """Epoch seconds → RFC 3339 UTC with microseconds, rounded (the inverse of `parse_time`).
-
-    Rounded, not truncated: .123 is stored as .12299999..., and gmtime, unlike datetime, takes
-    any year `parse_time` can produce (a 9999-12-31 stamp with a negative offset is year 10000).
-    """
-    seconds, micros = divmod(round(ts * 1_000_000), 1_000_000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}Z"
-
-
-def parse_time(text: str) -> float:
-    """RFC 3339 with any number of fractional digits (Pub/Sub sends up to nine) → epoch seconds."""
-    m = _RFC3339.match(text)
-    if not m:
-        raise ValueError(f"{text!r} is not an RFC 3339 time")
-    y, mo, d, h, mi, s, frac, tz = m.groups()
-    seconds: float = calendar.timegm((int(y), int(mo), int(d), int(h), int(mi), int(s), 0, 0, 0))
-    if frac:
-        seconds += int(frac[:9].ljust(9, "0")) / 1e9
-    if tz not in ("Z", "z"):
-        sign = 1 if tz[0] == "+" else -1
-        seconds -= sign * (int(tz[1:3]) * 3600 + int(tz[4:6]) * 60)
-    return float(seconds)
 
 
 #: Set by `pubsub-filter replay` on what it republishes: when the content was first published.

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextlib import AbstractContextManager, nullcontext
 from typing import Protocol
 
-from filter.core.model import DecisionRecord, KeyState
+from filter.core.model import DecisionRecord, KeyState, Message
 
 
 class StoreUnavailable(Exception):
@@ -75,3 +76,37 @@ class DecisionRecorder(Protocol):
 
 class Clock(Protocol):
     def now(self) -> float: ...
+
+
+class DecisionObserver(Protocol):
+    """Metrics and the decision's span. The engine calls it at three marked places; the
+    OpenTelemetry implementation is `filter.observability.telemetry.Telemetry`."""
+
+    def decision(self, route: str, msg: Message) -> AbstractContextManager[object]:
+        """Context around one decision (its span, current while the decision runs)."""
+
+    def decided(self, rec: DecisionRecord) -> None: ...
+
+    def lease_taken_over(self, route: str) -> None: ...
+
+    def shutdown(self) -> None:
+        """Send what is still buffered (the last OTLP batches); called once, at close."""
+
+
+class Unobserved:
+    """The observer of an engine built without telemetry (tests, `explain`): does nothing."""
+
+    def decision(self, route: str, msg: Message) -> AbstractContextManager[object]:
+        return nullcontext()
+
+    def decided(self, rec: DecisionRecord) -> None:
+        pass
+
+    def lease_taken_over(self, route: str) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+UNOBSERVED = Unobserved()

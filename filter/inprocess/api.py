@@ -163,9 +163,7 @@ class Filter:
 
     async def close(self) -> None:
         """Write the records still waiting, then close the stores."""
-        engine = self.engine
-        await engine.recorder.close(deadline=engine.config.server.shutdown_grace)
-        await engine.store.close()
+        await self.engine.close()
 
     async def __aenter__(self) -> Filter:
         return self

@@ -40,7 +40,7 @@ import msgspec
 import structlog
 from opentelemetry.trace import get_current_span
 
-from filter.core.envelope import format_time
+from filter.core.times import format_time
 
 _SEVERITY = {
     "debug": "DEBUG",

@@ -11,9 +11,22 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from filter.observability.telemetry import Telemetry
+
 if TYPE_CHECKING:
     from filter.core.engine import Engine
     from filter.observability.telemetry import PrometheusText
+
+
+def telemetry_of(engine: Engine) -> Telemetry | None:
+    """The engine's OpenTelemetry instruments, if it was built with them (`runtime.wiring`)."""
+    return engine.telemetry if isinstance(engine.telemetry, Telemetry) else None
+
+
+def metrics_routes(engine: Engine) -> list[Route]:
+    """`GET /metrics` when the engine's metrics are on, else nothing."""
+    tel = telemetry_of(engine)
+    return [] if tel is None or tel.prometheus is None else [metrics_route(tel.prometheus)]
 
 
 async def backend_problems(engine: Engine) -> dict[str, str]:

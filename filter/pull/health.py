@@ -28,7 +28,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from filter.observability.probes import backend_problems, metrics_route
+from filter.observability.probes import backend_problems, metrics_routes
 from filter.runtime.operational import Failure
 
 log = structlog.get_logger("pubsub_filter.pull")
@@ -141,6 +141,5 @@ def health_app(worker: Any) -> Starlette:
         return _json({"status": "ready"})
 
     routes = [Route("/healthz", healthz, methods=["GET"]), Route("/readyz", readyz, methods=["GET"])]
-    if engine.telemetry.prometheus is not None:
-        routes.append(metrics_route(engine.telemetry.prometheus))
+    routes += metrics_routes(engine)
     return Starlette(routes=routes)

@@ -27,7 +27,6 @@ client library no longer sends acks, so the last acks and nacks go out as unary
 from __future__ import annotations
 
 import asyncio
-import calendar
 import concurrent.futures
 import contextlib
 import signal
@@ -43,6 +42,7 @@ import google.cloud.pubsub_v1 as pubsub_v1
 import structlog
 from google.auth.exceptions import DefaultCredentialsError
 
+from filter.backends.gcp import NO_CREDENTIALS, timestamp
 from filter.backends.publishers.pubsub import resolve_project
 from filter.core.config import Config, LeaseConfig, Route
 from filter.core.engine import Engine
@@ -50,7 +50,6 @@ from filter.core.envelope import effective_publish_time
 from filter.core.model import Message
 from filter.observability.logsetup import configure
 from filter.pull.health import HealthServer, Watchdog, health_app
-from filter.replay.replayer import NO_CREDENTIALS
 from filter.runtime.wiring import make_engine, make_telemetry, project_of
 
 log = structlog.get_logger("pubsub_filter.pull")
@@ -98,21 +97,6 @@ class PullSettings:
 def subscription_path(subscription: str, project: str) -> str:
     """A route's `subscription` (an id in `project`, or a full path) → `projects/P/subscriptions/S`."""
     return subscription if "/" in subscription else f"projects/{project}/subscriptions/{subscription}"
-
-
-def timestamp(value: Any) -> float | None:
-    """A protobuf publish time as the client gives it (`DatetimeWithNanoseconds`) → epoch seconds.
-
-    Computed like `envelope.parse_time` (whole seconds plus nanoseconds), so the same
-    message has the same float publish time whether it was pushed or pulled.
-    """
-    if value is None:
-        return None
-    seconds = calendar.timegm(value.utctimetuple())
-    nanos = getattr(value, "nanosecond", None)
-    if nanos is None:
-        nanos = value.microsecond * 1000
-    return float(seconds + nanos / 1e9) if nanos else float(seconds)
 
 
 def to_message(received: Any, subscription: str | None = None) -> Message:
@@ -357,13 +341,12 @@ class PullWorker:
         await asyncio.sleep(0)  # let the last done-callbacks run
         await asyncio.to_thread(self._send_late)
         await asyncio.to_thread(self._join_streams)
-        await self._close_engine()
+        await self.engine.close(deadline=self.grace)
         if self._own_subscriber:
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.subscriber.close)
         if self.health is not None:
             await self.health.stop()
-        self.engine.telemetry.shutdown()  # the last OTLP batches
         log.info(
             "stopped",
             instance=self.engine.instance,
@@ -400,16 +383,6 @@ class PullWorker:
                 log.warning("stream_did_not_stop", route=route)
             except Exception as exc:  # already reported by _stream_done
                 log.debug("stream_ended", route=route, error=_describe(exc))
-
-    async def _close_engine(self) -> None:
-        engine = self.engine
-        try:
-            await engine.recorder.close(deadline=self.grace)
-        finally:
-            try:
-                await engine.publisher.close()
-            finally:
-                await engine.store.close()
 
 
 def _describe(exc: BaseException | None) -> str:

@@ -24,7 +24,7 @@ from filter.core.counters import counts
 from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError, parse_envelope
 from filter.core.model import Decision, DecisionRecord
-from filter.observability.probes import backend_problems, metrics_route
+from filter.observability.probes import backend_problems, metrics_routes, telemetry_of
 from filter.observability.telemetry import request_context
 
 log = structlog.get_logger("pubsub_filter.push")
@@ -82,6 +82,8 @@ def create_app(
     max_body = engine.config.server.max_body
     # A client that sends part of a body and stalls would otherwise hold a request (and its memory) open for good.
     body_timeout = engine.config.server.body_timeout if body_timeout is None else body_timeout
+    tel = telemetry_of(engine)
+    tracing = tel is not None and tel.tracing
 
     async def push(request: Request) -> Response:
         route = request.path_params["route"]
@@ -121,7 +123,7 @@ def create_app(
         except EnvelopeError as exc:
             rec = engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
             return _json({"decision": "rejected", "reason": rec.reason}, 400)
-        if engine.telemetry.tracing and (parent := request_context(request.headers)) is not None:
+        if tracing and (parent := request_context(request.headers)) is not None:
             token = otel_context.attach(parent)  # the decision span's parent: the push request's trace
             try:
                 rec = await engine.handle(route, msg, trace)
@@ -158,8 +160,7 @@ def create_app(
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
-    if engine.telemetry.prometheus is not None:
-        routes.append(metrics_route(engine.telemetry.prometheus))
+    routes += metrics_routes(engine)
     return Starlette(
         routes=routes,
         lifespan=lifespan,
@@ -174,8 +175,5 @@ async def engine_lifespan(engine: Engine) -> AsyncIterator[None]:
         yield
     finally:
         # A hung records backend must not hold up shutdown past the grace period.
-        await engine.recorder.close(deadline=engine.config.server.shutdown_grace)
-        await engine.publisher.close()
-        await engine.store.close()
-        engine.telemetry.shutdown()  # the last OTLP batches
+        await engine.close()
         log.info("stopped", instance=engine.instance)

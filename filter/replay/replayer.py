@@ -69,7 +69,10 @@ from typing import IO, Any
 import structlog
 from tqdm import tqdm
 
-from filter.core.envelope import ATTR_ORIGINAL_TIME, effective_publish_time, format_time, parse_time
+from filter.backends.gcp import NO_CREDENTIALS
+from filter.core import times
+from filter.core.envelope import ATTR_ORIGINAL_TIME, effective_publish_time
+from filter.core.times import format_time, parse_time
 
 log = structlog.get_logger("pubsub_filter.replay")
 
@@ -89,10 +92,6 @@ BATCH = 100
 CONCURRENCY = 32
 #: Ack ids per Acknowledge / ModifyAckDeadline request.
 ACK_BATCH = 1000
-NO_CREDENTIALS = (
-    "no Google credentials: run `gcloud auth application-default login` (or use a service account), "
-    "or set PUBSUB_EMULATOR_HOST for the emulator"
-)
 #: The lease on pulled messages when the subscription's own ack deadline cannot be read.
 DEFAULT_ACK_DEADLINE = 60
 
@@ -125,7 +124,7 @@ class DeadLetter:
 
     @classmethod
     def from_received(cls, received: Any) -> DeadLetter:
-        from filter.pull.worker import timestamp
+        from filter.backends.gcp import timestamp
 
         m = received.message
         stamp = m.publish_time
@@ -246,19 +245,11 @@ def _equals(found: Any, text: str) -> bool:
 
 
 def parse_instant(text: str, now: float, option: str) -> float:
-    """`24h`, `90m`, `7d` (that long before now) or an RFC 3339 time → epoch seconds."""
-    from filter.core.config import parse_duration
-
+    """`--since`/`--until` → epoch seconds (the grammar of `filter.core.times.parse_instant`)."""
     try:
-        return parse_time(text.strip())
-    except ValueError:
-        pass
-    try:
-        return now - parse_duration(text)
-    except ValueError:
-        raise UsageError(
-            f"{option} {text!r}: write a duration (24h, 90m, 7d) or an RFC 3339 time (2026-01-10T17:00:00Z)"
-        ) from None
+        return times.parse_instant(text, now)
+    except ValueError as exc:
+        raise UsageError(f"{option} {exc}") from None
 
 
 def parse_rate(text: str) -> float:
@@ -838,8 +829,6 @@ def run(args: argparse.Namespace) -> int:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
             await _close(publisher, engine)
-            if engine is not None:
-                engine.telemetry.shutdown()  # replay's metrics and spans leave over OTLP, before exit
         return -1
 
     try:
@@ -859,13 +848,7 @@ async def _close(publisher: Any, engine: Any) -> None:
     if publisher is not None:
         await publisher.close()
     if engine is not None:
-        try:
-            await engine.recorder.close(deadline=engine.config.server.shutdown_grace)
-        finally:
-            try:
-                await engine.publisher.close()
-            finally:
-                await engine.store.close()
+        await engine.close()  # replay's metrics and spans leave over OTLP, before exit
 
 
 def _options(args: argparse.Namespace, cfg: Any) -> ReplayOptions:

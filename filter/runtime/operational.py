@@ -91,9 +91,9 @@ def describe(exc: BaseException) -> str | None:
     from google.api_core.exceptions import GoogleAPICallError, RetryError
     from google.auth.exceptions import DefaultCredentialsError
 
+    from filter.backends.gcp import NO_CREDENTIALS  # the line pull, replay and provision already print
     from filter.core.fingerprint import PayloadError
     from filter.core.ports import StoreUnavailable
-    from filter.replay.replayer import NO_CREDENTIALS  # the line pull, replay and provision already print
 
     if isinstance(exc, Failure):
         text = str(exc)

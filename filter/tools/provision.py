@@ -37,6 +37,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
+from filter.backends.gcp import NO_CREDENTIALS
 from filter.core.config import Config
 
 MIN_BACKOFF_S = 10
@@ -56,10 +57,6 @@ def delivery_attempts_for(cfg: Config) -> int:
 
 DLQ_ACK_DEADLINE_S = 60
 DLQ_RETENTION_S = 7 * 86400
-NO_CREDENTIALS = (
-    "no Google credentials: run `gcloud auth application-default login` (or use a service account), "
-    "or set PUBSUB_EMULATOR_HOST for the emulator"
-)
 
 
 class ProvisionError(Exception):

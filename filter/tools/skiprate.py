@@ -34,9 +34,9 @@ from typing import Any, Literal, cast
 
 import msgspec
 
-from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load, parse_duration
-from filter.core.envelope import parse_time
+from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load
 from filter.core.model import Decision
+from filter.core.times import parse_instant
 
 #: every decision, in the model's order: one column each
 DECISIONS = tuple(str(d) for d in Decision)
@@ -303,12 +303,8 @@ def route_names(args: argparse.Namespace) -> set[str] | None:
 
 
 def since_of(text: str | None, now: float) -> float | None:
-    """`--since`: a duration back from now (`24h`, `7d`) or an RFC 3339 time."""
-    if not text:
-        return None
-    if "-" in text:
-        return parse_time(f"{text}T00:00:00Z" if len(text) == 10 else text)
-    return now - parse_duration(text)
+    """`--since`: a duration back from now (`24h`, `7d`), a date or an RFC 3339 time."""
+    return parse_instant(text, now) if text else None
 
 
 def run(args: argparse.Namespace) -> int:

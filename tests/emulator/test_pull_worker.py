@@ -188,7 +188,7 @@ def test_pull_decides_a_mixed_stream_like_push(world: World) -> None:
     tapped = peek(world.admin, world.tap, len(ids))
     by_id = {t.message_id: t for t in tapped}
     assert set(by_id) == set(ids)
-    from filter.core.envelope import parse_time
+    from filter.core.times import parse_time
 
     seek_to = parse_time(by_id[m2].publish_time) - 0.0005
     world.admin.subscriber.seek(

@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from filter.core.envelope import ATTR_ORIGINAL_TIME, effective_publish_time, parse_time
+from filter.core.envelope import ATTR_ORIGINAL_TIME, effective_publish_time
 from filter.core.model import Message
+from filter.core.times import parse_time
 from filter.replay.replayer import (
     ATTR_COUNT,
     ATTR_ORIGINAL_ID,

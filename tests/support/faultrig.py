@@ -50,9 +50,10 @@ import pytest
 import structlog
 
 from filter.backends.stores.firestore import from_document
-from filter.core.envelope import format_time, make_envelope
+from filter.core.envelope import make_envelope
 from filter.core.model import ACKED, KeyState
 from filter.core.ports import StoreUnavailable
+from filter.core.times import format_time
 from filter.observability import logsetup
 
 from .balancer import RoundRobin
@@ -90,7 +91,7 @@ rfc3339 = format_time  # the product's own formatter: publish times in envelopes
 
 def log_time(event: dict[str, Any]) -> float:
     """A log line's `time` (RFC 3339, microseconds, UTC) as epoch seconds."""
-    from filter.core.envelope import parse_time
+    from filter.core.times import parse_time
 
     return parse_time(event["time"])
 

@@ -9,7 +9,8 @@ import pytest
 import yaml
 
 from filter.cli import main
-from filter.core.config import ConfigError, load, parse, parse_duration
+from filter.core.config import ConfigError, load, parse
+from filter.core.times import parse_duration
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "filter.yaml"
 

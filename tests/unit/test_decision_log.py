@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from filter.backends.records.log_lines import counts_from_log
-from filter.core.envelope import parse_time
+from filter.core.times import parse_time
 
 # 2026-01-01: 00:10 and 00:50 (hour 00), 01:05 (hour 01), and 2026-01-02 00:30 (next day)
 T0, T1, T2, T3 = (

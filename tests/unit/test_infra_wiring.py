@@ -23,7 +23,8 @@ import pytest
 import yaml
 
 from filter.backends.records import bigquery as bq
-from filter.core.config import load, parse_duration
+from filter.core.config import load
+from filter.core.times import parse_duration
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"

@@ -306,6 +306,6 @@ async def test_a_replayed_message_is_judged_by_its_original_publish_time(client:
     "stamp", ["9999-12-31T23:59:59.999999-23:59", "0001-01-01T00:00:00+23:59", "2025-01-10T17:00:05.123Z"]
 )
 def test_any_publish_time_the_parser_accepts_can_be_formatted(stamp: str) -> None:
-    from filter.core.envelope import format_time, parse_time
+    from filter.core.times import format_time, parse_time
 
     assert format_time(parse_time(stamp)).endswith("Z")
