@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from types import TracebackType
 
 import structlog
@@ -17,6 +18,7 @@ from filter.core.ports import Clock, StateStore, StoreUnavailable
 log = structlog.get_logger("pubsub_filter.heartbeat")
 
 
+@dataclass(eq=False)
 class Heartbeat:
     """An async context manager: while open, extends the lease every `lease.heartbeat` seconds.
 
@@ -25,25 +27,17 @@ class Heartbeat:
     the lease was taken over and the commit will be refused.
     """
 
-    def __init__(
-        self,
-        store: StateStore,
-        route: str,
-        key: str,
-        held: KeyState,
-        lease: LeaseConfig,
-        clock: Clock,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-    ):
-        self.store, self.route, self.key = store, route, key
-        self.held = held
-        self.lease = lease
-        self.clock = clock
-        self.sleep = sleep
-        self.extended = 0
-        self.failures = 0
-        self.lost = False
-        self._task: asyncio.Task[None] | None = None
+    store: StateStore
+    route: str
+    key: str
+    held: KeyState
+    lease: LeaseConfig
+    clock: Clock
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    extended: int = field(default=0, init=False)
+    failures: int = field(default=0, init=False)
+    lost: bool = field(default=False, init=False)
+    _task: asyncio.Task[None] | None = field(default=None, init=False, repr=False)
 
     async def __aenter__(self) -> Heartbeat:
         self._task = asyncio.create_task(self._beat())

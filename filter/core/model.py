@@ -98,6 +98,15 @@ class KeyState:
         """Past `expires_at`: the state a TTL would have deleted (Firestore's TTL deletes a day or more late)."""
         return self.expires_at is not None and self.expires_at <= now
 
+    def holds_commit_of(self, new: KeyState) -> bool:
+        """This stored state is `new` committed: a retried commit that already landed counts as done."""
+        return (
+            self.lease is None
+            and self.message_id == new.message_id
+            and self.fingerprint == new.fingerprint
+            and self.fence == new.fence
+        )
+
     def forgotten(self) -> KeyState:
         """What the decision sees of expired state: nothing, except the lease (a live one still counts)
         and what keeps writes safe (the fence only grows; the version is the compare-and-set token)."""

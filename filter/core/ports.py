@@ -47,11 +47,7 @@ class StateStore(Protocol):
 
 class Publisher(Protocol):
     async def publish(
-        self,
-        destination: str,
-        data: bytes,
-        attributes: Mapping[str, str],
-        ordering_key: str | None = None,
+        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None = None
     ) -> str:
         """Publish and wait for confirmation; return the destination's message id.
 

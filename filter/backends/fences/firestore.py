@@ -14,23 +14,14 @@ from typing import Any
 from google.api_core import exceptions as gexc
 
 from filter.backends.stores import TTL_FIELD
-from filter.backends.stores.firestore import ReconnectingClient, close_client
+from filter.backends.stores.firestore import FirestoreCollection
 from filter.core.fence import Seen
 
 DEFAULT_COLLECTION = "pubsub-filter-fences"
 
 
-class FirestoreFences:
-    def __init__(
-        self,
-        project: str | None = None,
-        database: str | None = None,
-        collection: str = DEFAULT_COLLECTION,
-        timeout: float = 10.0,
-    ):
-        self.collection = collection
-        self.timeout = timeout
-        self._client = ReconnectingClient(project=project, database=database or "(default)")
+class FirestoreFences(FirestoreCollection):
+    default_collection = DEFAULT_COLLECTION
 
     def _doc(self, identity: str) -> Any:
         # ids have length and character limits; the identity is kept as a field for humans
@@ -55,6 +46,3 @@ class FirestoreFences:
         except (gexc.AlreadyExists, gexc.FailedPrecondition, gexc.NotFound):
             return False
         return True
-
-    async def close(self) -> None:
-        await close_client(self._client)

@@ -94,11 +94,7 @@ class OutboxPublisher:
                 fcntl.flock(fd, fcntl.LOCK_UN)
 
     async def publish(
-        self,
-        destination: str,
-        data: bytes,
-        attributes: Mapping[str, str],
-        ordering_key: str | None = None,
+        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None = None
     ) -> str:
         message_id = uuid.uuid4().hex
         line = msgspec.json.encode(

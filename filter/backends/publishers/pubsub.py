@@ -144,11 +144,7 @@ class PubsubPublisher:
     # --- publishing ---------------------------------------------------------------
 
     async def publish(
-        self,
-        destination: str,
-        data: bytes,
-        attributes: Mapping[str, str],
-        ordering_key: str | None = None,
+        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None = None
     ) -> str:
         if self._closed:
             raise PublishFailed("the publisher is closed (shutting down)")

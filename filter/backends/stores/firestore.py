@@ -185,29 +185,39 @@ class ReconnectingClient(firestore.AsyncClient):
         return grpc.aio.insecure_channel(self._emulator_host, options=options)
 
 
-class FirestoreStore:
-    """`StateStore` on Firestore (`FIRESTORE_EMULATOR_HOST` is honoured by the client).
+class FirestoreCollection:
+    """One Firestore collection we read and write with preconditions: the filter's state
+    store, and the consumer's fences (`backends.fences.firestore`) alike.
 
-    `timeout` bounds each RPC; the client's own retries are off (`GuardedStore` retries
-    within the route's budget). The channel redials a lost connection at least every
-    second (`RECONNECT_OPTIONS`), so a store that comes back is used again at once.
+    `timeout` bounds each RPC; the client's own retries are off (callers retry within
+    their own budget). The channel redials a lost connection at least every second
+    (`RECONNECT_OPTIONS`), so a backend that comes back is used again at once.
     """
+
+    default_collection = DEFAULT_COLLECTION
 
     def __init__(
         self,
         project: str | None = None,
         database: str | None = None,
-        collection: str = DEFAULT_COLLECTION,
+        collection: str | None = None,
         *,
         timeout: float = 10.0,
     ):
         self.project = project or os.environ.get("GOOGLE_CLOUD_PROJECT")
         self.database = database or DEFAULT_DATABASE
-        self.collection = collection
+        self.collection = collection or self.default_collection
         self.timeout = timeout
-        self.ops: Counter[str] = Counter()
+        self.ops: Counter[str] = Counter()  # RPCs made, by kind (benches and tests read it)
         self._client: Any = ReconnectingClient(project=self.project, database=self.database)
 
+    async def close(self) -> None:
+        await close_client(self._client)
+
+
+class FirestoreStore(FirestoreCollection):
+    """`StateStore` on Firestore (`FIRESTORE_EMULATOR_HOST` is honoured by the client).
+    `GuardedStore` retries its calls within the route's budget."""
     @property
     def client(self) -> Any:
         """The `google.cloud.firestore.AsyncClient`."""
@@ -298,14 +308,7 @@ class FirestoreStore:
         update_time, _, current = await self._fenced("commit", route, key, held, to_document(route, key, new))
         if update_time is not None:
             return True
-        # A retried commit that already landed counts as done.
-        return (
-            current is not None
-            and current.lease is None
-            and current.message_id == new.message_id
-            and current.fingerprint == new.fingerprint
-            and current.fence == new.fence
-        )
+        return current is not None and current.holds_commit_of(new)
 
     async def release(self, route: str, key: str, held: KeyState) -> None:
         await self._fenced("release", route, key, held, {"lease": None})
@@ -314,9 +317,6 @@ class FirestoreStore:
         """One cheap read of a sentinel document (it need not exist)."""
         ref = self._client.collection(self.collection).document(PING_DOCUMENT)
         await self._rpc("ping", ref.get(retry=None, timeout=self.timeout))
-
-    async def close(self) -> None:
-        await close_client(self._client)
 
 
 async def close_client(client: Any) -> None:

@@ -200,14 +200,8 @@ class SqliteStore:
         cur = self._exec(_COMMIT, (*_values(new), route, key, held.lease.fence, held.lease.holder))
         if cur.rowcount == 1:
             return True
-        current = self._get(route, key)  # a retried commit that already landed counts as done
-        return (
-            current is not None
-            and current.lease is None
-            and current.message_id == new.message_id
-            and current.fingerprint == new.fingerprint
-            and current.fence == new.fence
-        )
+        current = self._get(route, key)
+        return current is not None and current.holds_commit_of(new)
 
     async def release(self, route: str, key: str, held: KeyState) -> None:
         assert held.lease is not None
