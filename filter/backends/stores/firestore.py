@@ -218,6 +218,7 @@ class FirestoreCollection:
 class FirestoreStore(FirestoreCollection):
     """`StateStore` on Firestore (`FIRESTORE_EMULATOR_HOST` is honoured by the client).
     `GuardedStore` retries its calls within the route's budget."""
+
     @property
     def client(self) -> Any:
         """The `google.cloud.firestore.AsyncClient`."""
