@@ -1,11 +1,10 @@
-"""The engine: for one message on one route, forward it, suppress it, or say why not, and act on that.
+"""The engine: for one message on one route, decide (forward, suppress, or say why not) and act on it.
 
 Read `Engine._decide_and_act` top to bottom:
 
 1. **extract** the entity key and the payload fingerprint (`filter.core.routes.RouteRules`);
 2. **look** at the stored state for (route, key): one read, no write;
-3. **decide** with `filter.core.judge.decide`, a pure function of (message, fingerprint,
-   state, now);
+3. **decide** with `filter.core.judge.decide`, a pure function of its inputs;
 4. **act**: a forward claims a fenced lease (one conditional write), publishes while a
    heartbeat keeps the lease, then commits the new fingerprint if the fence still holds
    (one conditional write); everything else acks or retries without writing;
@@ -23,7 +22,7 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import structlog
 
@@ -44,11 +43,10 @@ from filter.core.ports import (
     StoreUnavailable,
 )
 from filter.core.routes import RouteRules
+from filter.core.transitions import claimed, forwarded
 
 log = structlog.get_logger("pubsub_filter.engine")
 
-#: How many recently forwarded message ids each key remembers, to answer redeliveries.
-RECENT = 20
 #: How often a lost compare-and-set on the claim is retried before answering `contended`.
 CLAIM_ATTEMPTS = 3
 
@@ -141,14 +139,8 @@ class Engine:
         started = time.perf_counter()
         rules = self.rules.get(route_name)
         if rules is None:
-            return self.reject(
-                route_name,
-                msg,
-                f"unknown route {route_name!r}",
-                started=started,
-                trace=trace,
-                cause="unknown_route",
-            )
+            unknown = f"unknown route {route_name!r}"
+            return self.reject(route_name, msg, unknown, started=started, trace=trace, cause="unknown_route")
         self.in_flight += 1
         try:
             rec = await self._decide_and_act(rules, msg, act)
@@ -240,20 +232,15 @@ class Engine:
 
     async def _claim(self, d: Delivery, state: KeyState | None, now: float) -> Claimed | Beaten:
         """Take the lease for `d`'s key, if the state is still `state`. Raises `StoreUnavailable`."""
-        base = state or KeyState()
         lease = Lease(
             holder=f"{self.instance}/{uuid.uuid4().hex[:8]}",
-            fence=base.fence + 1,
+            fence=(state.fence if state is not None else 0) + 1,
             expires_at=now + self.config.lease.duration,
             fingerprint=d.fp,
             message_id=d.msg.message_id,
         )
-        # Everything else stays as it was: a released lease must leave the last forward intact.
-        new = replace(
-            base, fence=lease.fence, lease=lease, expires_at=max(base.expires_at or 0.0, now + self._retention(d.route))
-        )
         route, key = d.route.name, d.key
-        held = await self.store.claim(route, key, state, new)
+        held = await self.store.claim(route, key, state, claimed(state, lease, now + self._retention(d.route)))
         if held is None:
             # A claim whose reply was lost may still have landed: ours if the holder token is.
             current = await self.store.read(route, key)
@@ -294,20 +281,8 @@ class Engine:
         rec.decision = Decision.FORWARDED
         if heartbeat.extended:
             rec.extra["heartbeats"] = heartbeat.extended
-        base = decided.state or KeyState()
         now = self.clock.now()
-        new = KeyState(
-            fingerprint=d.fp,
-            forwarded_at=now,
-            message_id=msg.message_id,
-            publish_time=msg.publish_time if msg.publish_time is not None else base.publish_time,
-            recent=(*base.recent, (msg.message_id, d.fp))[-RECENT:],
-            fence=held.fence,
-            lease=None,
-            expires_at=now + self._retention(route),
-            rows=out.rows,
-            full_fingerprint=out.full_fingerprint,
-        )
+        new = forwarded(decided.state, msg, d.fp, held.fence, out, now, now + self._retention(route))
         try:
             committed = await self.store.commit(route.name, key, heartbeat.held, new)
         except Exception as exc:  # whatever the store raised: the publish landed, so this is an ack

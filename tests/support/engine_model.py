@@ -43,9 +43,10 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from filter.core.attributes import ATTR_ROUTE, ATTR_SOURCE_ID
 from filter.core.config import Config, parse
-from filter.core.engine import RECENT, Engine
+from filter.core.engine import Engine
 from filter.core.model import Decision, DecisionRecord, Message
 from filter.core.ports import PublishFailed, StateStore
+from filter.core.transitions import RECENT
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryRecorder, SwitchStore
 
