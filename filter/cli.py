@@ -91,8 +91,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_fingerprint(args: argparse.Namespace) -> int:
-    from filter.core.engine import RouteRules
     from filter.core.fingerprint import NOT_JSON, message_fingerprint
+    from filter.core.routes import RouteRules
 
     cfg = _config(args.config)
     route = cfg.route(args.route)

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from filter.core.engine import ATTR_FENCE, ATTR_KEY, ATTR_KEY_SHA256, ATTR_ROUTE
+from filter.core.attributes import ATTR_FENCE, ATTR_KEY, ATTR_KEY_SHA256, ATTR_ROUTE
 
 DEFAULT_FORGET_AFTER = 86400.0
 #: A lost compare-and-set means another consumer took a fence for the key just now: look again.

@@ -26,8 +26,9 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Generic, TypeVar
 
+from filter.core.attributes import ATTR_FENCE, ATTR_KEY, ATTR_KEY_SHA256
 from filter.core.config import Config, load
-from filter.core.engine import ATTR_FENCE, ATTR_KEY, ATTR_KEY_SHA256, Engine
+from filter.core.engine import Engine
 from filter.core.model import Decision, DecisionRecord, Message
 from filter.core.ports import Clock, PublishFailed
 from filter.runtime.wiring import make_recorder, make_store

@@ -140,28 +140,34 @@ def _decorator(f: Filter | SyncFilter, route: str, to_message: ToMessage, gives_
     return decorate
 
 
-@overload
-def on_payload(f: SyncFilter, route: str) -> SyncDecorator[Any]: ...
-@overload
-def on_payload(f: Filter, route: str) -> AsyncDecorator[Any]: ...
-def on_payload(f: Filter | SyncFilter, route: str) -> Any:
-    """`fn(payload)`, called as `fn(payload, attributes=None, message_id=None, publish_time=None)`."""
-    return _decorator(f, route, payload_message, gives_payload=True)
+class _Shape:
+    """The decorator factory of one handler shape: `shape(f, route)` decorates for a `SyncFilter` or a `Filter`."""
+
+    def __init__(self, to_message: ToMessage, gives_payload: bool, doc: str):
+        self.to_message = to_message
+        self.gives_payload = gives_payload
+        self.__doc__ = doc
+
+    @overload
+    def __call__(self, f: SyncFilter, route: str) -> SyncDecorator[Any]: ...
+    @overload
+    def __call__(self, f: Filter, route: str) -> AsyncDecorator[Any]: ...
+    def __call__(self, f: Filter | SyncFilter, route: str) -> Any:
+        return _decorator(f, route, self.to_message, self.gives_payload)
 
 
-@overload
-def on_push(f: SyncFilter, route: str) -> SyncDecorator[Any]: ...
-@overload
-def on_push(f: Filter, route: str) -> AsyncDecorator[Any]: ...
-def on_push(f: Filter | SyncFilter, route: str) -> Any:
-    """`fn(envelope)` for a Pub/Sub push body; the body gets the envelope as it was called with it."""
-    return _decorator(f, route, push_message, gives_payload=False)
-
-
-@overload
-def on_cloudevent(f: SyncFilter, route: str) -> SyncDecorator[Any]: ...
-@overload
-def on_cloudevent(f: Filter, route: str) -> AsyncDecorator[Any]: ...
-def on_cloudevent(f: Filter | SyncFilter, route: str) -> Any:
-    """`fn(event)` for a functions-framework CloudEvent of a Pub/Sub message."""
-    return _decorator(f, route, cloudevent_message, gives_payload=False)
+on_payload = _Shape(
+    payload_message,
+    gives_payload=True,
+    doc="`fn(payload)`, called as `fn(payload, attributes=None, message_id=None, publish_time=None)`.",
+)
+on_push = _Shape(
+    push_message,
+    gives_payload=False,
+    doc="`fn(envelope)` for a Pub/Sub push body; the body gets the envelope as it was called with it.",
+)
+on_cloudevent = _Shape(
+    cloudevent_message,
+    gives_payload=False,
+    doc="`fn(event)` for a functions-framework CloudEvent of a Pub/Sub message.",
+)

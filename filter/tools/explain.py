@@ -1,7 +1,7 @@
 """`pubsub-filter explain`: what the filter would decide for a payload, and why. Reads, never writes.
 
-Uses the engine's own pieces (`RouteRules`, `judge`, `look_closer`) so the explanation
-cannot drift from the decision.
+Uses the engine's own pieces (`RouteRules` and the decision itself, `decide`) so the
+explanation cannot drift from the decision.
 """
 
 from __future__ import annotations
@@ -16,9 +16,10 @@ from typing import Any
 import msgspec
 
 from filter.core.config import Config, Route
-from filter.core.engine import RouteRules, judge, look_closer
 from filter.core.fingerprint import NOT_JSON, PayloadError, message_fingerprint
+from filter.core.judge import decide
 from filter.core.model import KeyState, Message
+from filter.core.routes import RouteRules
 from filter.runtime.wiring import make_store
 
 
@@ -66,10 +67,9 @@ async def explain(
         await store.close()
     now = time.time()
     msg = Message(data=data, attributes=attributes, message_id=message_id)
-    verdict = judge(route, msg, fp, state, now, rules.bypassed(payload, attributes))
     # The engine audits a sample of suppressions; explain shows what the audit would find for
     # this message, whatever the route's rate (a route with no audit has nothing to compare).
-    verdict, out, details = look_closer(rules, msg, fp, state, verdict, _AlwaysSampled())
+    decided = decide(rules, msg, fp, state, now, rules.bypassed(payload, attributes), _AlwaysSampled())
     result: dict[str, Any] = {
         "route": route.name,
         "key": key,
@@ -77,13 +77,13 @@ async def explain(
         "payload_fingerprint": fp,
         "message_fingerprint": message_fingerprint(data, attributes),
         "stored": _state(state, now),
-        "decision": str(verdict.decision),
-        "reason": verdict.reason,
+        "decision": str(decided.verdict.decision),
+        "reason": decided.verdict.reason,
         "enforced": route.enforced,
     }
-    result.update(details)
-    if out.attributes:
-        result["forward_attributes"] = out.attributes
+    result.update(decided.details)
+    if decided.out.attributes:
+        result["forward_attributes"] = decided.out.attributes
     return result
 
 

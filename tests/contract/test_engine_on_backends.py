@@ -11,8 +11,9 @@ import json
 from typing import Any
 
 from filter.backends.stores.guard import GuardedStore
+from filter.core.attributes import ATTR_FINGERPRINT
 from filter.core.config import Config, parse
-from filter.core.engine import ATTR_FINGERPRINT, Engine
+from filter.core.engine import Engine
 from filter.core.model import Decision, Message
 from tests.contract.conftest import OpenStore
 from tests.support.fakes import MemoryPublisher, MemoryRecorder

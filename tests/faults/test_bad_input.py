@@ -38,10 +38,11 @@ from filter.backends.records.sqlite import SqliteSink
 from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import ConfigError, parse
-from filter.core.engine import Engine, RouteRules
+from filter.core.engine import Engine
 from filter.core.envelope import ATTR_ORIGINAL_TIME, make_envelope
 from filter.core.fingerprint import PayloadError
 from filter.core.model import ACKED
+from filter.core.routes import RouteRules
 from filter.observability import logsetup
 from filter.push.app import create_app
 from tests.support.fakes import MemoryPublisher

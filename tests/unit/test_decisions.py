@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -414,3 +414,23 @@ async def test_a_failure_while_building_the_publish_releases_the_lease(world: Wo
     state = await world.state("reports", "2025-01-10")
     assert state is not None and state.lease is None  # the redelivery is not made to wait out a lease
     assert (await world.send("reports", report("out"))).decision is Decision.FORWARDED
+
+
+async def test_an_act_runs_in_place_of_its_own_calls_publish_only(tmp_path: Path) -> None:
+    world = World(tmp_path)
+    gate = asyncio.Event()
+    publisher = MemoryPublisher(gate=gate)
+    engine = world.make_engine("one", publisher)
+    publishing = asyncio.create_task(engine.handle("reports", world.message({"game_date": "d1", "players": []})))
+    await publisher.started.wait()  # the publishing call is in flight while the act's call runs
+    acted: list[bytes] = []
+
+    async def act(data: bytes, attributes: Mapping[str, str]) -> str:
+        acted.append(data)
+        return "in-process"
+
+    rec = await engine.handle("reports", world.message({"game_date": "d2", "players": []}), act=act)
+    gate.set()
+    published = await publishing
+    assert (rec.published_id, [json.loads(d)["game_date"] for d in acted]) == ("in-process", ["d2"])
+    assert (published.published_id, [json.loads(d)["game_date"] for d in publisher.data]) == ("1", ["d1"])

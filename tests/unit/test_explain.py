@@ -17,6 +17,7 @@ from filter.core.config import load
 from filter.core.engine import Engine
 from filter.core.model import Message
 from filter.runtime.wiring import make_store
+from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.payloads import injury_report
 
@@ -41,9 +42,9 @@ def setup(tmp_path: Path) -> tuple[Path, dict[str, Any]]:
     return path, injury_report(50)
 
 
-async def forward(path: Path, report: dict[str, Any]) -> None:
+async def forward(path: Path, report: dict[str, Any], clock: ManualClock | None = None) -> None:
     cfg = load(path)
-    engine = Engine(cfg, make_store(cfg), MemoryPublisher(), MemoryRecorder())
+    engine = Engine(cfg, make_store(cfg), MemoryPublisher(), MemoryRecorder(), clock)
     await engine.handle("injury", Message(json.dumps(report).encode(), {}, "m1"))
     await engine.store.close()
 
@@ -87,6 +88,17 @@ def test_explain_writes_nothing(
     explain(path, tmp_path, injury_report(51), capsys)
     after = asyncio.run(SqliteStore(tmp_path / "state.db").read("injury", "2025-01-10"))
     assert before is not None and after is not None and before.version == after.version
+
+
+def test_explain_decides_on_expired_state_as_the_engine_does_as_if_it_were_gone(
+    setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, report = setup
+    # forwarded in 1970: its state expired decades ago, whether or not a TTL has deleted it yet
+    asyncio.run(forward(path, report, ManualClock(start=1000.0)))
+    result = explain(path, tmp_path, report, capsys)
+    assert (result["decision"], result["reason"]) == ("forwarded", "new key")
+    assert result["stored"]["source_message_id"] == "m1", "what is stored is still shown as it is"
 
 
 def test_explain_for_a_new_key_says_so(

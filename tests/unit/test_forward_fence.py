@@ -10,8 +10,9 @@ import pytest
 
 from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
+from filter.core.attributes import ATTRIBUTE_LIMIT
 from filter.core.config import parse
-from filter.core.engine import ATTRIBUTE_LIMIT, Engine
+from filter.core.engine import Engine
 from filter.core.fingerprint import message_fingerprint
 from filter.core.model import Decision, Message
 from tests.support.clock import ManualClock

@@ -1,0 +1,150 @@
+"""The decision, in one place: `decide` says what to do with one message given the stored state.
+
+Pure: the same inputs (message, fingerprint, state, time, the audit's draw) always give the
+same answer, and nothing here reads or writes a store. The engine calls `decide` once per
+look at the state, `explain` calls it to say why; read it top to bottom:
+
+1. state past its expiry is forgotten (a late TTL never decides);
+2. `judge`, the table: new, redelivered, in flight, bypassed, unchanged, stale, changed;
+3. a suppression may be audited: unchanged in the selected fields but not in all of them
+   is `noise_only`;
+4. a forward learns what it sends and commits: the row digests, and on a `rows_mode:
+   changed` route only the new and changed rows. Row mode only narrows what a forward
+   carries; it never turns a change into a suppression.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from filter.core import rows
+from filter.core.config import Route
+from filter.core.model import Decision, KeyState, Message
+from filter.core.partial import partial
+from filter.core.routes import RouteRules
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    decision: Decision
+    reason: str
+
+
+@dataclass(slots=True)
+class Outgoing:
+    """What a forward publishes (the data, possibly only the changed rows) and then commits."""
+
+    data: bytes
+    attributes: dict[str, str]
+    rows: bytes | None = None
+    full_fingerprint: str | None = None
+
+
+@dataclass(slots=True)
+class Decided:
+    """`decide`'s answer: the verdict, the state it was decided on, what a forward sends, and
+    details for the record (which rows and fields changed)."""
+
+    verdict: Verdict
+    state: KeyState | None
+    out: Outgoing
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+def decide(
+    rules: RouteRules,
+    msg: Message,
+    fp: str,
+    state: KeyState | None,
+    now: float,
+    bypass: bool,
+    rng: random.Random,
+) -> Decided:
+    """The whole decision for `msg` (payload fingerprint `fp`) against `state`, the stored state for its key."""
+    if state is not None and state.expired(now):
+        state = state.forgotten()
+    decided = Decided(judge(rules.route, msg, fp, state, now, bypass), state, Outgoing(msg.data, {}))
+    if decided.verdict.decision is Decision.SUPPRESSED and _noise_only(rules, msg, state, rng):
+        decided.verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
+    elif decided.verdict.decision is Decision.FORWARDED:
+        _what_to_send(rules, msg, fp, decided)
+    return decided
+
+
+def judge(
+    route: Route, msg: Message, fingerprint: str, state: KeyState | None, now: float, bypass: bool = False
+) -> Verdict:
+    """The decision table. Pure: the same inputs always give the same verdict."""
+    if state is None:
+        return Verdict(Decision.FORWARDED, "new key")
+    if state.decided(msg.message_id) is not None:
+        return Verdict(Decision.DUPLICATE, "message already forwarded")
+    lease = state.lease
+    if lease is not None and lease.live(now):
+        if lease.message_id == msg.message_id:
+            # Acking a redelivery acks the message itself: if the in-flight publish then
+            # failed, the content would be lost. Ask again after it settles.
+            return Verdict(Decision.CONTENDED, "this message is already in flight")
+        if lease.fingerprint == fingerprint:
+            return Verdict(Decision.DUPLICATE, "same content in flight")
+        return Verdict(Decision.CONTENDED, "other content for this key is in flight")
+    if bypass:
+        return Verdict(Decision.FORWARDED, "bypass rule")
+    if lease is not None and lease.fingerprint != state.fingerprint and state.fingerprint == fingerprint:
+        # A holder's lease lapsed mid-forward (it died, or its commit never landed): its publish
+        # may have reached the destination, which then no longer holds what the state says.
+        return Verdict(Decision.FORWARDED, "a lapsed forward of other content may be downstream")
+    if state.fingerprint == fingerprint:
+        if route.window is None or state.forwarded_at is None or now - state.forwarded_at < route.window:
+            return Verdict(Decision.SUPPRESSED, "unchanged since last forward")
+        if not _older(msg, state):
+            return Verdict(Decision.FORWARDED, "unchanged, but the window expired")
+    elif state.fingerprint is None:
+        return Verdict(Decision.FORWARDED, "new key")
+    if _older(msg, state) and route.stale == "suppress":
+        return Verdict(Decision.STALE, "published before the last forwarded message")
+    return Verdict(Decision.FORWARDED, "content changed")
+
+
+def _older(msg: Message, state: KeyState) -> bool:
+    return msg.publish_time is not None and state.publish_time is not None and (msg.publish_time < state.publish_time)
+
+
+def _noise_only(rules: RouteRules, msg: Message, state: KeyState | None, rng: random.Random) -> bool:
+    """A sampled suppression whose content over all fields differs from the last forward's."""
+    return (
+        rules.full_scheme is not None
+        and state is not None
+        and state.full_fingerprint is not None
+        and rng.random() < rules.route.audit_sample
+        and rules.full_scheme(msg.data)[1] != state.full_fingerprint
+    )
+
+
+def _what_to_send(rules: RouteRules, msg: Message, fp: str, decided: Decided) -> None:
+    """Fill in what a forward commits (full fingerprint, row digests) and sends (all rows, or the changed ones)."""
+    state, out, details = decided.state, decided.out, decided.details
+    if rules.full_scheme is not None:
+        out.full_fingerprint = rules.full_scheme(msg.data)[1]
+    before = rows.decode(state.rows) if state is not None and rules.tracks_rows else None
+    typed = rules.typed_rows(msg.data)  # decoded once (usually kept from the fingerprint) for both uses
+    digests = rules.row_digests(msg.data, before, typed)
+    if digests is None:
+        return
+    out.rows = rows.encode(digests)
+    if out.rows is None:
+        details["rows_state"] = "too large to keep"
+    if before is None:
+        return
+    diff = rows.diff(before, digests)
+    details.update(diff.summary())
+    content_changed = state is not None and state.fingerprint not in (None, fp)
+    if rules.route.rows_mode == "changed" and content_changed:
+        if diff.any:
+            out.data, out.attributes = partial(rules, msg.data, diff, typed)
+        else:
+            # The fingerprint says the content changed and no row digest does (rows that are
+            # not objects, say): forward it whole.
+            details["rows_forwarded"] = "whole payload: the change is outside the row digests"

@@ -1,0 +1,86 @@
+"""A route compiled once: how to key, fingerprint and bypass its messages (step 1 of the decision, extract)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from filter.core import rows
+from filter.core.config import Condition, Route
+from filter.core.fingerprint import NOT_JSON, PayloadError, Scheme, TypedRows, compile_scheme
+from filter.core.paths import MISSING
+
+
+class RouteRules:
+    """A route compiled once: how to key, fingerprint and bypass its messages."""
+
+    def __init__(self, route: Route):
+        self.route = route
+        self.scheme: Scheme = compile_scheme(route)
+        # the same content with nothing left out: what the noise audit compares
+        self.full_scheme: Scheme | None = (
+            compile_scheme(route.model_copy(update={"include": [], "exclude": [], "scheme": "canonical"}))
+            if route.audit_sample > 0
+            else None
+        )
+        self.tracks_rows = route.rows is not None and bool(route.row_key) and route.scheme == "canonical"
+
+    def typed_rows(self, data: bytes) -> TypedRows | None:
+        """The rows as the fingerprint's fast path decodes them (included fields only), if it vouches for them."""
+        if not self.tracks_rows or self.scheme.typed_rows is None:
+            return None
+        return self.scheme.typed_rows(data)
+
+    def row_digests(
+        self, data: bytes, before: rows.RowDigests | None = None, typed: TypedRows | None = None
+    ) -> rows.RowDigests | None:
+        """Per-row digests of the whole document (the scheme's fast path may not have decoded all of it)."""
+        if not self.tracks_rows or self.route.rows is None:
+            return None
+        typed = typed or self.typed_rows(data)
+        if typed is not None:
+            digests = rows.digest_typed(typed, before)
+            if digests is not None:
+                return digests
+        payload = self.scheme.decode(data)
+        if payload is NOT_JSON:
+            return None
+        found = self.route.rows.resolve(payload, {})
+        return rows.digest_rows(self.route, found, before) if isinstance(found, list) else None
+
+    def key_of(self, payload: Any, attributes: Mapping[str, str]) -> str:
+        parts = []
+        for path in self.route.key:
+            if path.root == "payload" and payload is NOT_JSON:
+                raise PayloadError(f"key field {path} needs a JSON payload, and this payload is not JSON")
+            value = path.resolve(payload, attributes)
+            if value is MISSING or value is None:
+                raise PayloadError(f"key field {path} is missing")
+            if isinstance(value, (dict, list)):
+                raise PayloadError(f"key field {path} is an object or list, not a value")
+            parts.append(str(value).replace("\\", "\\\\").replace("|", "\\|"))
+        return "|".join(parts)
+
+    def bypassed(self, payload: Any, attributes: Mapping[str, str]) -> bool:
+        return any(_holds(c, payload, attributes) for c in self.route.bypass)
+
+    def accepts_subscription(self, subscription: str | None) -> bool:
+        expected = self.route.subscription
+        if not expected or not subscription:
+            return True
+        if "/" in expected:
+            return subscription == expected
+        return subscription.rsplit("/", 1)[-1] == expected
+
+
+def _holds(cond: Condition, payload: Any, attributes: Mapping[str, str]) -> bool:
+    value = (
+        MISSING if (cond.field.root == "payload" and payload is NOT_JSON) else cond.field.resolve(payload, attributes)
+    )
+    if cond.exists is not None:
+        return (value is not MISSING) == cond.exists
+    if value is MISSING:
+        return False
+    if cond.one_of is not None:
+        return value in cond.one_of
+    return bool(value == cond.equals)

@@ -1,0 +1,38 @@
+"""What a key's stored state becomes when the engine writes it: claimed (a fenced lease taken)
+and forwarded (the new fingerprint committed). Pure; the engine does the conditional writes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from filter.core.judge import Outgoing
+from filter.core.model import KeyState, Lease, Message
+
+#: How many recently forwarded message ids each key remembers, to answer redeliveries.
+RECENT = 20
+
+
+def claimed(state: KeyState | None, lease: Lease, keep_until: float) -> KeyState:
+    """`state` holding `lease`, kept at least until `keep_until`."""
+    base = state or KeyState()
+    # Everything else stays as it was: a released lease must leave the last forward intact.
+    return replace(base, fence=lease.fence, lease=lease, expires_at=max(base.expires_at or 0.0, keep_until))
+
+
+def forwarded(
+    state: KeyState | None, msg: Message, fp: str, fence: int, out: Outgoing, now: float, keep_until: float
+) -> KeyState:
+    """The state after `msg` (fingerprint `fp`) was forwarded under `fence`: no lease, `msg` among the recent."""
+    base = state or KeyState()
+    return KeyState(
+        fingerprint=fp,
+        forwarded_at=now,
+        message_id=msg.message_id,
+        publish_time=msg.publish_time if msg.publish_time is not None else base.publish_time,
+        recent=(*base.recent, (msg.message_id, fp))[-RECENT:],
+        fence=fence,
+        lease=None,
+        expires_at=keep_until,
+        rows=out.rows,
+        full_fingerprint=out.full_fingerprint,
+    )
