@@ -15,9 +15,8 @@ silently. Lines that mention a decision but cannot be read (truncated, no route,
 time) are counted, and one warning line goes to stderr at the end. Input is read line
 by line, so the file can be larger than memory; only the gcloud array is read whole.
 
-The result has the shape of the records backends' `decision_counts`: rows
-`{"route", "bucket", "decision", "enforced", "n"}`, with bucket `YYYY-MM-DDTHH:00:00Z`
-by hour, `YYYY-MM-DD` by day, None by route (all UTC).
+`LogLinesReader` is the `RecordsReader` of such a source: its rows are the
+`DecisionCount`s every records reader returns, so skip-rate reads logs as it reads tables.
 """
 
 from __future__ import annotations
@@ -31,6 +30,8 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 import msgspec
+
+from filter.core.ports import Bucket, DecisionCount
 
 _BUCKET_FORMAT = {"hour": "%Y-%m-%dT%H:00:00Z", "day": "%Y-%m-%d"}
 
@@ -113,7 +114,7 @@ class _Counter:
         k = (route, self.label(t), decision, enforced)
         self.counts[k] = self.counts.get(k, 0) + 1
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[DecisionCount]:
         return [
             {"route": r, "bucket": b, "decision": d, "enforced": e, "n": n}
             for (r, b, d, e), n in sorted(self.counts.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", *kv[0][2:]))
@@ -153,7 +154,7 @@ def _count_lines(lines: Iterable[bytes], counter: _Counter, start: int) -> None:
         counter.add(entry, n)
 
 
-def counts_from_log(source: str, since: float | None, by: str) -> list[dict[str, Any]]:
+def counts_from_log(source: str, since: float | None, by: str) -> list[DecisionCount]:
     """Decisions counted per (route, bucket, decision, enforced) from log lines in `source`.
 
     `source` is a path or `-` (stdin); `since` is epoch seconds (None: everything);
@@ -189,3 +190,17 @@ def counts_from_log(source: str, since: float | None, by: str) -> list[dict[str,
             file=sys.stderr,
         )
     return counter.rows()
+
+
+class LogLinesReader:
+    """The `RecordsReader` of decision log lines in a file (`.gz` too) or `-` (stdin), read
+    anew on every call."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def decision_counts(self, since: float | None, by: Bucket) -> list[DecisionCount]:
+        return counts_from_log(self.source, since, by)
+
+    def close(self) -> None:
+        pass  # the file is opened and closed by each read
