@@ -78,21 +78,31 @@ class _Counter:
             label = self._labels[hour] = time.strftime(_BUCKET_FORMAT[self.by], time.gmtime(hour * 3600))
         return label
 
+    def entry_in(self, line: bytes, where: int) -> _Entry | None:
+        """The object a line holds from its first `{` (after any prefix), if the line mentions
+        a decision; None otherwise, and for a broken one, which is noted."""
+        if b"decision" not in line:
+            return None
+        brace = line.find(b"{")
+        if brace < 0:
+            return None
+        try:
+            return _decode_entry(line[brace:])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            self.bad_line(where)
+            return None
+
     def add(self, entry: _Entry, where: int) -> None:
         """Count one decoded object if it is a decision; note it if it is a broken one."""
         if entry.jsonPayload is not None:  # a Cloud Logging LogEntry
             stamp = entry.timestamp if entry.timestamp is not None else entry.jsonPayload.time
             entry = entry.jsonPayload
         elif entry.message is None and isinstance(entry.log, str):  # Docker's json-file wrapper
-            inner = entry.log
-            start = inner.find("{")
-            if start < 0 or "decision" not in inner:
+            # msgspec never decodes a lone surrogate; should one come, surrogatepass makes it a bad line, not a crash
+            inner = self.entry_in(entry.log.encode("utf-8", "surrogatepass"), where)
+            if inner is None:
                 return
-            try:
-                entry = _decode_entry(inner[start:])
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                self.bad_line(where)
-                return
+            entry = inner
             stamp = entry.time
         else:
             stamp = entry.time
@@ -141,17 +151,9 @@ def _is_array(first: bytes) -> bool:
 
 def _count_lines(lines: Iterable[bytes], counter: _Counter, start: int) -> None:
     for n, line in enumerate(lines, start):
-        if b"decision" not in line:
-            continue
-        brace = line.find(b"{")
-        if brace < 0:
-            continue
-        try:
-            entry = _decode_entry(line[brace:])
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            counter.bad_line(n)
-            continue
-        counter.add(entry, n)
+        entry = counter.entry_in(line, n)
+        if entry is not None:
+            counter.add(entry, n)
 
 
 def counts_from_log(source: str, since: float | None, by: str) -> list[DecisionCount]:
