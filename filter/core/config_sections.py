@@ -33,42 +33,57 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# --- backends ---------------------------------------------------------------------
+# --- the embedded backends: the defaults, files on one machine --------------------
 
 
 FilePath = Annotated[str, Field(min_length=1)]
 
 
 class SqliteStore(Strict):
+    """The embedded state store: one SQLite file, shared by the processes on one machine."""
+
     backend: Literal["sqlite"] = "sqlite"
     path: FilePath = "filter-state.db"
 
 
+class OutboxPublisher(Strict):
+    """The embedded publisher: each forwarded message appended to a JSON-lines file."""
+
+    backend: Literal["outbox"] = "outbox"
+    path: FilePath = "outbox.jsonl"
+    fsync: bool = False  # survive a machine crash too, at ~0.7 ms a publish (a process crash never loses a line)
+
+
+class SqliteRecords(Strict):
+    """The embedded decision records: a SQLite table, written as each decision is made."""
+
+    backend: Literal["sqlite"] = "sqlite"
+    path: FilePath = "filter-decisions.db"
+
+
+# --- the Google Cloud backends ---------------------------------------------------
+
+
 class FirestoreStore(Strict):
+    """Key state in Firestore, shared by every instance (the project defaults to the config's)."""
+
     backend: Literal["firestore"]
     project: str | None = None
     database: str = "(default)"
     collection: str = "pubsub-filter"
 
 
-class OutboxPublisher(Strict):
-    backend: Literal["outbox"] = "outbox"
-    path: FilePath = "outbox.jsonl"
-    fsync: bool = False  # survive a machine crash too, at ~0.7 ms a publish (a process crash never loses a line)
-
-
 class PubsubPublisher(Strict):
+    """Forwards to Pub/Sub topics; `timeout` is the time budget of one publish, retries included."""
+
     backend: Literal["pubsub"]
     project: str | None = None
     timeout: Duration = 30.0
 
 
-class SqliteRecords(Strict):
-    backend: Literal["sqlite"] = "sqlite"
-    path: FilePath = "filter-decisions.db"
-
-
 class BigqueryRecords(Strict):
+    """Decision records streamed to a BigQuery table in batches, off the request path."""
+
     backend: Literal["bigquery"]
     project: str | None = None
     dataset: str = "pubsub_filter"
@@ -78,6 +93,9 @@ class BigqueryRecords(Strict):
     batch_size: int = Field(default=500, ge=1)
     flush_interval: Duration = 5.0
     max_buffer: int = Field(default=50_000, ge=1)
+
+
+# --- the other sections -----------------------------------------------------------
 
 
 class LeaseConfig(Strict):
