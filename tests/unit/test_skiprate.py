@@ -12,7 +12,11 @@ from typing import Any
 
 import pytest
 
+from filter.backends.records.log_lines import LogLinesReader
+from filter.backends.records.sqlite import SqliteReader
 from filter.cli import main
+from filter.core.config import parse
+from filter.runtime.wiring import make_reader
 from filter.tools import skiprate, skiprate_chart
 from filter.tools.skiprate import SkipRow, render, summarize
 from filter.tools.skiprate_chart import CHART_HINT, chart
@@ -424,6 +428,7 @@ def test_watch_refuses_to_follow_stdin(capsys: pytest.CaptureFixture[str]) -> No
 
 # --- requests to paths that are not routes ------------------------------------------
 
+ONE_ROUTE = {"name": "injuries", "destination": "phase3", "key": ["payload.game_date"]}
 ONE_ROUTE_CONFIG = """\
 routes:
   - name: injuries
@@ -502,3 +507,27 @@ def test_chart_axis_reaches_half_a_bucket_beyond_the_first_and_last_point(
     first, last = skiprate_chart._bucket_time(buckets[0]), skiprate_chart._bucket_time(buckets[-1])
     half = timedelta(hours=width / 2)
     assert abs(low - (first - half)) < timedelta(seconds=1) and abs(high - (last + half)) < timedelta(seconds=1)
+
+
+# --- where the counts come from ------------------------------------------------------
+
+
+def test_the_reader_is_the_log_when_one_is_given(tmp_path: Path) -> None:
+    config = parse({"records": {"path": str(tmp_path / "d.db")}, "routes": [ONE_ROUTE]})
+    reader = make_reader(config, str(tmp_path / "filter.log"))
+    assert isinstance(reader, LogLinesReader) and reader.source == str(tmp_path / "filter.log")
+
+
+def test_the_reader_is_the_configured_sqlite_table(tmp_path: Path) -> None:
+    reader = make_reader(parse({"records": {"path": str(tmp_path / "d.db")}, "routes": [ONE_ROUTE]}))
+    assert isinstance(reader, SqliteReader) and reader.path == tmp_path / "d.db"
+
+
+def test_reading_a_sqlite_table_not_yet_written_creates_no_file(tmp_path: Path) -> None:
+    assert SqliteReader(tmp_path / "d.db").decision_counts(None, "route") == []
+    assert not (tmp_path / "d.db").exists()
+
+
+def test_a_reader_needs_a_config_or_a_log() -> None:
+    with pytest.raises(ValueError, match="config or a log"):
+        make_reader(None)
