@@ -7,9 +7,10 @@ backends convert at their edges.
 from __future__ import annotations
 
 import enum
+import operator
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, NamedTuple
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,24 +147,59 @@ class DecisionRecord:
         """
         return self.decision in ACKED or (not self.enforced and self.published_id is not None)
 
+    def values(self) -> tuple[Any, ...]:
+        """The record in `DECISION_COLUMNS` order, the decision as its string; backends
+        convert the `time`, `bool` and `json` kinds at their edge."""
+        out = _column_values(self)
+        return (*out[:_DECISION_AT], str(self.decision), *out[_DECISION_AT + 1 :])
+
     def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
-            "time": self.time,
-            "route": self.route,
-            "decision": str(self.decision),
-            "enforced": self.enforced,
-            "message_id": self.message_id,
-            "key": self.key,
-            "reason": self.reason,
-            "fingerprint": self.fingerprint,
-            "message_fingerprint": self.message_fingerprint,
-            "previous_fingerprint": self.previous_fingerprint,
-            "destination": self.destination,
-            "published_id": self.published_id,
-            "fence": self.fence,
-            "publish_time": self.publish_time,
-            "delivery_attempt": self.delivery_attempt,
-            "latency_ms": self.latency_ms,
-        }
+        """The fields of the decision log line: the columns but `trace` (the engine names it
+        under Cloud Logging's trace field) and `extra` (its keys are spread into the line)."""
+        # a comprehension over getattr: measured as fast as the literal dict it replaced
+        out = {name: getattr(self, name) for name in _LINE_FIELDS}
+        out["decision"] = str(self.decision)
         out.update(self.extra)
         return out
+
+
+ColumnKind = Literal["time", "text", "bool", "int", "float", "json"]
+
+
+class Column(NamedTuple):
+    """One column of the decisions table: its name, what it holds, and whether it may be empty.
+
+    `time` is epoch seconds; `json` is the `extra` mapping, stored as JSON text (empty: NULL).
+    """
+
+    name: str
+    kind: ColumnKind
+    nullable: bool = True
+
+
+#: The decision columns, once: the SQLite table, the BigQuery schema and rows, and the log
+#: line's fields are all derived from this, in this order (the order of `DecisionRecord`).
+DECISION_COLUMNS: tuple[Column, ...] = (
+    Column("time", "time", nullable=False),
+    Column("route", "text", nullable=False),
+    Column("decision", "text", nullable=False),
+    Column("enforced", "bool", nullable=False),
+    Column("message_id", "text"),
+    Column("key", "text"),
+    Column("reason", "text"),
+    Column("fingerprint", "text"),
+    Column("message_fingerprint", "text"),
+    Column("previous_fingerprint", "text"),
+    Column("destination", "text"),
+    Column("published_id", "text"),
+    Column("fence", "int"),
+    Column("publish_time", "time"),
+    Column("delivery_attempt", "int"),
+    Column("latency_ms", "float"),
+    Column("trace", "text"),
+    Column("extra", "json"),
+)
+COLUMN_NAMES = tuple(c.name for c in DECISION_COLUMNS)
+_DECISION_AT = COLUMN_NAMES.index("decision")
+_column_values = operator.attrgetter(*COLUMN_NAMES)
+_LINE_FIELDS = tuple(n for n in COLUMN_NAMES if n not in ("trace", "extra"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from contextlib import AbstractContextManager, nullcontext
-from typing import Protocol
+from typing import Literal, Protocol, TypedDict
 
 from filter.core.model import DecisionRecord, KeyState, Message
 
@@ -106,3 +106,37 @@ class Unobserved:
 
 
 UNOBSERVED = Unobserved()
+
+
+# --- reading decision records back (skip-rate) -------------------------------------------
+
+#: How counts are grouped in time: not at all (one bucket per route), by UTC hour, by UTC day.
+Bucket = Literal["route", "hour", "day"]
+
+
+class DecisionCount(TypedDict):
+    """How many decisions one (route, bucket, decision, enforced) had.
+
+    `bucket` is the UTC hour as `2026-01-01T13:00:00Z`, the UTC day as `2026-01-01`, or
+    None when counting by route: the same strings from every reader, so counts compare.
+    """
+
+    route: str
+    bucket: str | None
+    decision: str
+    enforced: bool
+    n: int
+
+
+class RecordsReader(Protocol):
+    """Decision records read back: one implementation per place they are kept (the SQLite
+    table, the BigQuery table, decision log lines), all answering with the same rows."""
+
+    def decision_counts(self, since: float | None, by: Bucket) -> list[DecisionCount]:
+        """Counts of the decisions made at or after `since` (epoch seconds; None: all).
+
+        Raises ValueError for an unknown `by` and OSError for a file that cannot be read;
+        a remote backend's own errors pass through."""
+
+    def close(self) -> None:
+        """Release the connection or client, if any."""

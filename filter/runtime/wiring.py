@@ -9,7 +9,7 @@ from filter.backends.records.batch import BatchingRecorder
 from filter.backends.stores.guard import GuardedStore
 from filter.core.config import Config
 from filter.core.engine import Engine
-from filter.core.ports import DecisionRecorder, Publisher, StateStore
+from filter.core.ports import DecisionRecorder, Publisher, RecordsReader, StateStore
 from filter.observability.telemetry import Telemetry
 
 
@@ -54,6 +54,27 @@ def make_recorder(cfg: Config) -> DecisionRecorder:
     from filter.backends.records.bigquery import bigquery_recorder
 
     return bigquery_recorder(r, project_of(cfg, r.project))
+
+
+def make_reader(cfg: Config | None, log: str | None = None) -> RecordsReader:
+    """What skip-rate reads: the decision log lines at `log` (a file, or - for stdin) when
+    given, else the config's records backend."""
+    if log is not None:
+        from filter.backends.records.log_lines import LogLinesReader
+
+        return LogLinesReader(log)
+    if cfg is None:
+        raise ValueError("a records reader needs a config or a log to read")
+    r = cfg.records
+    if r.backend == "sqlite":
+        from filter.backends.records.sqlite import SqliteReader
+
+        return SqliteReader(r.path)
+    from filter.backends.records.bigquery import bigquery_reader
+    from filter.runtime.operational import BIGQUERY, require
+
+    require(BIGQUERY)  # the client would retry an unreachable endpoint for minutes
+    return bigquery_reader(r, project_of(cfg, r.project))
 
 
 def make_engine(cfg: Config, telemetry: Telemetry | None = None) -> Engine:

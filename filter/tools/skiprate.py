@@ -8,9 +8,11 @@ forwards everything, so its `skip_rate` is 0 and its `would_skip` is the skip ra
 enforce mode would have had. A route switched from shadow to enforce inside one bucket
 is `mixed` and shows both.
 
-The counts come from the records backend in the config (SQLite or BigQuery) or, with
-`--log`, from decision log lines (`filter.backends.records.log_lines`): every source returns the same
-`(route, bucket, decision, enforced, n)` rows, so the numbers agree wherever they come from.
+The counts come from a `RecordsReader` (`filter.core.ports`): the records backend in the
+config (SQLite or BigQuery) or, with `--log`, decision log lines. Every reader returns the
+same `DecisionCount` rows, so the numbers agree wherever they come from. This module turns
+them into one row per route (and bucket) and renders the table, JSON or CSV; the chart is
+`filter.tools.skiprate_chart`.
 
 Requests to `/push/NAME` for a NAME that is not a route (scanners, typos) are recorded as
 rejected decisions under that name. When the config is at hand, such names (not in the
@@ -20,23 +22,23 @@ config, nothing but rejections) are left out of the table and counted on one std
 from __future__ import annotations
 
 import argparse
-import asyncio
 import csv
-import datetime as dt
 import io
 import os
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, cast
+from typing import Any, cast
 
 import msgspec
 
 from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load
 from filter.core.model import Decision
+from filter.core.ports import Bucket, RecordsReader
 from filter.core.times import parse_instant
+from filter.tools.skiprate_chart import ChartUnavailable, chart, figure_class
 
 #: every decision, in the model's order: one column each
 DECISIONS = tuple(str(d) for d in Decision)
@@ -44,7 +46,6 @@ DECISIONS = tuple(str(d) for d in Decision)
 SKIPPED = ("suppressed", "duplicate", "stale", "noise_only")
 #: acked: published (forwarded, fail_open) or held back
 DECIDED = ("forwarded", "fail_open", *SKIPPED)
-CHART_HINT = "pip install 'pubsub-filter[chart]'"
 
 
 @dataclass
@@ -93,7 +94,7 @@ class SkipRow:
         return out
 
 
-def summarize(counts: Iterable[dict[str, Any]]) -> list[SkipRow]:
+def summarize(counts: Iterable[Mapping[str, Any]]) -> list[SkipRow]:
     """Fold (route, bucket, decision, enforced, n) rows into one row per (route, bucket)."""
     rows: dict[tuple[str, str | None], SkipRow] = {}
     for c in counts:
@@ -151,86 +152,7 @@ def render(rows: list[SkipRow], fmt: str) -> str:
     return "\n".join(lines)
 
 
-# --- chart --------------------------------------------------------------------------
-
-
-class ChartUnavailable(Exception):
-    """matplotlib (the `chart` extra) is not installed."""
-
-
-def _bucket_time(bucket: str) -> dt.datetime:
-    if len(bucket) == 10:  # a day
-        return dt.datetime.strptime(bucket, "%Y-%m-%d").replace(tzinfo=dt.UTC)
-    return dt.datetime.strptime(bucket, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
-
-
-def _figure_class() -> Any:
-    try:
-        from matplotlib.figure import Figure
-    except ImportError as exc:
-        raise ChartUnavailable(f"--chart needs matplotlib: {CHART_HINT}") from exc
-    return Figure
-
-
-#: one bucket's width: the x axis reaches half a bucket beyond the first and last point
-_BUCKET_WIDTH = {"hour": dt.timedelta(hours=1), "day": dt.timedelta(days=1)}
-
-
-def figure(rows: list[SkipRow], by: str = "hour") -> Any:
-    """The skip rate per route over time: solid lines for what was skipped, dashed for
-    what shadow routes would have skipped. The x axis spans the data, whatever its span."""
-    figure_class = _figure_class()
-    from matplotlib.dates import AutoDateLocator, ConciseDateFormatter
-
-    fig = figure_class(figsize=(10, 5), dpi=100, layout="constrained")
-    ax = fig.add_subplot()
-    routes = sorted({r.route for r in rows if r.bucket is not None})
-    times: list[dt.datetime] = []
-    for i, route in enumerate(routes):
-        color = f"C{i % 10}"
-        mine = [r for r in rows if r.route == route and r.bucket is not None]
-        times.extend(_bucket_time(r.bucket) for r in mine if r.bucket)
-        actual = [(_bucket_time(r.bucket), r.skip_rate) for r in mine if r.bucket and r.skip_rate is not None]
-        if any(r.enforced for r in mine):
-            ax.plot([t for t, _ in actual], [v for _, v in actual], "o-", color=color, label=route, markersize=3)
-        would = [(_bucket_time(r.bucket), r.would_skip) for r in mine if r.bucket and r.would_skip is not None]
-        if would:
-            ax.plot(
-                [t for t, _ in would],
-                [v for _, v in would],
-                "o--",
-                color=color,
-                label=f"{route} (shadow: would skip)",
-                markersize=3,
-            )
-    if times:
-        # matplotlib's default date limits for one point (or a few) span years
-        half = _BUCKET_WIDTH.get(by, _BUCKET_WIDTH["hour"]) / 2
-        ax.set_xlim(min(times) - half, max(times) + half)
-        locator = AutoDateLocator()  # type: ignore[no-untyped-call]
-        ax.xaxis.set_major_locator(locator)
-        ax.xaxis.set_major_formatter(ConciseDateFormatter(locator))  # type: ignore[no-untyped-call]
-    ax.set_ylim(0, 101)
-    ax.set_ylabel("skip rate (%)")
-    ax.set_xlabel(f"UTC {by}")
-    ax.set_title(f"pubsub-filter skip rate per route, by {by}")
-    ax.grid(True, alpha=0.3)
-    if routes:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
-    else:
-        ax.text(0.5, 0.5, "no decisions recorded in this period", ha="center", va="center", transform=ax.transAxes)
-    return fig
-
-
-def chart(rows: list[SkipRow], path: str, by: str = "hour") -> None:
-    """Draw `figure(rows, by)` to a PNG at `path`."""
-    figure(rows, by).savefig(path, format="png")
-
-
 # --- the command --------------------------------------------------------------------
-
-
-Bucket = Literal["route", "hour", "day"]
 
 
 def _bucket(by: str) -> Bucket:
@@ -239,28 +161,12 @@ def _bucket(by: str) -> Bucket:
     return cast(Bucket, by)
 
 
-def counts_for(args: argparse.Namespace, since: float | None, by: str | None = None) -> list[dict[str, Any]]:
-    """(route, bucket, decision, enforced, n) rows from the log lines or the configured records backend."""
-    by = _bucket(by or args.by)
-    if args.log:
-        from filter.backends.records.log_lines import counts_from_log
+def reader_for(args: argparse.Namespace) -> RecordsReader:
+    """The log lines of `--log`, else the records backend of the config."""
+    # imported here: the wiring module loads the engine and telemetry, which reading counts never needs
+    from filter.runtime.wiring import make_reader
 
-        return counts_from_log(args.log, since, by)
-    cfg = load(args.config)
-    if cfg.records.backend == "sqlite":
-        from filter.backends.records.sqlite import decision_counts
-
-        return decision_counts(cfg.records.path, since, by)
-    from filter.backends.records.bigquery import decision_counts as bq_counts
-    from filter.backends.records.bigquery import make_client
-    from filter.runtime.operational import BIGQUERY, require
-    from filter.runtime.wiring import project_of
-
-    require(BIGQUERY)  # the client would retry an unreachable endpoint for minutes
-
-    client = make_client(project_of(cfg, cfg.records.project), cfg.records.location)
-    table = f"{client.project}.{cfg.records.dataset}.{cfg.records.table}"
-    return asyncio.run(bq_counts(client, since, by, table=table))
+    return make_reader(None if args.log else load(args.config), args.log)
 
 
 def split_probes(rows: list[SkipRow], routes: set[str]) -> tuple[list[SkipRow], dict[str, int]]:
@@ -314,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
     by = args.by
     if chart_path:
         try:
-            _figure_class()
+            figure_class()
         except ChartUnavailable as exc:
             print(f"pubsub-filter skip-rate: {exc}", file=sys.stderr)
             return 2
@@ -336,13 +242,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"pubsub-filter skip-rate: --since: {exc}", file=sys.stderr)
         return 2
     clear = watch is not None and sys.stdout.isatty()
+    reader = reader_for(args)
     try:
         while True:
             try:
-                rows = summarize(counts_for(args, since_of(args.since, time.time()), by))
+                counts = reader.decision_counts(since_of(args.since, time.time()), _bucket(by))
             except OSError as exc:
                 print(f"pubsub-filter skip-rate: {exc}", file=sys.stderr)
                 return 1
+            rows = summarize(counts)
             routes = route_names(args)
             probes: dict[str, int] = {}
             if routes is not None:
@@ -366,3 +274,5 @@ def run(args: argparse.Namespace) -> int:
         if watch is None:
             raise  # interrupted before the one answer: not a success (the CLI exits 130)
         return 0
+    finally:
+        reader.close()

@@ -18,9 +18,10 @@ from filter.backends.records.batch import BatchingRecorder
 from filter.backends.records.bigquery import (
     EMULATOR_ENV,
     SCHEMA,
+    BigQueryReader,
     BigQuerySink,
+    bigquery_reader,
     bigquery_recorder,
-    decision_counts,
     make_client,
 )
 from filter.core.config import BigqueryRecords
@@ -50,6 +51,13 @@ def table_id(bq_env: BqEmulator) -> Iterator[str]:
 @pytest.fixture
 def sink(table_id: str) -> BigQuerySink:
     return BigQuerySink(make_client(PROJECT), table_id, partition_expiration_days=7, deadline=10)
+
+
+@pytest.fixture
+def reader(table_id: str) -> Iterator[BigQueryReader]:
+    reader = BigQueryReader(make_client(PROJECT), table_id)
+    yield reader
+    reader.close()
 
 
 class CountingSink:
@@ -278,22 +286,22 @@ def _key(row: dict[str, Any]) -> tuple[Any, ...]:
     return (row["route"], row["bucket"] or "", row["decision"], row["enforced"])
 
 
-async def test_decision_counts_group_by_route_hour_day(sink: BigQuerySink) -> None:
+async def test_decision_counts_group_by_route_hour_day(sink: BigQuerySink, reader: BigQueryReader) -> None:
     today = dt.datetime.now(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     day0 = today - dt.timedelta(days=2)  # recent: inside the partition expiry
     records = _known_records(day0)
     await sink.write(records)
 
     for by in ("route", "hour", "day"):
-        got = await decision_counts(sink, None, by)
+        got = reader.decision_counts(None, by)
         assert sorted(got, key=_key) == sorted(_expected(records, by), key=_key), by
         assert all(set(row) == {"route", "bucket", "decision", "enforced", "n"} for row in got)
 
-    by_route = {(r["route"], r["decision"], r["enforced"]): r["n"] for r in await decision_counts(sink, None, "route")}
+    by_route = {(r["route"], r["decision"], r["enforced"]): r["n"] for r in reader.decision_counts(None, "route")}
     assert by_route[("injuries", "suppressed", True)] == 7
     assert by_route[("injuries", "suppressed", False)] == 4
 
-    hours = await decision_counts(sink, None, "hour")
+    hours = reader.decision_counts(None, "hour")
     assert {
         "route": "injuries",
         "bucket": day0.strftime("%Y-%m-%dT10:00:00Z"),
@@ -302,15 +310,22 @@ async def test_decision_counts_group_by_route_hour_day(sink: BigQuerySink) -> No
         "n": 5,
     } in hours
 
-    # `since` cuts at a timestamp; a plain client works with table=
+    # `since` cuts at a timestamp
     since = (day0 + dt.timedelta(days=1)).timestamp()
-    client = make_client(PROJECT)
-    got = await decision_counts(client, since, "day", table=sink.table)
+    got = reader.decision_counts(since, "day")
     assert sorted(got, key=_key) == sorted(_expected(records, "day", since), key=_key)
     assert {r["bucket"] for r in got} == {(day0 + dt.timedelta(days=1)).strftime("%Y-%m-%d")}
-    client.close()
 
     with pytest.raises(ValueError):
-        await decision_counts(client, None, "route")
-    with pytest.raises(ValueError):
-        await decision_counts(sink, None, "week")  # type: ignore[arg-type]
+        reader.decision_counts(None, "week")  # type: ignore[arg-type]
+
+
+def test_reader_factory_reads_the_configured_table(sink: BigQuerySink) -> None:
+    project, dataset, table = sink.table.split(".")
+    reader = bigquery_reader(BigqueryRecords(backend="bigquery", dataset=dataset, table=table), project)
+    try:
+        assert reader.table == sink.table
+        sink.ensure_table()
+        assert reader.decision_counts(None, "route") == []
+    finally:
+        reader.close()

@@ -3,8 +3,8 @@
 One fixed script of 60 messages over 3 routes (one in shadow mode) and two hours (an
 injected clock) runs through a real `Engine`. Its recorder writes every decision to a
 SQLite table and to a BigQuery table; `filter.observability.logsetup` writes the log lines to a file.
-The three `decision_counts` sources must give identical rows by route, hour and day,
-and those must equal the counts worked out by hand below.
+The three `RecordsReader`s (SQLite, BigQuery, log lines) run one contract below: each must
+give the counts worked out by hand, by route, hour and day, in the same rows as the others.
 """
 
 from __future__ import annotations
@@ -25,17 +25,16 @@ import pytest
 import structlog
 from google.cloud import bigquery
 
-from filter.backends.records import sqlite as sqlite_records
 from filter.backends.records.batch import BatchingRecorder
-from filter.backends.records.bigquery import EMULATOR_ENV, BigQuerySink, decision_counts
-from filter.backends.records.log_lines import counts_from_log
-from filter.backends.records.sqlite import SqliteSink
+from filter.backends.records.bigquery import EMULATOR_ENV, BigQueryReader, BigQuerySink
+from filter.backends.records.log_lines import LogLinesReader
+from filter.backends.records.sqlite import SqliteReader, SqliteSink
 from filter.backends.stores.sqlite import SqliteStore
 from filter.cli import main
 from filter.core.config import parse
 from filter.core.engine import Engine
 from filter.core.model import DecisionRecord, KeyState, Lease, Message
-from filter.core.ports import StoreUnavailable
+from filter.core.ports import RecordsReader, StoreUnavailable
 from filter.observability import logsetup
 from filter.tools.skiprate import render, summarize
 from tests.support.bqemu import BqEmulator
@@ -299,18 +298,25 @@ def test_every_message_was_decided_as_scripted(run: Run) -> None:
     assert run.sqlite_written == run.bq_written == 60
 
 
-# --- the three sources agree --------------------------------------------------------------
+# --- the three readers agree --------------------------------------------------------------
+
+READERS = ("sqlite", "bigquery", "log")
+
+
+def reader_of(run: Run, name: str) -> RecordsReader:
+    if name == "sqlite":
+        return SqliteReader(run.sqlite_path)
+    if name == "bigquery":
+        return BigQueryReader(run.bq_client, run.bq_table)  # the client is the run's: closed with it
+    return LogLinesReader(str(run.log_path))
+
+
+def norm(rows: list[Any]) -> list[dict[str, Any]]:
+    return sorted(rows, key=lambda r: (r["route"], r["bucket"] or "", r["decision"], r["enforced"]))
 
 
 def sources(run: Run, by: str, since: float | None = None) -> dict[str, list[dict[str, Any]]]:
-    def norm(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return sorted(rows, key=lambda r: (r["route"], r["bucket"] or "", r["decision"], r["enforced"]))
-
-    return {
-        "sqlite": norm(sqlite_records.decision_counts(run.sqlite_path, since, by)),
-        "bigquery": norm(asyncio.run(decision_counts(run.bq_client, since, by, table=run.bq_table))),
-        "log": norm(counts_from_log(str(run.log_path), since, by)),
-    }
+    return {name: norm(reader_of(run, name).decision_counts(since, by)) for name in READERS}  # type: ignore[arg-type]
 
 
 def folded(rows: list[dict[str, Any]]) -> dict[tuple[str, str | None], dict[str, int]]:
@@ -321,6 +327,40 @@ def folded(rows: list[dict[str, Any]]) -> dict[tuple[str, str | None], dict[str,
     return out
 
 
+def expected_counts(by: str) -> dict[tuple[str, str | None], dict[str, int]]:
+    if by == "hour":
+        return dict(EXPECTED_BY_HOUR)
+    bucket = DAY if by == "day" else None
+    return {(route, bucket): counts for route, counts in EXPECTED_BY_ROUTE.items()}
+
+
+@pytest.mark.parametrize("name", READERS)
+@pytest.mark.parametrize("by", ["route", "hour", "day"])
+def test_reader_counts_every_decision_by_route_and_bucket(run: Run, name: str, by: str) -> None:
+    assert folded(reader_of(run, name).decision_counts(None, by)) == expected_counts(by)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("name", READERS)
+def test_reader_rows_have_the_one_shape(run: Run, name: str) -> None:
+    for row in reader_of(run, name).decision_counts(None, "hour"):
+        assert set(row) == {"route", "bucket", "decision", "enforced", "n"}
+        assert isinstance(row["route"], str) and isinstance(row["bucket"], str) and isinstance(row["decision"], str)
+        assert type(row["enforced"]) is bool and type(row["n"]) is int
+
+
+@pytest.mark.parametrize("name", READERS)
+def test_reader_keeps_decisions_made_at_since_and_after(run: Run, name: str) -> None:
+    since = START + 3600  # 01:00:00 exactly: the 01:00 decision is kept
+    rows = reader_of(run, name).decision_counts(since, "route")
+    assert {r.route: r.total for r in summarize(rows)} == {"injuries": 11, "props": 7, "lines": 9}
+
+
+@pytest.mark.parametrize("name", READERS)
+def test_reader_refuses_an_unknown_bucket(run: Run, name: str) -> None:
+    with pytest.raises(ValueError):
+        reader_of(run, name).decision_counts(None, "week")  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("by", ["route", "hour", "day"])
 def test_sqlite_bigquery_and_logs_give_identical_rows(run: Run, by: str) -> None:
     got = sources(run, by)
@@ -328,13 +368,7 @@ def test_sqlite_bigquery_and_logs_give_identical_rows(run: Run, by: str) -> None
     assert {k: [r.as_dict() for r in summarize(v)] for k, v in got.items()} == {
         k: [r.as_dict() for r in summarize(got["sqlite"])] for k in got
     }
-    expected: dict[tuple[str, str | None], dict[str, int]]
-    if by == "hour":
-        expected = dict(EXPECTED_BY_HOUR)
-    else:
-        bucket = DAY if by == "day" else None
-        expected = {(route, bucket): counts for route, counts in EXPECTED_BY_ROUTE.items()}
-    assert folded(got["sqlite"]) == expected
+    assert folded(got["sqlite"]) == expected_counts(by)
 
 
 def test_skip_rates_are_the_hand_computed_ones(run: Run) -> None:

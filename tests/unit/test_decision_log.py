@@ -246,3 +246,15 @@ def test_unknown_by_is_an_error(tmp_path: Path) -> None:
 def test_missing_file_raises_oserror(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         counts_from_log(str(tmp_path / "nope.log"), None, "route")
+
+
+def test_a_docker_line_wrapping_a_broken_decision_is_counted_as_unreadable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    inner = '{"message": "decision", "route": "r\\ud800", "decision": "forwarded", "time": 1.0}\n'
+    good = json.dumps({"log": inner.replace("\\ud800", ""), "stream": "stdout"})
+    bad = json.dumps({"log": inner, "stream": "stdout"})  # a lone surrogate escape: refused by the decoder
+    truncated = json.dumps({"log": inner[:30], "stream": "stdout"})
+    rows = counts_from_log(write(tmp_path, "c.log", "\n".join([good, bad, truncated])), None, "route")
+    assert [(r["route"], r["n"]) for r in rows] == [("r", 1)]
+    assert "2 lines in" in capsys.readouterr().err

@@ -12,9 +12,14 @@ from typing import Any
 
 import pytest
 
+from filter.backends.records.log_lines import LogLinesReader
+from filter.backends.records.sqlite import SqliteReader
 from filter.cli import main
-from filter.tools import skiprate
-from filter.tools.skiprate import CHART_HINT, SkipRow, chart, render, summarize
+from filter.core.config import parse
+from filter.runtime.wiring import make_reader
+from filter.tools import skiprate, skiprate_chart
+from filter.tools.skiprate import SkipRow, render, summarize
+from filter.tools.skiprate_chart import CHART_HINT, chart
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 
@@ -323,12 +328,28 @@ def test_watch_redraws_until_ctrl_c_then_exits_0(logfile: str, monkeypatch: pyte
     assert sleeps == [2.0, 2.0, 2.0]
 
 
-def test_watch_ctrl_c_while_querying_exits_0(logfile: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    def interrupted(*_: Any) -> list[dict[str, Any]]:
+class InterruptedReader:
+    """A records reader whose read is cut short by Ctrl-C."""
+
+    closed = False
+
+    def decision_counts(self, since: float | None, by: str) -> list[dict[str, Any]]:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(skiprate, "counts_for", interrupted)
+    def close(self) -> None:
+        self.closed = True
+
+
+def test_watch_ctrl_c_while_querying_exits_0(logfile: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(skiprate, "reader_for", lambda _: InterruptedReader())
     assert main(["skip-rate", "--log", logfile, "--watch", "5"]) == 0
+
+
+def test_the_reader_is_closed_after_ctrl_c(logfile: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    reader = InterruptedReader()
+    monkeypatch.setattr(skiprate, "reader_for", lambda _: reader)
+    assert main(["skip-rate", "--log", logfile, "--watch", "5"]) == 0
+    assert reader.closed
 
 
 def test_watch_into_a_pipe_does_not_clear_the_screen(
@@ -347,10 +368,7 @@ def test_watch_into_a_pipe_does_not_clear_the_screen(
 
 
 def test_ctrl_c_without_watch_is_not_a_success(logfile: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    def interrupted(*_: Any) -> list[dict[str, Any]]:
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(skiprate, "counts_for", interrupted)
+    monkeypatch.setattr(skiprate, "reader_for", lambda _: InterruptedReader())
     assert main(["skip-rate", "--log", logfile]) == 130
 
 
@@ -410,6 +428,7 @@ def test_watch_refuses_to_follow_stdin(capsys: pytest.CaptureFixture[str]) -> No
 
 # --- requests to paths that are not routes ------------------------------------------
 
+ONE_ROUTE = {"name": "injuries", "destination": "phase3", "key": ["payload.game_date"]}
 ONE_ROUTE_CONFIG = """\
 routes:
   - name: injuries
@@ -456,7 +475,7 @@ def test_without_a_config_every_route_in_the_log_is_shown(
 def _x_span(rows: list[SkipRow], by: str) -> tuple[Any, Any]:
     from matplotlib.dates import num2date
 
-    ax = skiprate.figure(rows, by).axes[0]
+    ax = skiprate_chart.figure(rows, by).axes[0]
     low, high = ax.get_xlim()
     return num2date(low), num2date(high)
 
@@ -485,6 +504,30 @@ def test_chart_axis_reaches_half_a_bucket_beyond_the_first_and_last_point(
     from datetime import timedelta
 
     low, high = _x_span(summarize([c("a", "suppressed", 1, bucket=b) for b in buckets]), by)
-    first, last = skiprate._bucket_time(buckets[0]), skiprate._bucket_time(buckets[-1])
+    first, last = skiprate_chart._bucket_time(buckets[0]), skiprate_chart._bucket_time(buckets[-1])
     half = timedelta(hours=width / 2)
     assert abs(low - (first - half)) < timedelta(seconds=1) and abs(high - (last + half)) < timedelta(seconds=1)
+
+
+# --- where the counts come from ------------------------------------------------------
+
+
+def test_the_reader_is_the_log_when_one_is_given(tmp_path: Path) -> None:
+    config = parse({"records": {"path": str(tmp_path / "d.db")}, "routes": [ONE_ROUTE]})
+    reader = make_reader(config, str(tmp_path / "filter.log"))
+    assert isinstance(reader, LogLinesReader) and reader.source == str(tmp_path / "filter.log")
+
+
+def test_the_reader_is_the_configured_sqlite_table(tmp_path: Path) -> None:
+    reader = make_reader(parse({"records": {"path": str(tmp_path / "d.db")}, "routes": [ONE_ROUTE]}))
+    assert isinstance(reader, SqliteReader) and reader.path == tmp_path / "d.db"
+
+
+def test_reading_a_sqlite_table_not_yet_written_creates_no_file(tmp_path: Path) -> None:
+    assert SqliteReader(tmp_path / "d.db").decision_counts(None, "route") == []
+    assert not (tmp_path / "d.db").exists()
+
+
+def test_a_reader_needs_a_config_or_a_log() -> None:
+    with pytest.raises(ValueError, match="config or a log"):
+        make_reader(None)

@@ -1,4 +1,4 @@
-"""The BigQuery decisions table: a batch sink, its table definition, and the skip-rate read.
+"""The BigQuery decisions table: a batch sink, its table definition, and its `RecordsReader`.
 
 The table is partitioned by day on `time` (partitions expire after
 `partition_expiration_days`) and clustered by route and decision, so the skip-rate query
@@ -15,7 +15,7 @@ import asyncio
 import datetime as dt
 import hashlib
 import os
-from typing import Any, Literal
+from typing import Any
 
 from google.api_core.client_options import ClientOptions
 from google.api_core.exceptions import NotFound
@@ -27,30 +27,25 @@ from google.cloud.bigquery.retry import DEFAULT_RETRY
 from filter.backends.records.batch import BatchingRecorder
 from filter.backends.records.extra import encode_extra
 from filter.core.config import BigqueryRecords
-from filter.core.model import DecisionRecord
+from filter.core.model import COLUMN_NAMES, DECISION_COLUMNS, Column, DecisionRecord
+from filter.core.ports import Bucket, DecisionCount
 
 EMULATOR_ENV = "BIGQUERY_EMULATOR_HOST"
 
-SCHEMA: tuple[bigquery.SchemaField, ...] = (
-    bigquery.SchemaField("time", "TIMESTAMP", mode="REQUIRED"),
-    bigquery.SchemaField("route", "STRING", mode="REQUIRED"),
-    bigquery.SchemaField("decision", "STRING", mode="REQUIRED"),
-    bigquery.SchemaField("enforced", "BOOL"),
-    bigquery.SchemaField("message_id", "STRING"),
-    bigquery.SchemaField("key", "STRING"),
-    bigquery.SchemaField("reason", "STRING"),
-    bigquery.SchemaField("fingerprint", "STRING"),
-    bigquery.SchemaField("message_fingerprint", "STRING"),
-    bigquery.SchemaField("previous_fingerprint", "STRING"),
-    bigquery.SchemaField("destination", "STRING"),
-    bigquery.SchemaField("published_id", "STRING"),
-    bigquery.SchemaField("fence", "INT64"),
-    bigquery.SchemaField("publish_time", "TIMESTAMP"),
-    bigquery.SchemaField("delivery_attempt", "INT64"),
-    bigquery.SchemaField("latency_ms", "FLOAT64"),
-    bigquery.SchemaField("trace", "STRING"),
-    bigquery.SchemaField("extra", "JSON"),
-)
+_TYPES = {"time": "TIMESTAMP", "text": "STRING", "bool": "BOOL", "int": "INT64", "float": "FLOAT64", "json": "JSON"}
+# Tables already deployed (and infra's decisions_schema.json) declare `enforced` NULLABLE;
+# a new table declaring it REQUIRED would no longer match what Terraform creates.
+_NULLABLE_IN_TABLE = frozenset({"enforced"})
+
+
+def _field(column: Column) -> bigquery.SchemaField:
+    required = not column.nullable and column.name not in _NULLABLE_IN_TABLE
+    if required:
+        return bigquery.SchemaField(column.name, _TYPES[column.kind], mode="REQUIRED")
+    return bigquery.SchemaField(column.name, _TYPES[column.kind])
+
+
+SCHEMA: tuple[bigquery.SchemaField, ...] = tuple(_field(c) for c in DECISION_COLUMNS)
 CLUSTERING = ["route", "decision"]
 
 
@@ -86,28 +81,16 @@ def _timestamp(seconds: float | None) -> str | None:
     return dt.datetime.fromtimestamp(seconds, dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+_TIMES = tuple(c.name for c in DECISION_COLUMNS if c.kind == "time")
+
+
 def to_row(rec: DecisionRecord) -> dict[str, Any]:
     """One decision record as a JSON row of the decisions table."""
-    return {
-        "time": _timestamp(rec.time),
-        "route": rec.route,
-        "decision": str(rec.decision),
-        "enforced": rec.enforced,
-        "message_id": rec.message_id,
-        "key": rec.key,
-        "reason": rec.reason,
-        "fingerprint": rec.fingerprint,
-        "message_fingerprint": rec.message_fingerprint,
-        "previous_fingerprint": rec.previous_fingerprint,
-        "destination": rec.destination,
-        "published_id": rec.published_id,
-        "fence": rec.fence,
-        "publish_time": _timestamp(rec.publish_time),
-        "delivery_attempt": rec.delivery_attempt,
-        "latency_ms": rec.latency_ms,
-        "trace": rec.trace,
-        "extra": encode_extra(rec.extra) if rec.extra else None,
-    }
+    row = dict(zip(COLUMN_NAMES, rec.values(), strict=True))
+    for name in _TIMES:
+        row[name] = _timestamp(row[name])
+    row["extra"] = encode_extra(rec.extra) if rec.extra else None
+    return row
 
 
 def insert_id(rec: DecisionRecord) -> str:
@@ -195,12 +178,16 @@ class BigQuerySink:
         await asyncio.to_thread(self.client.close)
 
 
+def _table_of(client: bigquery.Client, cfg: BigqueryRecords) -> str:
+    return f"{client.project}.{cfg.dataset}.{cfg.table}"
+
+
 def bigquery_recorder(cfg: BigqueryRecords, project: str | None) -> BatchingRecorder:
     """The configured decisions table behind a batching recorder (no network I/O here)."""
     client = make_client(cfg.project or project, cfg.location)
     sink = BigQuerySink(
         client,
-        f"{client.project}.{cfg.dataset}.{cfg.table}",
+        _table_of(client, cfg),
         partition_expiration_days=cfg.partition_expiration_days,
         location=cfg.location,
     )
@@ -251,32 +238,17 @@ def _bucket(value: Any, by: str) -> str | None:
     return str(value)
 
 
-async def decision_counts(
-    client_or_sink: bigquery.Client | BigQuerySink,
-    since: float | None,
-    by: Literal["route", "hour", "day"],
-    *,
-    table: str | None = None,
-    job_timeout: float = 60.0,
-) -> list[dict[str, Any]]:
-    """Decisions counted per route (and hour or day bucket), decision and enforced.
+class BigQueryReader:
+    """The `RecordsReader` of one decisions table (`project.dataset.table`): one query per read."""
 
-    Rows: `{"route", "bucket", "decision", "enforced", "n"}` where `bucket` is the UTC
-    hour or day as an ISO 8601 string (`2024-05-01T13:00:00Z` by hour, `2024-05-01` by
-    day, as the SQLite backend writes them), or None when `by="route"`. `since` is epoch
-    seconds (None: the whole table). Pass a `BigQuerySink`, or a client with
-    `table="project.dataset.table"`.
-    """
-    if isinstance(client_or_sink, BigQuerySink):
-        client, table = client_or_sink.client, table or client_or_sink.table
-    else:
-        client = client_or_sink
-        if table is None:
-            raise ValueError("decision_counts(client, ...) needs table='project.dataset.table'")
-    sql, params = _counts_query(table, since, by)
+    def __init__(self, client: bigquery.Client, table: str, *, job_timeout: float = 60.0) -> None:
+        self.client = client
+        self.table = table
+        self.job_timeout = job_timeout
 
-    def run() -> list[dict[str, Any]]:
-        job = client.query(sql, job_config=bigquery.QueryJobConfig(query_parameters=params))
+    def decision_counts(self, since: float | None, by: Bucket) -> list[DecisionCount]:
+        sql, params = _counts_query(self.table, since, by)
+        job = self.client.query(sql, job_config=bigquery.QueryJobConfig(query_parameters=params))
         return [
             {
                 "route": row["route"],
@@ -285,7 +257,14 @@ async def decision_counts(
                 "enforced": row["enforced"],
                 "n": int(row["n"]),
             }
-            for row in job.result(timeout=job_timeout)
+            for row in job.result(timeout=self.job_timeout)
         ]
 
-    return await asyncio.to_thread(run)
+    def close(self) -> None:
+        self.client.close()  # type: ignore[no-untyped-call]
+
+
+def bigquery_reader(cfg: BigqueryRecords, project: str | None) -> BigQueryReader:
+    """A reader of the configured decisions table (no network I/O here)."""
+    client = make_client(cfg.project or project, cfg.location)
+    return BigQueryReader(client, _table_of(client, cfg))

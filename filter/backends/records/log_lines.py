@@ -15,9 +15,8 @@ silently. Lines that mention a decision but cannot be read (truncated, no route,
 time) are counted, and one warning line goes to stderr at the end. Input is read line
 by line, so the file can be larger than memory; only the gcloud array is read whole.
 
-The result has the shape of the records backends' `decision_counts`: rows
-`{"route", "bucket", "decision", "enforced", "n"}`, with bucket `YYYY-MM-DDTHH:00:00Z`
-by hour, `YYYY-MM-DD` by day, None by route (all UTC).
+`LogLinesReader` is the `RecordsReader` of such a source: its rows are the
+`DecisionCount`s every records reader returns, so skip-rate reads logs as it reads tables.
 """
 
 from __future__ import annotations
@@ -31,6 +30,8 @@ from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 import msgspec
+
+from filter.core.ports import Bucket, DecisionCount
 
 _BUCKET_FORMAT = {"hour": "%Y-%m-%dT%H:00:00Z", "day": "%Y-%m-%d"}
 
@@ -77,21 +78,31 @@ class _Counter:
             label = self._labels[hour] = time.strftime(_BUCKET_FORMAT[self.by], time.gmtime(hour * 3600))
         return label
 
+    def entry_in(self, line: bytes, where: int) -> _Entry | None:
+        """The object a line holds from its first `{` (after any prefix), if the line mentions
+        a decision; None otherwise, and for a broken one, which is noted."""
+        if b"decision" not in line:
+            return None
+        brace = line.find(b"{")
+        if brace < 0:
+            return None
+        try:
+            return _decode_entry(line[brace:])
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            self.bad_line(where)
+            return None
+
     def add(self, entry: _Entry, where: int) -> None:
         """Count one decoded object if it is a decision; note it if it is a broken one."""
         if entry.jsonPayload is not None:  # a Cloud Logging LogEntry
             stamp = entry.timestamp if entry.timestamp is not None else entry.jsonPayload.time
             entry = entry.jsonPayload
         elif entry.message is None and isinstance(entry.log, str):  # Docker's json-file wrapper
-            inner = entry.log
-            start = inner.find("{")
-            if start < 0 or "decision" not in inner:
+            # msgspec never decodes a lone surrogate; should one come, surrogatepass makes it a bad line, not a crash
+            inner = self.entry_in(entry.log.encode("utf-8", "surrogatepass"), where)
+            if inner is None:
                 return
-            try:
-                entry = _decode_entry(inner[start:])
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                self.bad_line(where)
-                return
+            entry = inner
             stamp = entry.time
         else:
             stamp = entry.time
@@ -113,7 +124,7 @@ class _Counter:
         k = (route, self.label(t), decision, enforced)
         self.counts[k] = self.counts.get(k, 0) + 1
 
-    def rows(self) -> list[dict[str, Any]]:
+    def rows(self) -> list[DecisionCount]:
         return [
             {"route": r, "bucket": b, "decision": d, "enforced": e, "n": n}
             for (r, b, d, e), n in sorted(self.counts.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", *kv[0][2:]))
@@ -140,20 +151,12 @@ def _is_array(first: bytes) -> bool:
 
 def _count_lines(lines: Iterable[bytes], counter: _Counter, start: int) -> None:
     for n, line in enumerate(lines, start):
-        if b"decision" not in line:
-            continue
-        brace = line.find(b"{")
-        if brace < 0:
-            continue
-        try:
-            entry = _decode_entry(line[brace:])
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            counter.bad_line(n)
-            continue
-        counter.add(entry, n)
+        entry = counter.entry_in(line, n)
+        if entry is not None:
+            counter.add(entry, n)
 
 
-def counts_from_log(source: str, since: float | None, by: str) -> list[dict[str, Any]]:
+def counts_from_log(source: str, since: float | None, by: str) -> list[DecisionCount]:
     """Decisions counted per (route, bucket, decision, enforced) from log lines in `source`.
 
     `source` is a path or `-` (stdin); `since` is epoch seconds (None: everything);
@@ -189,3 +192,17 @@ def counts_from_log(source: str, since: float | None, by: str) -> list[dict[str,
             file=sys.stderr,
         )
     return counter.rows()
+
+
+class LogLinesReader:
+    """The `RecordsReader` of decision log lines in a file (`.gz` too) or `-` (stdin), read
+    anew on every call."""
+
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def decision_counts(self, since: float | None, by: Bucket) -> list[DecisionCount]:
+        return counts_from_log(self.source, since, by)
+
+    def close(self) -> None:
+        pass  # the file is opened and closed by each read

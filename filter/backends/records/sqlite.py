@@ -1,44 +1,24 @@
-"""Embedded decision records: a SQLite table, written in batches by `BatchingRecorder`."""
+"""Embedded decision records: a SQLite table, written by `SqliteSink` and read back by `SqliteReader`."""
 
 from __future__ import annotations
 
 import asyncio
 import sqlite3
 from pathlib import Path
-from typing import Any, Literal
 
 from filter.backends.records.extra import encode_extra
-from filter.core.model import DecisionRecord
+from filter.core.model import COLUMN_NAMES, DECISION_COLUMNS, DecisionRecord
+from filter.core.ports import Bucket, DecisionCount
 
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS decisions (
-    time REAL NOT NULL,
-    route TEXT NOT NULL,
-    decision TEXT NOT NULL,
-    enforced INTEGER NOT NULL,
-    message_id TEXT,
-    key TEXT,
-    reason TEXT,
-    fingerprint TEXT,
-    message_fingerprint TEXT,
-    previous_fingerprint TEXT,
-    destination TEXT,
-    published_id TEXT,
-    fence INTEGER,
-    publish_time REAL,
-    delivery_attempt INTEGER,
-    latency_ms REAL,
-    trace TEXT,
-    extra TEXT
-);
-CREATE INDEX IF NOT EXISTS decisions_time ON decisions (time, route);
-"""
-
-_COLS = (
-    "time, route, decision, enforced, message_id, key, reason, fingerprint, message_fingerprint, "
-    "previous_fingerprint, destination, published_id, fence, publish_time, delivery_attempt, latency_ms, "
-    "trace, extra"
+_TYPES = {"time": "REAL", "text": "TEXT", "bool": "INTEGER", "int": "INTEGER", "float": "REAL", "json": "TEXT"}
+# SQLite keeps this text as written in sqlite_master: it spells today's tables byte for byte
+_SCHEMA = (
+    "\nCREATE TABLE IF NOT EXISTS decisions (\n"
+    + ",\n".join(f"    {c.name} {_TYPES[c.kind]}{'' if c.nullable else ' NOT NULL'}" for c in DECISION_COLUMNS)
+    + "\n);\nCREATE INDEX IF NOT EXISTS decisions_time ON decisions (time, route);\n"
 )
+_INSERT = f"INSERT INTO decisions ({', '.join(COLUMN_NAMES)}) VALUES ({', '.join('?' * len(COLUMN_NAMES))})"
+_EXTRA_AT = COLUMN_NAMES.index("extra")
 
 
 def _connect(path: str) -> sqlite3.Connection:
@@ -58,32 +38,14 @@ class SqliteSink:
 
     def insert(self, rows: list[DecisionRecord]) -> None:
         """Write rows now, on the calling thread (the inline recorder; `write` runs it off the loop)."""
-        values = [
-            (
-                r.time,
-                r.route,
-                str(r.decision),
-                int(r.enforced),
-                r.message_id,
-                r.key,
-                r.reason,
-                r.fingerprint,
-                r.message_fingerprint,
-                r.previous_fingerprint,
-                r.destination,
-                r.published_id,
-                r.fence,
-                r.publish_time,
-                r.delivery_attempt,
-                r.latency_ms,
-                r.trace,
-                encode_extra(r.extra) if r.extra else None,
-            )
-            for r in rows
-        ]
+        values = []
+        for r in rows:
+            row = list(r.values())  # a bool binds as the INTEGER 0 or 1 it was written as
+            row[_EXTRA_AT] = encode_extra(r.extra) if r.extra else None
+            values.append(row)
         with self._db:
             self._db.execute("BEGIN")
-            self._db.executemany(f"INSERT INTO decisions ({_COLS}) VALUES ({', '.join('?' * 18)})", values)
+            self._db.executemany(_INSERT, values)
 
     async def write(self, rows: list[DecisionRecord]) -> None:
         await asyncio.to_thread(self.insert, rows)
@@ -99,18 +61,27 @@ _BUCKETS = {
 }
 
 
-def decision_counts(path: str | Path, since: float | None, by: Literal["route", "hour", "day"]) -> list[dict[str, Any]]:
-    """Counts per (route, bucket, decision, enforced): the shape every records backend returns."""
-    if not Path(path).exists():
-        return []
-    db = _connect(str(path))
-    try:
-        bucket = _BUCKETS[by]
-        rows = db.execute(
-            f"SELECT route, {bucket} AS bucket, decision, enforced, COUNT(*) FROM decisions "
-            "WHERE time >= ? GROUP BY route, bucket, decision, enforced ORDER BY route, bucket",
-            (since or 0.0,),
-        ).fetchall()
-    finally:
-        db.close()
-    return [{"route": r, "bucket": b, "decision": d, "enforced": bool(e), "n": n} for r, b, d, e, n in rows]
+class SqliteReader:
+    """The `RecordsReader` of the SQLite decisions table."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    def decision_counts(self, since: float | None, by: Bucket) -> list[DecisionCount]:
+        if by not in _BUCKETS:
+            raise ValueError(f"by must be route, hour or day, not {by!r}")
+        if not self.path.exists():
+            return []  # nothing decided yet: reading must not create the file
+        db = _connect(str(self.path))
+        try:
+            rows = db.execute(
+                f"SELECT route, {_BUCKETS[by]} AS bucket, decision, enforced, COUNT(*) FROM decisions "
+                "WHERE time >= ? GROUP BY route, bucket, decision, enforced ORDER BY route, bucket",
+                (since or 0.0,),
+            ).fetchall()
+        finally:
+            db.close()
+        return [{"route": r, "bucket": b, "decision": d, "enforced": bool(e), "n": n} for r, b, d, e, n in rows]
+
+    def close(self) -> None:
+        pass  # each read opens and closes its own connection

@@ -1,0 +1,171 @@
+"""The config's sections other than routes: the backends, lease timing, store error budget,
+server, pull, telemetry and auth, each a strict pydantic model with its defaults, and the
+value types they share (durations, sizes)."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from filter.core.times import parse_duration
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _parse_size(value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    m = re.match(r"^\s*(\d+)\s*(B|KiB|MiB|KB|MB)?\s*$", str(value), re.ASCII)
+    if not m:
+        raise ValueError(f"{value!r} is not a size: write e.g. 1048576, 512KiB or 10MiB")
+    mult = {"B": 1, None: 1, "KiB": 1024, "KB": 1000, "MiB": 1024**2, "MB": 1000**2}[m.group(2)]
+    return int(m.group(1)) * mult
+
+
+Size = Annotated[int, BeforeValidator(_parse_size)]
+
+
+class Strict(BaseModel):
+    """A section whose unknown keys are errors (a typo must not fall back to a default)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- the embedded backends: the defaults, files on one machine --------------------
+
+
+FilePath = Annotated[str, Field(min_length=1)]
+
+
+class SqliteStore(Strict):
+    """The embedded state store: one SQLite file, shared by the processes on one machine."""
+
+    backend: Literal["sqlite"] = "sqlite"
+    path: FilePath = "filter-state.db"
+
+
+class OutboxPublisher(Strict):
+    """The embedded publisher: each forwarded message appended to a JSON-lines file."""
+
+    backend: Literal["outbox"] = "outbox"
+    path: FilePath = "outbox.jsonl"
+    fsync: bool = False  # survive a machine crash too, at ~0.7 ms a publish (a process crash never loses a line)
+
+
+class SqliteRecords(Strict):
+    """The embedded decision records: a SQLite table, written as each decision is made."""
+
+    backend: Literal["sqlite"] = "sqlite"
+    path: FilePath = "filter-decisions.db"
+
+
+# --- the Google Cloud backends ---------------------------------------------------
+
+
+class FirestoreStore(Strict):
+    """Key state in Firestore, shared by every instance (the project defaults to the config's)."""
+
+    backend: Literal["firestore"]
+    project: str | None = None
+    database: str = "(default)"
+    collection: str = "pubsub-filter"
+
+
+class PubsubPublisher(Strict):
+    """Forwards to Pub/Sub topics; `timeout` is the time budget of one publish, retries included."""
+
+    backend: Literal["pubsub"]
+    project: str | None = None
+    timeout: Duration = 30.0
+
+
+class BigqueryRecords(Strict):
+    """Decision records streamed to a BigQuery table in batches, off the request path."""
+
+    backend: Literal["bigquery"]
+    project: str | None = None
+    dataset: str = "pubsub_filter"
+    table: str = "decisions"
+    location: str | None = None
+    partition_expiration_days: int = Field(default=90, ge=1)
+    batch_size: int = Field(default=500, ge=1)
+    flush_interval: Duration = 5.0
+    max_buffer: int = Field(default=50_000, ge=1)
+
+
+# --- the other sections -----------------------------------------------------------
+
+
+class LeaseConfig(Strict):
+    """How long a claim on a key lasts and how often it is renewed while a publish runs.
+
+    Must satisfy duration > ack_deadline > heartbeat: a lease that outlives the
+    subscription's ack deadline means a redelivery of an in-flight message finds the
+    lease still held (and is answered `duplicate`) instead of taking it over.
+    """
+
+    duration: Duration = 120.0
+    heartbeat: Duration = 20.0
+    ack_deadline: Duration = 60.0
+
+    @model_validator(mode="after")
+    def _ordered(self) -> LeaseConfig:
+        if not self.duration > self.ack_deadline > self.heartbeat:
+            raise ValueError(
+                f"need duration > ack_deadline > heartbeat, got duration={self.duration:g}s, "
+                f"ack_deadline={self.ack_deadline:g}s, heartbeat={self.heartbeat:g}s"
+            )
+        return self
+
+
+class StoreErrors(Strict):
+    """How long the store may take before the route's `on_store_error` applies."""
+
+    timeout: Duration = 2.0  # per attempt
+    budget: Duration = 5.0  # all attempts together, well under the ack deadline
+
+
+class ServerConfig(Strict):
+    max_body: Annotated[Size, Field(ge=1024)] = 10 * 1024 * 1024
+    shutdown_grace: Duration = 10.0
+    body_timeout: Duration = 10.0  # a push body not received in full by then is answered 408
+
+
+class PullConfig(Strict):
+    """Flow control for `pubsub-filter pull` (per subscription)."""
+
+    max_messages: int = Field(default=100, ge=1)
+    max_bytes: Size = 50 * 1024 * 1024
+    max_lease_duration: Duration | None = None  # default: lease.duration
+    # `/healthz`, `/readyz` and `/metrics` for probes and scrapes; off unless set (or --health-port)
+    health_port: int | None = Field(default=None, ge=1, le=65535)
+    health_host: str = "0.0.0.0"
+
+
+class TelemetryConfig(Strict):
+    """OpenTelemetry: metrics on `GET /metrics` (and over OTLP when `OTEL_EXPORTER_OTLP_*` names an
+    endpoint), spans when an OTLP endpoint is set. `OTEL_SDK_DISABLED=true` turns both off too."""
+
+    metrics: bool = True
+    traces: bool = True
+
+
+class AuthConfig(Strict):
+    """OIDC verification of Pub/Sub push requests: on when `audience` is set.
+
+    Which tokens pass must be said in full: `service_account` names the one push account,
+    or `any_service_account: true` says that any Google-signed token for the audience will
+    do (see `_auth_rules`).
+    """
+
+    audience: str | None = Field(default=None, min_length=1)
+    service_account: str | None = Field(default=None, pattern=r"^[^@\s]+@[^@\s]+$")
+    any_service_account: bool = False
+    issuers: tuple[str, ...] = ("https://accounts.google.com", "accounts.google.com")
+    certs_url: str = "https://www.googleapis.com/oauth2/v1/certs"
+
+
+#: How long a key's state lives after its last forward, unless `state_ttl` says otherwise.
+STATE_TTL = 30 * 86400.0
