@@ -24,6 +24,7 @@ from pydantic import (
 
 from filter.core import yamlfile
 from filter.core.paths import Path, PathError
+from filter.core.pubsub_names import Kind, check_name
 from filter.core.times import parse_duration
 
 CONFIG_ENV = "PUBSUB_FILTER_CONFIG"
@@ -168,22 +169,10 @@ class AuthConfig(_Strict):
 
 # --- routes -----------------------------------------------------------------------
 
-# Pub/Sub's resource ids: 3-255 characters, starting with a letter, not starting with `goog`.
-_PUBSUB_ID = r"(?!goog)[A-Za-z][A-Za-z0-9\-_.~+%]{2,254}"
-_PROJECT = r"[a-z][a-z0-9.:\-]{0,62}"
 
-
-def _pubsub_name(kind: str) -> Any:
-    full = re.compile(rf"projects/{_PROJECT}/{kind}s/{_PUBSUB_ID}", re.ASCII)
-    short = re.compile(_PUBSUB_ID, re.ASCII)
-
+def _pubsub_name(kind: Kind) -> Any:
     def check(value: Any) -> Any:
-        if isinstance(value, str) and not (short.fullmatch(value) or full.fullmatch(value)):
-            raise ValueError(
-                f"{value!r} is not a {kind} id (3-255 characters: a letter, then letters, digits, - _ . ~ + %; "
-                f"not starting with goog) or projects/PROJECT/{kind}s/ID"
-            )
-        return value
+        return check_name(value, kind) if isinstance(value, str) else value
 
     return BeforeValidator(check)
 

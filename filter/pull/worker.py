@@ -35,16 +35,21 @@ import threading
 import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import google.cloud.pubsub_v1 as pubsub_v1
 import structlog
 from google.auth.exceptions import DefaultCredentialsError
 
-from filter.backends.gcp import NO_CREDENTIALS, timestamp
-from filter.backends.publishers.pubsub import resolve_project
-from filter.core.config import Config, LeaseConfig, Route
+from filter.backends.gcp import (
+    NO_CREDENTIALS,
+    acknowledge,
+    modify_ack_deadline,
+    pubsub_path,
+    resolve_project,
+    timestamp,
+)
+from filter.core.config import Config, LeaseConfig, PullConfig, Route
 from filter.core.engine import Engine
 from filter.core.envelope import effective_publish_time
 from filter.core.model import Message
@@ -56,47 +61,23 @@ log = structlog.get_logger("pubsub_filter.pull")
 
 #: Pub/Sub's bounds on an ack deadline, in seconds.
 MIN_ACK_DEADLINE, MAX_ACK_DEADLINE = 10, 600
-#: Ack ids per unary Acknowledge / ModifyAckDeadline request.
-ACK_BATCH = 1000
 
 
 class PullSetupError(Exception):
     """The config cannot be pulled as asked (no subscription for a route, unknown route...)."""
 
 
-@dataclass(frozen=True, slots=True)
-class PullSettings:
-    """Flow control for the streaming pull (a `pull:` config section would carry these fields).
-
-    - `max_messages`: messages leased (being handled) at once, per route.
-    - `max_bytes`: bytes of leased messages at once, per route.
-    - `max_lease_duration`: how long the subscriber keeps extending one message's ack
-      deadline; default `lease.duration`.
-    """
-
-    max_messages: int = 100
-    max_bytes: int = 50 * 1024 * 1024
-    max_lease_duration: float | None = None
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> PullSettings:
-        return cls(cfg.pull.max_messages, cfg.pull.max_bytes, cfg.pull.max_lease_duration)
-
-    def flow_control(self, lease: LeaseConfig) -> Any:
-        # An int: the client copies it into StreamingPullRequest.stream_ack_deadline_seconds.
-        extension = int(min(max(round(lease.ack_deadline), MIN_ACK_DEADLINE), MAX_ACK_DEADLINE))
-        return pubsub_v1.types.FlowControl(
-            max_messages=self.max_messages,
-            max_bytes=self.max_bytes,
-            max_lease_duration=float(self.max_lease_duration or lease.duration),
-            min_duration_per_lease_extension=extension,
-            max_duration_per_lease_extension=extension,
-        )
-
-
-def subscription_path(subscription: str, project: str) -> str:
-    """A route's `subscription` (an id in `project`, or a full path) → `projects/P/subscriptions/S`."""
-    return subscription if "/" in subscription else f"projects/{project}/subscriptions/{subscription}"
+def flow_control(pull: PullConfig, lease: LeaseConfig) -> Any:
+    """The subscriber's flow control: `pull:` from the config, leases extended as the engine's live."""
+    # An int: the client copies it into StreamingPullRequest.stream_ack_deadline_seconds.
+    extension = int(min(max(round(lease.ack_deadline), MIN_ACK_DEADLINE), MAX_ACK_DEADLINE))
+    return pubsub_v1.types.FlowControl(
+        max_messages=pull.max_messages,
+        max_bytes=pull.max_bytes,
+        max_lease_duration=float(pull.max_lease_duration or lease.duration),
+        min_duration_per_lease_extension=extension,
+        max_duration_per_lease_extension=extension,
+    )
 
 
 def to_message(received: Any, subscription: str | None = None) -> Message:
@@ -140,7 +121,7 @@ class PullWorker:
         engine: Engine,
         routes: Sequence[Route],
         project: str,
-        settings: PullSettings | None = None,
+        settings: PullConfig | None = None,
         subscriber: Any = None,
         health_port: int | None = None,
         health_host: str = "0.0.0.0",
@@ -149,11 +130,11 @@ class PullWorker:
         self.engine = engine
         self.routes = list(routes)
         self.project = project
-        self.settings = settings or PullSettings.from_config(engine.config)
+        self.settings = settings or engine.config.pull
         self.grace = engine.config.server.shutdown_grace
         self.subscriber: Any = subscriber if subscriber is not None else pubsub_v1.SubscriberClient()
         self._own_subscriber = subscriber is None
-        self.paths = {r.name: subscription_path(r.subscription or "", project) for r in self.routes}
+        self.paths = {r.name: pubsub_path(r.subscription or "", "subscription", project) for r in self.routes}
         self.handled = 0
         self.acked = 0
         self.nacked = 0
@@ -210,7 +191,7 @@ class PullWorker:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_signal, sig)
-        flow = self.settings.flow_control(self.engine.config.lease)
+        flow = flow_control(self.settings, self.engine.config.lease)
         watch: asyncio.Task[None] | None = None
         try:
             if self.health is not None:
@@ -360,20 +341,12 @@ class PullWorker:
             late = {p: dict(v) for p, v in self._late.items()}
             self._late.clear()
         for path, ids in late.items():
-            for i in range(0, len(ids["ack"]), ACK_BATCH):
-                chunk = ids["ack"][i : i + ACK_BATCH]
-                try:
-                    self.subscriber.acknowledge(request={"subscription": path, "ack_ids": chunk}, timeout=10)
-                except Exception as exc:  # redelivered later: the engine answers it as a duplicate
-                    log.warning("late_ack_failed", subscription=path, count=len(chunk), error=_describe(exc))
-            for i in range(0, len(ids["nack"]), ACK_BATCH):
-                chunk = ids["nack"][i : i + ACK_BATCH]
-                try:
-                    self.subscriber.modify_ack_deadline(
-                        request={"subscription": path, "ack_ids": chunk, "ack_deadline_seconds": 0}, timeout=10
-                    )
-                except Exception as exc:  # redelivered after its ack deadline instead
-                    log.warning("late_nack_failed", subscription=path, count=len(chunk), error=_describe(exc))
+            # What is not settled here is redelivered later: an ack the engine answers as a
+            # duplicate, a nack after its ack deadline.
+            for count, exc in acknowledge(self.subscriber, path, ids["ack"], timeout=10):
+                log.warning("late_ack_failed", subscription=path, count=count, error=_describe(exc))
+            for count, exc in modify_ack_deadline(self.subscriber, path, ids["nack"], 0, timeout=10):
+                log.warning("late_nack_failed", subscription=path, count=count, error=_describe(exc))
 
     def _join_streams(self) -> None:
         for route, future in self._streams.items():

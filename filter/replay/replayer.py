@@ -490,7 +490,7 @@ class Replayer:
         anything else ends the run (what was pulled so far is still acked or released)."""
         from google.api_core import exceptions as gexc
 
-        from filter.backends.publishers.pubsub import TRANSIENT
+        from filter.backends.gcp import TRANSIENT
 
         request = {"subscription": self.opts.subscription, "max_messages": want}
         for attempt in range(1, 4):
@@ -852,7 +852,7 @@ async def _close(publisher: Any, engine: Any) -> None:
 
 
 def _options(args: argparse.Namespace, cfg: Any) -> ReplayOptions:
-    from filter.backends.publishers.pubsub import resolve_project
+    from filter.backends.gcp import resolve_project
 
     project = resolve_project(args.project or (cfg.project if cfg is not None else None))
     route = None
