@@ -190,10 +190,14 @@ FieldPath = Annotated[Path, BeforeValidator(_path)]
 
 
 class Condition(_Strict):
-    """A bypass condition on one field: equals a value, is one of several, or is present."""
+    """A condition on one field: equals a value (or not), is one of several, or is present.
+
+    What each test means, on a route's `bypass` and on `replay --where`: `filter.core.conditions`.
+    """
 
     field: FieldPath
-    equals: Any = None
+    equals: Any = None  # `equals: null` is a test too: which tests were written is `model_fields_set`
+    not_equals: Any = None
     one_of: list[Any] | None = Field(default=None, alias="in")
     exists: bool | None = None
 
@@ -201,9 +205,10 @@ class Condition(_Strict):
 
     @model_validator(mode="after")
     def _one_test(self) -> Condition:
-        tests = [self.equals is not None, self.one_of is not None, self.exists is not None]
+        written = self.model_fields_set
+        tests = ["equals" in written, "not_equals" in written, self.one_of is not None, self.exists is not None]
         if sum(tests) != 1:
-            raise ValueError("a condition needs exactly one of equals, in, exists")
+            raise ValueError("a condition needs exactly one of equals, in, exists, not_equals")
         return self
 
 

@@ -31,7 +31,8 @@ import msgspec
 import structlog
 
 from filter.core import rows
-from filter.core.config import Condition, Config, Route
+from filter.core.conditions import holds
+from filter.core.config import Config, Route
 from filter.core.fingerprint import NOT_JSON, PayloadError, Scheme, TypedRows, compile_scheme, message_fingerprint
 from filter.core.heartbeat import Heartbeat
 from filter.core.model import Decision, DecisionRecord, KeyState, Lease, Message
@@ -252,7 +253,7 @@ class RouteRules:
         return "|".join(parts)
 
     def bypassed(self, payload: Any, attributes: Mapping[str, str]) -> bool:
-        return any(_holds(c, payload, attributes) for c in self.route.bypass)
+        return any(holds(c, payload, attributes) for c in self.route.bypass)
 
     def accepts_subscription(self, subscription: str | None) -> bool:
         expected = self.route.subscription
@@ -277,19 +278,6 @@ def _parent(payload: Any, parts: tuple[str, ...]) -> tuple[Any, str | None]:
         index = list_index(part) if isinstance(node, list) else None
         node = node[part] if index is None else node[index]
     return node, parts[-1]
-
-
-def _holds(cond: Condition, payload: Any, attributes: Mapping[str, str]) -> bool:
-    value = (
-        MISSING if (cond.field.root == "payload" and payload is NOT_JSON) else cond.field.resolve(payload, attributes)
-    )
-    if cond.exists is not None:
-        return (value is not MISSING) == cond.exists
-    if value is MISSING:
-        return False
-    if cond.one_of is not None:
-        return value in cond.one_of
-    return bool(value == cond.equals)
 
 
 # --- 3. decide ----------------------------------------------------------------------
