@@ -16,7 +16,7 @@ from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exc
 
 from filter.core.config import ConfigError
-from filter.core.pubsub_names import Kind, check_name, is_full
+from filter.core.pubsub_names import Kind, PubsubNameError, check_name, is_full
 
 NO_CREDENTIALS = (
     "no Google credentials: run `gcloud auth application-default login` (or use a service account), "
@@ -42,7 +42,7 @@ ACK_BATCH = 1000
 def pubsub_path(name: str, kind: Kind, project: str) -> str:
     """A topic or subscription given as an id (in `project`) or as `projects/P/{kind}s/ID` → the full path.
 
-    ValueError, in the config's words, for a malformed name, a path of another kind, or
+    PubsubNameError, in the config's words, for a malformed name, a path of another kind, or
     a project id Pub/Sub would refuse.
     """
     check_name(name, kind)
@@ -50,7 +50,9 @@ def pubsub_path(name: str, kind: Kind, project: str) -> str:
         return name
     path = f"projects/{project}/{kind}s/{name}"
     if not is_full(path, kind):
-        raise ValueError(f"{project!r} is not a project id (lowercase letters, digits, - . :, starting with a letter)")
+        raise PubsubNameError(
+            f"{project!r} is not a project id (lowercase letters, digits, - . :, starting with a letter)"
+        )
     return path
 
 

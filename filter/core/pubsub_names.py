@@ -22,15 +22,19 @@ _FULL = {
 }
 
 
+class PubsubNameError(ValueError):
+    """A topic or subscription name Pub/Sub would refuse; the message states the rule."""
+
+
 def is_full(value: str, kind: Kind) -> bool:
     """`projects/PROJECT/{kind}s/ID`, every part valid."""
     return _FULL[kind].fullmatch(value) is not None
 
 
 def check_name(value: str, kind: Kind) -> str:
-    """`value` when it is a valid id or full path of a `kind`; ValueError saying the rule otherwise."""
+    """`value` when it is a valid id or full path of a `kind`; PubsubNameError saying the rule otherwise."""
     if not (_SHORT.fullmatch(value) or is_full(value, kind)):
-        raise ValueError(
+        raise PubsubNameError(
             f"{value!r} is not a {kind} id (3-255 characters: a letter, then letters, digits, - _ . ~ + %; "
             f"not starting with goog) or projects/PROJECT/{kind}s/ID"
         )

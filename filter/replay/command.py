@@ -16,6 +16,7 @@ from google.auth.exceptions import DefaultCredentialsError
 
 from filter.backends.gcp import NO_CREDENTIALS
 from filter.core.config import Config, load
+from filter.core.pubsub_names import PubsubNameError
 from filter.observability.logsetup import configure
 from filter.replay.deadletter import ReplayFailure
 from filter.replay.options import ReplayOptions, UsageError, options_from
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
     cfg = load(args.config) if args.config else None
     try:
         opts = options_from(args, cfg)
-    except UsageError as exc:
+    except (UsageError, PubsubNameError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return Exit.USAGE
     try:

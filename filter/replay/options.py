@@ -14,7 +14,6 @@ from filter.backends.gcp import pubsub_path, resolve_project
 from filter.core import times
 from filter.core.conditions import parse_where
 from filter.core.config import Config, Route
-from filter.core.pubsub_names import Kind
 from filter.replay.selection import Selection, Where
 
 #: Messages per Pull request.
@@ -65,7 +64,10 @@ def parse_where_option(text: str) -> Where:
 
 
 def options_from(args: argparse.Namespace, cfg: Config | None) -> ReplayOptions:
-    """The parsed command line (and `--config`, when given) → the run's options."""
+    """The parsed command line (and `--config`, when given) → the run's options.
+
+    UsageError for a bad option; PubsubNameError (also a usage error) for a name Pub/Sub would refuse.
+    """
     project = resolve_project(args.project or (cfg.project if cfg is not None else None))
     route = _route(args, cfg)
     subscription = args.subscription
@@ -87,9 +89,9 @@ def options_from(args: argparse.Namespace, cfg: Config | None) -> ReplayOptions:
         raise UsageError("--wait must be positive")
     now = time.time()
     return ReplayOptions(
-        subscription=_path(subscription, "subscription", project),
+        subscription=pubsub_path(subscription, "subscription", project),
         project=project,
-        to=_path(args.to, "topic", project) if args.to else None,
+        to=pubsub_path(args.to, "topic", project) if args.to else None,
         dry_run=args.dry_run,
         max=args.max,
         selection=Selection(
@@ -113,10 +115,3 @@ def _route(args: argparse.Namespace, cfg: Config | None) -> Route | None:
     if route is None:
         raise UsageError(f"--route: no route {args.route!r} in the config")
     return route
-
-
-def _path(name: str, kind: Kind, project: str) -> str:
-    try:
-        return pubsub_path(name, kind, project)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None

@@ -37,7 +37,7 @@ from typing import Any
 
 from filter.backends.gcp import NO_CREDENTIALS, pubsub_path, resolve_project
 from filter.core.config import Config
-from filter.core.pubsub_names import Kind
+from filter.core.pubsub_names import PubsubNameError
 from filter.tools.subscriptions import (
     DLQ_ACK_DEADLINE_S,
     DLQ_RETENTION_S,
@@ -82,13 +82,6 @@ def derive_source_topic(subscription_id: str) -> str | None:
     return None
 
 
-def _path(name: str, kind: Kind, project: str) -> str:
-    try:
-        return pubsub_path(name, kind, project)
-    except ValueError as exc:
-        raise ProvisionError(str(exc)) from None
-
-
 def plan(
     cfg: Config,
     project: str,
@@ -130,30 +123,30 @@ def plan(
     oidc_aud = cfg.auth.audience or ""
     for route in cfg.routes:
         assert route.subscription is not None
-        sub = _path(route.subscription, "subscription", project)
+        sub = pubsub_path(route.subscription, "subscription", project)
         sub_id = short_id(sub)
         sub_project = sub.split("/")[1]
-        topic(_path(route.destination, "topic", project), f"destination of route {route.name!r}")
+        topic(pubsub_path(route.destination, "topic", project), f"destination of route {route.name!r}")
         if route.name in source_topics:
-            source = _path(source_topics[route.name], "topic", sub_project)
+            source = pubsub_path(source_topics[route.name], "topic", sub_project)
         else:
             attached = existing_topic_of(sub)
             derived = derive_source_topic(sub_id)
             if attached:
                 source = attached
             elif derived:
-                source = _path(derived, "topic", sub_project)
+                source = pubsub_path(derived, "topic", sub_project)
             else:
                 raise ProvisionError(
                     f"route {route.name!r}: cannot tell the source topic from subscription id {sub_id!r} "
                     f"(no -sub suffix or sub- prefix to remove): pass --source-topic {route.name}=TOPIC"
                 )
         topic(source, f"source of route {route.name!r}")
-        dlq = _path(f"{sub_id}-dlq", "topic", sub_project)
+        dlq = pubsub_path(f"{sub_id}-dlq", "topic", sub_project)
         topic(dlq, f"dead letters of route {route.name!r}")
         out.subscriptions.append(
             SubscriptionSpec(
-                path=_path(f"{sub_id}-dlq-sub", "subscription", sub_project),
+                path=pubsub_path(f"{sub_id}-dlq-sub", "subscription", sub_project),
                 topic=dlq,
                 route=None,
                 ack_deadline=DLQ_ACK_DEADLINE_S,
@@ -313,7 +306,7 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
                 source_topics=parse_source_topics(args.source_topic),
                 existing_topic_of=prov.topic_of,
             )
-        except ProvisionError as exc:
+        except (ProvisionError, PubsubNameError) as exc:
             print(f"{prog}: {exc}", file=sys.stderr)
             return 2
         where = f"the emulator at {os.environ['PUBSUB_EMULATOR_HOST']}" if emulator else "Pub/Sub"

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from filter.core.pubsub_names import PubsubNameError
 from filter.replay.command import Exit, outcome
 from filter.replay.deadletter import DL_PROJECT, DL_SUBSCRIPTION, DeadLetter, ReplayFailure
 from filter.replay.options import ReplayOptions, UsageError, options_from, parse_where_option
@@ -46,12 +47,12 @@ def test_ids_become_paths_in_the_project() -> None:
 
 
 def test_a_topic_path_given_as_the_subscription_is_a_usage_error() -> None:
-    with pytest.raises(UsageError, match="is not a subscription id"):
+    with pytest.raises(PubsubNameError, match="is not a subscription id"):
         options_from(args("projects/p/topics/orders"), None)
 
 
 def test_a_malformed_to_is_a_usage_error_with_the_rule() -> None:
-    with pytest.raises(UsageError, match=r"'ab' is not a topic id \(3-255 characters"):
+    with pytest.raises(PubsubNameError, match=r"'ab' is not a topic id \(3-255 characters"):
         options_from(args("orders-dlq-sub", to="ab"), None)
 
 
