@@ -136,13 +136,13 @@ def cmd_skip_rate(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
-    from filter.pull.worker import run
+    from filter.pull.command import run
 
     return run(_config(args.config), args.route, health_port=args.health_port)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from filter.replay.replayer import run
+    from filter.replay.command import run
 
     require(PUBSUB, *(_backends(_config(args.config)) if args.through_filter and args.config else ()))
     return run(args)

@@ -1,18 +1,131 @@
-"""What every Google-facing module shares: the credentials message and Pub/Sub's timestamps.
+"""What every Google-facing module shares: resource paths, the project, the credentials
+message, which errors are transient, chunked acks, and Pub/Sub's timestamps.
 
-One place, so that pull, replay, provision and the operational error lines say the same
-thing, and no surface imports another to reuse it.
+One place, so that pull, replay, provision, the publisher and the operational error lines
+say the same thing, and no surface imports another to reuse it.
 """
 
 from __future__ import annotations
 
 import calendar
+import os
+from collections.abc import Callable, Sequence
 from typing import Any
+
+from google.api_core import exceptions as gexc
+from google.auth import exceptions as auth_exc
+
+from filter.core.config import ConfigError
+from filter.core.pubsub_names import Kind, PubsubNameError, check_name, is_full
 
 NO_CREDENTIALS = (
     "no Google credentials: run `gcloud auth application-default login` (or use a service account), "
     "or set PUBSUB_EMULATOR_HOST for the emulator"
 )
+
+#: Errors worth another attempt: the service (or the path to it) is briefly unhappy and did not
+#: take the request. Not DeadlineExceeded: a publish that timed out may still have landed, and
+#: publishing is not idempotent, so a retry would put a second copy downstream.
+TRANSIENT: tuple[type[BaseException], ...] = (
+    gexc.ServiceUnavailable,
+    gexc.InternalServerError,
+    gexc.Aborted,
+    gexc.Unknown,
+    gexc.ResourceExhausted,
+    auth_exc.TransportError,
+)
+
+#: Ack ids per unary Acknowledge / ModifyAckDeadline request (Pub/Sub caps a request's size).
+ACK_BATCH = 1000
+
+
+def pubsub_path(name: str, kind: Kind, project: str) -> str:
+    """A topic or subscription given as an id (in `project`) or as `projects/P/{kind}s/ID` → the full path.
+
+    PubsubNameError, in the config's words, for a malformed name, a path of another kind, or
+    a project id Pub/Sub would refuse.
+    """
+    check_name(name, kind)
+    if name.startswith("projects/"):
+        return name
+    path = f"projects/{project}/{kind}s/{name}"
+    if not is_full(path, kind):
+        raise PubsubNameError(
+            f"{project!r} is not a project id (lowercase letters, digits, - . :, starting with a letter)"
+        )
+    return path
+
+
+def resolve_project(project: str | None) -> str:
+    """The project for short topic ids: the argument, $GOOGLE_CLOUD_PROJECT, then the credentials'."""
+    if project:
+        return project
+    env = os.environ.get("GOOGLE_CLOUD_PROJECT")
+    if env:
+        return env
+    if os.environ.get("PUBSUB_EMULATOR_HOST"):
+        raise ConfigError(
+            "publisher",
+            [
+                "no project for the Pub/Sub publisher: PUBSUB_EMULATOR_HOST is set, so there are no "
+                "credentials to take one from. Set `project:` in the config (top level or under "
+                "publisher:) or GOOGLE_CLOUD_PROJECT"
+            ],
+        )
+    import google.auth
+
+    try:
+        _, found = google.auth.default()
+    except auth_exc.DefaultCredentialsError as exc:
+        raise ConfigError(
+            "publisher",
+            [
+                f"no project for the Pub/Sub publisher and no default credentials to take one from ({exc}): "
+                "set `project:` in the config"
+            ],
+        ) from None
+    if not found:
+        raise ConfigError(
+            "publisher",
+            ["no project for the Pub/Sub publisher: the default credentials name none; set `project:` in the config"],
+        )
+    return str(found)
+
+
+#: A chunk of ack ids that a call could not settle, and why: the caller logs or counts it.
+Unsettled = tuple[int, Exception]
+
+
+def acknowledge(subscriber: Any, subscription: str, ack_ids: Sequence[str], timeout: float) -> list[Unsettled]:
+    """Ack `ack_ids` in unary requests of at most ACK_BATCH; the chunks that failed."""
+    return _chunked(
+        ack_ids,
+        lambda chunk: subscriber.acknowledge(request={"subscription": subscription, "ack_ids": chunk}, timeout=timeout),
+    )
+
+
+def modify_ack_deadline(
+    subscriber: Any, subscription: str, ack_ids: Sequence[str], seconds: int, timeout: float
+) -> list[Unsettled]:
+    """Set the ack deadline of `ack_ids` (0 releases them for redelivery now); the chunks that failed."""
+    return _chunked(
+        ack_ids,
+        lambda chunk: subscriber.modify_ack_deadline(
+            request={"subscription": subscription, "ack_ids": chunk, "ack_deadline_seconds": seconds},
+            timeout=timeout,
+        ),
+    )
+
+
+def _chunked(ack_ids: Sequence[str], call: Callable[[list[str]], Any]) -> list[Unsettled]:
+    failed: list[Unsettled] = []
+    for i in range(0, len(ack_ids), ACK_BATCH):
+        chunk = list(ack_ids[i : i + ACK_BATCH])
+        try:
+            call(chunk)
+        except Exception as exc:  # one chunk failing must not keep the others from being settled
+            failed.append((len(chunk), exc))
+    return failed
 
 
 def timestamp(value: Any) -> float | None:

@@ -11,7 +11,6 @@ Every section stays importable from here.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path as FsPath
 from typing import Annotated, Any, Literal
 
@@ -38,6 +37,7 @@ from filter.core.config_sections import (
     TelemetryConfig,
 )
 from filter.core.paths import Path, PathError
+from filter.core.pubsub_names import Kind, check_name
 
 __all__ = [
     "CONFIG_ENV",
@@ -68,22 +68,10 @@ DEFAULT_CONFIG = "filter.yaml"
 
 # --- routes -----------------------------------------------------------------------
 
-# Pub/Sub's resource ids: 3-255 characters, starting with a letter, not starting with `goog`.
-_PUBSUB_ID = r"(?!goog)[A-Za-z][A-Za-z0-9\-_.~+%]{2,254}"
-_PROJECT = r"[a-z][a-z0-9.:\-]{0,62}"
 
-
-def _pubsub_name(kind: str) -> Any:
-    full = re.compile(rf"projects/{_PROJECT}/{kind}s/{_PUBSUB_ID}", re.ASCII)
-    short = re.compile(_PUBSUB_ID, re.ASCII)
-
+def _pubsub_name(kind: Kind) -> Any:
     def check(value: Any) -> Any:
-        if isinstance(value, str) and not (short.fullmatch(value) or full.fullmatch(value)):
-            raise ValueError(
-                f"{value!r} is not a {kind} id (3-255 characters: a letter, then letters, digits, - _ . ~ + %; "
-                f"not starting with goog) or projects/PROJECT/{kind}s/ID"
-            )
-        return value
+        return check_name(value, kind) if isinstance(value, str) else value
 
     return BeforeValidator(check)
 
@@ -101,10 +89,14 @@ FieldPath = Annotated[Path, BeforeValidator(_path)]
 
 
 class Condition(Strict):
-    """A bypass condition on one field: equals a value, is one of several, or is present."""
+    """A condition on one field: equals a value (or not), is one of several, or is present.
+
+    What each test means, on a route's `bypass` and on `replay --where`: `filter.core.conditions`.
+    """
 
     field: FieldPath
-    equals: Any = None
+    equals: Any = None  # `equals: null` is a test too: which tests were written is `model_fields_set`
+    not_equals: Any = None
     one_of: list[Any] | None = Field(default=None, alias="in")
     exists: bool | None = None
 
@@ -112,9 +104,10 @@ class Condition(Strict):
 
     @model_validator(mode="after")
     def _one_test(self) -> Condition:
-        tests = [self.equals is not None, self.one_of is not None, self.exists is not None]
+        written = self.model_fields_set
+        tests = ["equals" in written, "not_equals" in written, self.one_of is not None, self.exists is not None]
         if sum(tests) != 1:
-            raise ValueError("a condition needs exactly one of equals, in, exists")
+            raise ValueError("a condition needs exactly one of equals, in, exists, not_equals")
         return self
 
 

@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from filter.core import rows
-from filter.core.config import Condition, Route
+from filter.core.conditions import holds
+from filter.core.config import Route
 from filter.core.fingerprint import NOT_JSON, PayloadError, Scheme, TypedRows, compile_scheme
 from filter.core.paths import MISSING
 
@@ -62,7 +63,7 @@ class RouteRules:
         return "|".join(parts)
 
     def bypassed(self, payload: Any, attributes: Mapping[str, str]) -> bool:
-        return any(_holds(c, payload, attributes) for c in self.route.bypass)
+        return any(holds(c, payload, attributes) for c in self.route.bypass)
 
     def accepts_subscription(self, subscription: str | None) -> bool:
         expected = self.route.subscription
@@ -71,16 +72,3 @@ class RouteRules:
         if "/" in expected:
             return subscription == expected
         return subscription.rsplit("/", 1)[-1] == expected
-
-
-def _holds(cond: Condition, payload: Any, attributes: Mapping[str, str]) -> bool:
-    value = (
-        MISSING if (cond.field.root == "payload" and payload is NOT_JSON) else cond.field.resolve(payload, attributes)
-    )
-    if cond.exists is not None:
-        return (value is not MISSING) == cond.exists
-    if value is MISSING:
-        return False
-    if cond.one_of is not None:
-        return value in cond.one_of
-    return bool(value == cond.equals)

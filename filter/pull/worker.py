@@ -30,73 +30,43 @@ import asyncio
 import concurrent.futures
 import contextlib
 import signal
-import sys
 import threading
-import time
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import google.cloud.pubsub_v1 as pubsub_v1
 import structlog
-from google.auth.exceptions import DefaultCredentialsError
 
-from filter.backends.gcp import NO_CREDENTIALS, timestamp
-from filter.backends.publishers.pubsub import resolve_project
-from filter.core.config import Config, LeaseConfig, Route
+from filter.backends.gcp import (
+    acknowledge,
+    modify_ack_deadline,
+    pubsub_path,
+    timestamp,
+)
+from filter.core.config import LeaseConfig, PullConfig, Route
 from filter.core.engine import Engine
 from filter.core.envelope import effective_publish_time
 from filter.core.model import Message
-from filter.observability.logsetup import configure
 from filter.pull.health import HealthServer, Watchdog, health_app
-from filter.runtime.wiring import make_engine, make_telemetry, project_of
 
 log = structlog.get_logger("pubsub_filter.pull")
 
 #: Pub/Sub's bounds on an ack deadline, in seconds.
 MIN_ACK_DEADLINE, MAX_ACK_DEADLINE = 10, 600
-#: Ack ids per unary Acknowledge / ModifyAckDeadline request.
-ACK_BATCH = 1000
 
 
-class PullSetupError(Exception):
-    """The config cannot be pulled as asked (no subscription for a route, unknown route...)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PullSettings:
-    """Flow control for the streaming pull (a `pull:` config section would carry these fields).
-
-    - `max_messages`: messages leased (being handled) at once, per route.
-    - `max_bytes`: bytes of leased messages at once, per route.
-    - `max_lease_duration`: how long the subscriber keeps extending one message's ack
-      deadline; default `lease.duration`.
-    """
-
-    max_messages: int = 100
-    max_bytes: int = 50 * 1024 * 1024
-    max_lease_duration: float | None = None
-
-    @classmethod
-    def from_config(cls, cfg: Config) -> PullSettings:
-        return cls(cfg.pull.max_messages, cfg.pull.max_bytes, cfg.pull.max_lease_duration)
-
-    def flow_control(self, lease: LeaseConfig) -> Any:
-        # An int: the client copies it into StreamingPullRequest.stream_ack_deadline_seconds.
-        extension = int(min(max(round(lease.ack_deadline), MIN_ACK_DEADLINE), MAX_ACK_DEADLINE))
-        return pubsub_v1.types.FlowControl(
-            max_messages=self.max_messages,
-            max_bytes=self.max_bytes,
-            max_lease_duration=float(self.max_lease_duration or lease.duration),
-            min_duration_per_lease_extension=extension,
-            max_duration_per_lease_extension=extension,
-        )
-
-
-def subscription_path(subscription: str, project: str) -> str:
-    """A route's `subscription` (an id in `project`, or a full path) → `projects/P/subscriptions/S`."""
-    return subscription if "/" in subscription else f"projects/{project}/subscriptions/{subscription}"
+def flow_control(pull: PullConfig, lease: LeaseConfig) -> Any:
+    """The subscriber's flow control: `pull:` from the config, leases extended as the engine's live."""
+    # An int: the client copies it into StreamingPullRequest.stream_ack_deadline_seconds.
+    extension = int(min(max(round(lease.ack_deadline), MIN_ACK_DEADLINE), MAX_ACK_DEADLINE))
+    return pubsub_v1.types.FlowControl(
+        max_messages=pull.max_messages,
+        max_bytes=pull.max_bytes,
+        max_lease_duration=float(pull.max_lease_duration or lease.duration),
+        min_duration_per_lease_extension=extension,
+        max_duration_per_lease_extension=extension,
+    )
 
 
 def to_message(received: Any, subscription: str | None = None) -> Message:
@@ -113,25 +83,6 @@ def to_message(received: Any, subscription: str | None = None) -> Message:
     )
 
 
-def select_routes(cfg: Config, names: Sequence[str] | None) -> list[Route]:
-    """The routes to pull (all of them by default); each must name its subscription."""
-    if names:
-        unknown = [n for n in names if cfg.route(n) is None]
-        if unknown:
-            known = ", ".join(r.name for r in cfg.routes)
-            raise PullSetupError(f"no route {', '.join(map(repr, unknown))} in the config (routes: {known})")
-        routes = [r for r in cfg.routes if r.name in set(names)]
-    else:
-        routes = list(cfg.routes)
-    missing = [r.name for r in routes if not r.subscription]
-    if missing:
-        raise PullSetupError(
-            f"route(s) {', '.join(map(repr, missing))} have no `subscription`: the pull worker needs one per "
-            "route to know what to pull (set it in the config, or pick other routes with --route)"
-        )
-    return routes
-
-
 class PullWorker:
     """Streaming pull for some routes of one engine; `run()` returns when `stop()` was called."""
 
@@ -140,7 +91,7 @@ class PullWorker:
         engine: Engine,
         routes: Sequence[Route],
         project: str,
-        settings: PullSettings | None = None,
+        settings: PullConfig | None = None,
         subscriber: Any = None,
         health_port: int | None = None,
         health_host: str = "0.0.0.0",
@@ -149,11 +100,11 @@ class PullWorker:
         self.engine = engine
         self.routes = list(routes)
         self.project = project
-        self.settings = settings or PullSettings.from_config(engine.config)
+        self.settings = settings or engine.config.pull
         self.grace = engine.config.server.shutdown_grace
         self.subscriber: Any = subscriber if subscriber is not None else pubsub_v1.SubscriberClient()
         self._own_subscriber = subscriber is None
-        self.paths = {r.name: subscription_path(r.subscription or "", project) for r in self.routes}
+        self.paths = {r.name: pubsub_path(r.subscription or "", "subscription", project) for r in self.routes}
         self.handled = 0
         self.acked = 0
         self.nacked = 0
@@ -210,7 +161,7 @@ class PullWorker:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_signal, sig)
-        flow = self.settings.flow_control(self.engine.config.lease)
+        flow = flow_control(self.settings, self.engine.config.lease)
         watch: asyncio.Task[None] | None = None
         try:
             if self.health is not None:
@@ -360,20 +311,12 @@ class PullWorker:
             late = {p: dict(v) for p, v in self._late.items()}
             self._late.clear()
         for path, ids in late.items():
-            for i in range(0, len(ids["ack"]), ACK_BATCH):
-                chunk = ids["ack"][i : i + ACK_BATCH]
-                try:
-                    self.subscriber.acknowledge(request={"subscription": path, "ack_ids": chunk}, timeout=10)
-                except Exception as exc:  # redelivered later: the engine answers it as a duplicate
-                    log.warning("late_ack_failed", subscription=path, count=len(chunk), error=_describe(exc))
-            for i in range(0, len(ids["nack"]), ACK_BATCH):
-                chunk = ids["nack"][i : i + ACK_BATCH]
-                try:
-                    self.subscriber.modify_ack_deadline(
-                        request={"subscription": path, "ack_ids": chunk, "ack_deadline_seconds": 0}, timeout=10
-                    )
-                except Exception as exc:  # redelivered after its ack deadline instead
-                    log.warning("late_nack_failed", subscription=path, count=len(chunk), error=_describe(exc))
+            # What is not settled here is redelivered later: an ack the engine answers as a
+            # duplicate, a nack after its ack deadline.
+            for count, exc in acknowledge(self.subscriber, path, ids["ack"], timeout=10):
+                log.warning("late_ack_failed", subscription=path, count=count, error=_describe(exc))
+            for count, exc in modify_ack_deadline(self.subscriber, path, ids["nack"], 0, timeout=10):
+                log.warning("late_nack_failed", subscription=path, count=count, error=_describe(exc))
 
     def _join_streams(self) -> None:
         for route, future in self._streams.items():
@@ -390,47 +333,3 @@ def _describe(exc: BaseException | None) -> str:
         return "unknown error"
     text = getattr(exc, "message", None) or str(exc)
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def run(cfg: Config, route_names: Sequence[str] | None = None, health_port: int | None = None) -> int:
-    """`pubsub-filter pull`: pull the routes' subscriptions until SIGTERM/SIGINT."""
-    configure(project=cfg.project)
-    try:
-        routes = select_routes(cfg, route_names)
-    except PullSetupError as exc:
-        print(f"pubsub-filter pull: {exc}", file=sys.stderr)
-        return 2
-    project = resolve_project(project_of(cfg))
-    try:
-        engine = make_engine(cfg, make_telemetry(cfg))
-        subscriber = pubsub_v1.SubscriberClient()
-    except DefaultCredentialsError as exc:
-        print(f"pubsub-filter pull: {NO_CREDENTIALS} ({exc})", file=sys.stderr)
-        return 1
-    structlog.get_logger("pubsub_filter").info(
-        "config_loaded",
-        routes=[r.name for r in routes],
-        store=cfg.store.backend,
-        publisher=cfg.publisher.backend,
-        records=cfg.records.backend,
-        surface="pull",
-    )
-    started = time.monotonic()
-
-    async def main() -> int:
-        worker = PullWorker(
-            engine,
-            routes,
-            project,
-            subscriber=subscriber,
-            health_port=health_port or cfg.pull.health_port,
-            health_host=cfg.pull.health_host,
-        )
-        return await worker.run(install_signals=True)
-
-    try:
-        code = asyncio.run(main())
-    finally:
-        subscriber.close()
-    log.debug("pull_exit", code=code, ran_s=round(time.monotonic() - started, 3))
-    return code

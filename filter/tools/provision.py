@@ -29,19 +29,23 @@ Pub/Sub service agent; that is printed as a reminder, and infra/ grants it in pr
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import math
 import os
-import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from filter.backends.gcp import NO_CREDENTIALS
+from filter.backends.gcp import NO_CREDENTIALS, pubsub_path, resolve_project
 from filter.core.config import Config
+from filter.core.pubsub_names import PubsubNameError
+from filter.tools.subscriptions import (
+    DLQ_ACK_DEADLINE_S,
+    DLQ_RETENTION_S,
+    MIN_BACKOFF_S,
+    SubscriptionSpec,
+    short_id,
+)
 
-MIN_BACKOFF_S = 10
-MAX_BACKOFF_S = 600
 #: Spare deliveries on top of what lease contention alone can use up (the same rule as infra/).
 ATTEMPTS_MARGIN = 5
 
@@ -55,134 +59,11 @@ def delivery_attempts_for(cfg: Config) -> int:
     return min(100, max(5, math.ceil(cfg.lease.duration / MIN_BACKOFF_S) + ATTEMPTS_MARGIN))
 
 
-DLQ_ACK_DEADLINE_S = 60
-DLQ_RETENTION_S = 7 * 86400
-
-
 class ProvisionError(Exception):
     """The config or the options cannot be provisioned as asked (exit 2)."""
 
 
 # --- what the config needs ---------------------------------------------------------------------
-
-
-@dataclass
-class SubscriptionSpec:
-    path: str
-    topic: str
-    route: str | None = None
-    push_endpoint: str = ""
-    oidc_service_account: str = ""
-    oidc_audience: str = ""
-    ack_deadline: int = DLQ_ACK_DEADLINE_S
-    dead_letter_topic: str = ""
-    max_delivery_attempts: int = 0
-    retry: bool = False
-    retention_s: int | None = None
-    ordered: bool = False  # set at creation only: Pub/Sub cannot change it on an existing subscription
-
-    def request(self) -> dict[str, Any]:
-        req: dict[str, Any] = {
-            "name": self.path,
-            "topic": self.topic,
-            "ack_deadline_seconds": self.ack_deadline,
-            "push_config": self._push_config(),
-            "expiration_policy": {},  # no ttl: never expires
-        }
-        if self.dead_letter_topic:
-            req["dead_letter_policy"] = {
-                "dead_letter_topic": self.dead_letter_topic,
-                "max_delivery_attempts": self.max_delivery_attempts,
-            }
-        if self.retry:
-            req["retry_policy"] = {
-                "minimum_backoff": {"seconds": MIN_BACKOFF_S},
-                "maximum_backoff": {"seconds": MAX_BACKOFF_S},
-            }
-        if self.retention_s is not None:
-            req["message_retention_duration"] = {"seconds": self.retention_s}
-        if self.ordered:
-            req["enable_message_ordering"] = True
-        return req
-
-    def _push_config(self) -> dict[str, Any]:
-        if not self.push_endpoint:
-            return {}
-        cfg: dict[str, Any] = {"push_endpoint": self.push_endpoint}
-        if self.oidc_service_account:
-            cfg["oidc_token"] = {
-                "service_account_email": self.oidc_service_account,
-                "audience": self.oidc_audience,
-            }
-        return cfg
-
-    def describe(self) -> str:
-        how = f"push → {self.push_endpoint}" if self.push_endpoint else "pull"
-        parts = [how, f"ack deadline {self.ack_deadline}s"]
-        if self.dead_letter_topic:
-            parts.append(f"dead letters → {_short(self.dead_letter_topic)} after {self.max_delivery_attempts} attempts")
-        return ", ".join(parts)
-
-    def differences(self, current: Any) -> list[tuple[str, str]]:
-        """(update-mask path, what changes) for every setting `current` lacks; [] when it matches."""
-        diffs: list[tuple[str, str]] = []
-        if int(current.ack_deadline_seconds) != self.ack_deadline:
-            diffs.append(
-                ("ack_deadline_seconds", f"ack deadline {current.ack_deadline_seconds}s → {self.ack_deadline}s")
-            )
-        push = current.push_config
-        have_endpoint = str(push.push_endpoint or "")
-        have_oidc = (
-            (str(push.oidc_token.service_account_email), str(push.oidc_token.audience))
-            if "oidc_token" in push
-            else ("", "")
-        )
-        want_oidc = (self.oidc_service_account, self.oidc_audience) if self.push_endpoint else ("", "")
-        if have_endpoint != self.push_endpoint or (self.push_endpoint and have_oidc != want_oidc):
-            before = f"push → {have_endpoint}" if have_endpoint else "pull"
-            after = f"push → {self.push_endpoint}" if self.push_endpoint else "pull"
-            if before == after:
-                before, after = f"OIDC {have_oidc[0] or 'none'}", f"OIDC {want_oidc[0] or 'none'}"
-            diffs.append(("push_config", f"{before} → {after}"))
-        if self.dead_letter_topic:
-            dlp = current.dead_letter_policy if "dead_letter_policy" in current else None
-            have = (str(dlp.dead_letter_topic), int(dlp.max_delivery_attempts)) if dlp is not None else ("", 0)
-            if have != (self.dead_letter_topic, self.max_delivery_attempts):
-                was = f"{_short(have[0])} after {have[1]}" if have[0] else "none"
-                diffs.append(
-                    (
-                        "dead_letter_policy",
-                        f"dead letters {was} → {_short(self.dead_letter_topic)} after {self.max_delivery_attempts}",
-                    )
-                )
-        if self.retry:
-            rp = current.retry_policy if "retry_policy" in current else None
-            have_rp = (_seconds(rp.minimum_backoff), _seconds(rp.maximum_backoff)) if rp is not None else None
-            if have_rp != (MIN_BACKOFF_S, MAX_BACKOFF_S):
-                was = f"{have_rp[0]:g}s-{have_rp[1]:g}s" if have_rp else "none"
-                diffs.append(("retry_policy", f"retry backoff {was} → {MIN_BACKOFF_S}s-{MAX_BACKOFF_S}s"))
-        if "expiration_policy" not in current or _seconds(current.expiration_policy.ttl):
-            diffs.append(("expiration_policy", "expiry → never"))
-        if self.retention_s is not None and _seconds(current.message_retention_duration) != self.retention_s:
-            diffs.append(
-                (
-                    "message_retention_duration",
-                    f"retention {_seconds(current.message_retention_duration):g}s → {self.retention_s}s",
-                )
-            )
-        return diffs
-
-
-def _seconds(value: Any) -> float:
-    if value is None:
-        return 0.0
-    if isinstance(value, dt.timedelta):
-        return value.total_seconds()
-    return float(getattr(value, "seconds", 0)) + float(getattr(value, "nanos", 0)) / 1e9
-
-
-def _short(path: str) -> str:
-    return path.rsplit("/", 1)[-1]
 
 
 @dataclass
@@ -199,24 +80,6 @@ def derive_source_topic(subscription_id: str) -> str | None:
     if subscription_id.startswith("sub-") and len(subscription_id) > 4:
         return subscription_id[len("sub-") :]
     return None
-
-
-def topic_path(name: str, project: str) -> str:
-    if name.startswith("projects/"):
-        if not re.match(r"^projects/[^/]+/topics/[^/]+$", name):
-            raise ProvisionError(f"{name!r} is not a projects/PROJECT/topics/TOPIC path")
-        return name
-    if "/" in name:
-        raise ProvisionError(f"{name!r}: give a topic id or a projects/PROJECT/topics/TOPIC path")
-    return f"projects/{project}/topics/{name}"
-
-
-def subscription_path(name: str, project: str) -> str:
-    if name.startswith("projects/"):
-        if not re.match(r"^projects/[^/]+/subscriptions/[^/]+$", name):
-            raise ProvisionError(f"{name!r} is not a projects/PROJECT/subscriptions/NAME path")
-        return name
-    return f"projects/{project}/subscriptions/{name}"
 
 
 def plan(
@@ -260,30 +123,30 @@ def plan(
     oidc_aud = cfg.auth.audience or ""
     for route in cfg.routes:
         assert route.subscription is not None
-        sub = subscription_path(route.subscription, project)
-        sub_id = _short(sub)
+        sub = pubsub_path(route.subscription, "subscription", project)
+        sub_id = short_id(sub)
         sub_project = sub.split("/")[1]
-        topic(topic_path(route.destination, project), f"destination of route {route.name!r}")
+        topic(pubsub_path(route.destination, "topic", project), f"destination of route {route.name!r}")
         if route.name in source_topics:
-            source = topic_path(source_topics[route.name], sub_project)
+            source = pubsub_path(source_topics[route.name], "topic", sub_project)
         else:
             attached = existing_topic_of(sub)
             derived = derive_source_topic(sub_id)
             if attached:
                 source = attached
             elif derived:
-                source = topic_path(derived, sub_project)
+                source = pubsub_path(derived, "topic", sub_project)
             else:
                 raise ProvisionError(
                     f"route {route.name!r}: cannot tell the source topic from subscription id {sub_id!r} "
                     f"(no -sub suffix or sub- prefix to remove): pass --source-topic {route.name}=TOPIC"
                 )
         topic(source, f"source of route {route.name!r}")
-        dlq = f"projects/{sub_project}/topics/{sub_id}-dlq"
+        dlq = pubsub_path(f"{sub_id}-dlq", "topic", sub_project)
         topic(dlq, f"dead letters of route {route.name!r}")
         out.subscriptions.append(
             SubscriptionSpec(
-                path=f"projects/{sub_project}/subscriptions/{sub_id}-dlq-sub",
+                path=pubsub_path(f"{sub_id}-dlq-sub", "subscription", sub_project),
                 topic=dlq,
                 route=None,
                 ack_deadline=DLQ_ACK_DEADLINE_S,
@@ -423,8 +286,6 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
     from google.api_core import exceptions as gexc
     from google.auth.exceptions import DefaultCredentialsError
 
-    from filter.backends.publishers.pubsub import resolve_project
-
     prog = "pubsub-filter provision"
     emulator = bool(os.environ.get("PUBSUB_EMULATOR_HOST"))
     project = resolve_project(args.project or cfg.project)
@@ -445,7 +306,7 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
                 source_topics=parse_source_topics(args.source_topic),
                 existing_topic_of=prov.topic_of,
             )
-        except ProvisionError as exc:
+        except (ProvisionError, PubsubNameError) as exc:
             print(f"{prog}: {exc}", file=sys.stderr)
             return 2
         where = f"the emulator at {os.environ['PUBSUB_EMULATOR_HOST']}" if emulator else "Pub/Sub"

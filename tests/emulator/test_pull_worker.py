@@ -23,7 +23,7 @@ from filter.core.config import parse
 from filter.core.engine import Engine
 from filter.core.envelope import make_envelope
 from filter.core.model import ACKED
-from filter.pull.worker import PullSetupError, select_routes
+from filter.pull.command import PullSetupError, select_routes
 from filter.push.app import create_app
 from filter.runtime.wiring import make_store
 from tests.support.dlq import DeadLetterRig, PullProcess, peek

@@ -13,15 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import re
 import time
 from collections.abc import Mapping
 from typing import Any
 
 import structlog
 from google.api_core import exceptions as gexc
-from google.auth import exceptions as auth_exc
 from google.cloud import pubsub_v1
 from google.cloud.pubsub_v1.publisher import exceptions as pub_exc
 from tenacity import (
@@ -33,22 +30,10 @@ from tenacity import (
     wait_random,
 )
 
-from filter.core.config import ConfigError
+from filter.backends.gcp import TRANSIENT, pubsub_path, resolve_project
 from filter.core.ports import PublishFailed
 
 log = structlog.get_logger("pubsub_filter.publisher")
-
-#: Errors worth another attempt: the service (or the path to it) is briefly unhappy and did not
-#: take the message. Not DeadlineExceeded: a publish that timed out may still have landed, and
-#: publishing is not idempotent, so a retry would put a second copy downstream.
-TRANSIENT: tuple[type[BaseException], ...] = (
-    gexc.ServiceUnavailable,
-    gexc.InternalServerError,
-    gexc.Aborted,
-    gexc.Unknown,
-    gexc.ResourceExhausted,
-    auth_exc.TransportError,
-)
 
 #: `PublisherClient.publish(topic, data, ordering_key, retry, timeout, **attrs)` binds these
 #: names itself, so a message attribute with one of them cannot be passed through it.
@@ -57,49 +42,11 @@ RESERVED_ATTRIBUTES = frozenset({"self", "topic", "data", "ordering_key", "retry
 #: How long the client may hold a message to batch it with others.
 MAX_LATENCY = 0.01
 
-_TOPIC_PATH = re.compile(r"^projects/[^/]+/topics/[^/]+$")
-_TOPIC_ID = re.compile(r"^[A-Za-z][A-Za-z0-9._~%+-]{2,254}$")
 _CLIENT_STOPPED = "Batch cancelled because the publisher client has been stopped."
 
 
 class _KeyPaused(Exception):
     """The client refused the publish because an earlier one with the same ordering key failed."""
-
-
-def resolve_project(project: str | None) -> str:
-    """The project for short topic ids: the argument, $GOOGLE_CLOUD_PROJECT, then the credentials'."""
-    if project:
-        return project
-    env = os.environ.get("GOOGLE_CLOUD_PROJECT")
-    if env:
-        return env
-    if os.environ.get("PUBSUB_EMULATOR_HOST"):
-        raise ConfigError(
-            "publisher",
-            [
-                "no project for the Pub/Sub publisher: PUBSUB_EMULATOR_HOST is set, so there are no "
-                "credentials to take one from. Set `project:` in the config (top level or under "
-                "publisher:) or GOOGLE_CLOUD_PROJECT"
-            ],
-        )
-    import google.auth
-
-    try:
-        _, found = google.auth.default()
-    except auth_exc.DefaultCredentialsError as exc:
-        raise ConfigError(
-            "publisher",
-            [
-                f"no project for the Pub/Sub publisher and no default credentials to take one from ({exc}): "
-                "set `project:` in the config"
-            ],
-        ) from None
-    if not found:
-        raise ConfigError(
-            "publisher",
-            ["no project for the Pub/Sub publisher: the default credentials name none; set `project:` in the config"],
-        )
-    return str(found)
 
 
 class PubsubPublisher:
@@ -130,14 +77,16 @@ class PubsubPublisher:
         path = self._topics.get(destination)
         if path is not None:
             return path
-        if _TOPIC_PATH.match(destination):
-            path = destination
-        elif "/" not in destination and _TOPIC_ID.match(destination):
-            path = f"projects/{self.project}/topics/{destination}"
-        else:
+        try:
+            # A full path was checked where it was written (the config, `replay --to`) or comes
+            # from Pub/Sub itself (a subscription's topic): only an id needs the rules here.
+            path = (
+                destination if destination.startswith("projects/") else pubsub_path(destination, "topic", self.project)
+            )
+        except ValueError:
             raise PublishFailed(
                 f"destination {destination!r} is neither a topic id nor a projects/PROJECT/topics/TOPIC path"
-            )
+            ) from None
         self._topics[destination] = path
         return path
 
