@@ -15,7 +15,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from .model import KeyState
 from .ports import Publisher, StateStore
-from .telemetry import SYSTEM, Telemetry, short_name
+from .telemetry import Telemetry
+from .tracing import SYSTEM, short_name
 
 T = TypeVar("T")
 

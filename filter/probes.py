@@ -13,7 +13,7 @@ from starlette.routing import Route
 
 if TYPE_CHECKING:
     from .engine import Engine
-    from .telemetry import PrometheusText
+    from .prometheus_text import PrometheusText
 
 
 async def backend_problems(engine: Engine) -> dict[str, str]:

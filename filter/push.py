@@ -25,7 +25,7 @@ from .engine import Engine
 from .envelope import EnvelopeError, parse_envelope
 from .model import Decision, DecisionRecord
 from .probes import backend_problems, metrics_route
-from .telemetry import request_context
+from .tracing import request_context
 
 log = structlog.get_logger("pubsub_filter.push")
 

@@ -32,10 +32,11 @@ from filter.config import parse
 from filter.engine import Engine
 from filter.envelope import make_envelope
 from filter.instrumented import InstrumentedPublisher, InstrumentedStore
+from filter.prometheus_text import PrometheusText
 from filter.push import create_app
 from filter.stores.guard import GuardedStore
 from filter.stores.sqlite import SqliteStore
-from filter.telemetry import PrometheusText, Telemetry, from_config
+from filter.telemetry import Telemetry, from_config
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 CONFIG: dict[str, Any] = {
