@@ -39,7 +39,7 @@ from .latency import Histograms
 from .model import Decision, DecisionRecord, Message
 from .otlp import otlp_endpoint, otlp_metric_reader, otlp_span_processor
 from .prometheus_text import PrometheusText
-from .tracing import ATTRIBUTES_SET, PUBLISH_SPAN, SYSTEM, W3C, message_context, short_name
+from .tracing import ATTRIBUTES_SET, PUBLISH_SPAN, SYSTEM, W3C, message_context, sampler, short_name
 
 SERVICE = "pubsub-filter"
 SCOPE = "pubsub_filter"
@@ -180,24 +180,11 @@ class Telemetry:
         if not trace.get_current_span().get_span_context().is_valid:
             parent = message_context(msg.attributes)
         subscription = short_name(msg.subscription)
-        attributes: dict[str, Any] = {
-            "messaging.system": SYSTEM,
-            "messaging.operation.name": "process",
-            "messaging.operation.type": "process",
-            "messaging.message.id": msg.message_id,
-            "messaging.message.body.size": len(msg.data),
-            "pubsub_filter.route": route,
-        }
-        if subscription:
-            attributes["messaging.destination.name"] = subscription
-            attributes["messaging.destination.subscription.name"] = subscription
-        if msg.ordering_key:
-            attributes["messaging.gcp_pubsub.message.ordering_key"] = msg.ordering_key
-        if msg.delivery_attempt is not None:
-            attributes["messaging.gcp_pubsub.message.delivery_attempt"] = msg.delivery_attempt
-        span = self.tracer.start_span(
-            f"{subscription or route} process", context=parent, kind=SpanKind.CONSUMER, attributes=attributes
-        )
+        # The attributes go on after the sampler's verdict: an unsampled decision builds none.
+        # (The SDK's samplers do not read them.)
+        span = self.tracer.start_span(f"{subscription or route} process", context=parent, kind=SpanKind.CONSUMER)
+        if span.is_recording():
+            span.set_attributes(_decision_attributes(route, msg, subscription))
         box = PUBLISH_SPAN.set([None])
         try:
             with trace.use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
@@ -220,14 +207,17 @@ class Telemetry:
         if self.tracing:
             span = trace.get_current_span()
             if span.is_recording():
-                span.set_attribute("pubsub_filter.decision", str(rec.decision))
-                span.set_attribute("pubsub_filter.enforced", rec.enforced)
+                described: dict[str, str | bool] = {
+                    "pubsub_filter.decision": str(rec.decision),
+                    "pubsub_filter.enforced": rec.enforced,
+                }
                 if rec.key is not None:
-                    span.set_attribute("pubsub_filter.key", rec.key)
+                    described["pubsub_filter.key"] = rec.key
                 if rec.destination:
-                    span.set_attribute("pubsub_filter.destination", rec.destination)
+                    described["pubsub_filter.destination"] = rec.destination
                 if rec.published_id:
-                    span.set_attribute("pubsub_filter.published_id", rec.published_id)
+                    described["pubsub_filter.published_id"] = rec.published_id
+                span.set_attributes(described)  # one call: the SDK takes its lock once per call
                 if rec.decision in (Decision.FAILED, Decision.FAIL_OPEN):
                     span.set_status(Status(StatusCode.ERROR, rec.reason))
 
@@ -241,12 +231,24 @@ class Telemetry:
     def child(
         self, name: str, attributes: Mapping[str, Any], kind: SpanKind = SpanKind.INTERNAL
     ) -> Iterator[Span | None]:
-        """A child span of the current decision (none outside a decision, none when not tracing)."""
-        if not self.tracing or PUBLISH_SPAN.get() is None:
+        """A child span of the current decision, current while it runs (none outside a
+        decision, none when the decision is not recorded)."""
+        if not self.recording():
             yield None
             return
         with self.tracer.start_as_current_span(name, kind=kind, attributes=attributes) as span:
             yield span
+
+    def recording(self) -> bool:
+        """Whether the current decision's span is recorded (sampled, with something to export it)."""
+        return self.tracing and PUBLISH_SPAN.get() is not None and trace.get_current_span().is_recording()
+
+    def store_span(self, operation: str, route: str) -> Span | None:
+        """A child span for one store call, started and never made current: nothing inside a
+        store call reads the current span, and attaching a context costs as much as the span."""
+        if not self.recording():
+            return None
+        return self.tracer.start_span(f"store {operation}", attributes={"pubsub_filter.route": route})
 
     def publishing(self, span: Span | None) -> None:
         """Mark `span` as the decision's publish: heartbeat events go on it."""
@@ -265,6 +267,26 @@ class Telemetry:
         client library does (`googclient_traceparent`), so a traced consumer continues it."""
         if self.tracing and trace.get_current_span().get_span_context().is_valid:
             W3C.inject(attributes, setter=ATTRIBUTES_SET)
+
+
+def _decision_attributes(route: str, msg: Message, subscription: str | None) -> dict[str, Any]:
+    """OpenTelemetry's messaging attributes for a `gcp_pubsub` consumer, and the route."""
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.name": "process",
+        "messaging.operation.type": "process",
+        "messaging.message.id": msg.message_id,
+        "messaging.message.body.size": len(msg.data),
+        "pubsub_filter.route": route,
+    }
+    if subscription:
+        attributes["messaging.destination.name"] = subscription
+        attributes["messaging.destination.subscription.name"] = subscription
+    if msg.ordering_key:
+        attributes["messaging.gcp_pubsub.message.ordering_key"] = msg.ordering_key
+    if msg.delivery_attempt is not None:
+        attributes["messaging.gcp_pubsub.message.delivery_attempt"] = msg.delivery_attempt
+    return attributes
 
 
 def _labels(rec: DecisionRecord) -> tuple[dict[str, str], dict[str, str]]:
@@ -311,7 +333,7 @@ def from_config(metrics: bool, traces: bool, env: Mapping[str, str] | None = Non
         meter_provider = MeterProvider(metric_readers=readers, resource=resource)
     tracer_provider = None
     if traces and otlp_endpoint("traces", env):
-        tracer_provider = TracerProvider(resource=resource)
+        tracer_provider = TracerProvider(resource=resource, sampler=sampler(env))
         tracer_provider.add_span_processor(otlp_span_processor(env))
     telemetry = Telemetry(meter_provider, tracer_provider, prometheus)
     if exporting is not None:
