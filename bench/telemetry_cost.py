@@ -19,9 +19,10 @@ instructions between `callgrind_control --zero` and `--dump` around the measured
 so start-up, priming and warm-up are left out. Before each of the two, the process idles
 `--settle` seconds so that work a timer defers (a span batch's export) falls inside the
 window it belongs to. Modes: `off` (`OTEL_SDK_DISABLED=true`), `on` (the default: metrics, no
-spans) and, on the server path, `traced` (every span recorded and exported over OTLP/HTTP to
-a sink in this process) and `sampled` (`OTEL_TRACES_SAMPLER=parentbased_traceidratio`,
-`OTEL_TRACES_SAMPLER_ARG=0.01`, the same exporter).
+spans) and, on the server path, `traced` (`OTEL_TRACES_SAMPLER=parentbased_always_on`: every span
+recorded and exported over OTLP/HTTP to a sink in this process) and `sampled`
+(`OTEL_TRACES_SAMPLER=parentbased_traceidratio`, `OTEL_TRACES_SAMPLER_ARG=0.01`, the same
+exporter: the default when an endpoint is set).
 
     .venv/bin/python bench/telemetry_cost.py [--messages 500] [--paths engine,request,server]
 
@@ -130,7 +131,10 @@ def per_decision(mode: str, messages: int, path: str) -> float:
 SERVER_MODES = {
     "off": {"OTEL_SDK_DISABLED": "true"},
     "on": {},
-    "traced": {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "@SINK@/v1/traces"},
+    "traced": {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "@SINK@/v1/traces",
+        "OTEL_TRACES_SAMPLER": "parentbased_always_on",
+    },
     "sampled": {
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "@SINK@/v1/traces",
         "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",

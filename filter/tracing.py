@@ -23,6 +23,7 @@ ATTRIBUTE_PREFIX = "googclient_"
 
 W3C = TraceContextTextMapPropagator()
 _CLOUD = CloudTraceFormatPropagator()
+_REQUEST_PROPAGATORS = (("traceparent", W3C), ("x-cloud-trace-context", _CLOUD))
 
 
 class _AttributeGetter(Getter[Mapping[str, str]]):
@@ -63,7 +64,9 @@ PUBLISH_SPAN: ContextVar[list[Span | None] | None] = ContextVar("pubsub_filter_p
 
 def request_context(headers: Mapping[str, str]) -> otel_context.Context | None:
     """The parent a push request names: W3C `traceparent`, else `X-Cloud-Trace-Context`."""
-    for propagator in (W3C, _CLOUD):
+    for header, propagator in _REQUEST_PROPAGATORS:
+        if header not in headers:  # most requests name none: a lookup, not a propagator's extract
+            continue
         ctx = propagator.extract(headers, getter=_HEADERS_GET)
         if trace.get_current_span(ctx).get_span_context().is_valid:
             return ctx
