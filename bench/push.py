@@ -268,7 +268,7 @@ def filters_to_run(
     if aa:  # a second baseline, identical to the first: its ratio to it is the noise floor
         out.append(("filter-no-telemetry-aa", None, {"OTEL_SDK_DISABLED": "true"}))
     if only:
-        out = [f for f in out if f[0] in only or f[0] == "filter-no-telemetry"]
+        out = [f for f in out if f[0] in only or f[0].startswith("filter-no-telemetry")]
     out += [(f"filter[{v}]", v, {}) for v in variants]
     return out
 
@@ -478,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also run a second filter-no-telemetry server (an A/A check: its ratio to the first is the noise)",
     )
-    p.add_argument("--only", default="", help="filter servers to run, comma-separated (filter-no-telemetry always)")
+    p.add_argument("--only", default="", help="filter servers to run, comma-separated (the baselines always)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (configs, databases, stderr)")
     args = p.parse_args(argv)
