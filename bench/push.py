@@ -14,7 +14,14 @@ which pick uvloop and httptools; access log off; uvicorn log level warning):
           info, written to stdout, which is /dev/null here (the formatting and the write
           are product cost, so they are measured);
 * filter-warn: the same with LOG_LEVEL=warning (no decision lines), reported alongside,
-          never instead.
+          never instead;
+* filter-no-telemetry, filter-traced, filter-sampled: telemetry's cost. The filter with
+          OTEL_SDK_DISABLED=true (the baseline); with every span recorded and exported over
+          OTLP/HTTP to a sink in this process; the same exporter with 1 % of root decisions
+          sampled (`parentbased_traceidratio`, 0.01). Their CPU µs per request over the
+          baseline's is paired by round. `--aa` adds a second baseline server, identical to
+          the first: its ratio to the first is what the machine's noise alone shows.
+          `--only NAME,...` runs only the filter servers named (and the baseline).
 
 The measured path is `suppressed`: each filter is primed with one message (forwarded),
 then wrk (bench/wrk_push.lua) posts the same 1-row injury report under a new message id
@@ -241,16 +248,27 @@ def machine() -> dict[str, Any]:
     return {"nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "wrk": (wrk or ["?"])[0]}
 
 
-def filters_to_run(variants: list[str]) -> list[tuple[str, str | None, dict[str, str]]]:
+def filters_to_run(
+    variants: list[str], aa: bool = False, only: list[str] | None = None
+) -> list[tuple[str, str | None, dict[str, str]]]:
     """(server name, what-if variant or None, extra env) for each filter server of the run."""
+    sink = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{OTLP_SINK}/v1/traces"}
+    traced = {**sink, "OTEL_TRACES_SAMPLER": "parentbased_always_on"}
+    ratio = {**sink, "OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.01"}
     out: list[tuple[str, str | None, dict[str, str]]] = [
         ("filter", None, {}),
         ("filter-warn", None, {"LOG_LEVEL": "warning"}),
         # telemetry's cost: the same filter with the OpenTelemetry SDK off (the baseline), and
         # with every span recorded and exported over OTLP/HTTP (to a sink in this process)
         ("filter-no-telemetry", None, {"OTEL_SDK_DISABLED": "true"}),
-        ("filter-traced", None, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{OTLP_SINK}/v1/traces"}),
+        ("filter-traced", None, traced),
+        # the same exporter, 1 % of root decisions sampled (and every one whose parent is)
+        ("filter-sampled", None, ratio),
     ]
+    if aa:  # a second baseline, identical to the first: its ratio to it is the noise floor
+        out.append(("filter-no-telemetry-aa", None, {"OTEL_SDK_DISABLED": "true"}))
+    if only:
+        out = [f for f in out if f[0] in only or f[0].startswith("filter-no-telemetry")]
     out += [(f"filter[{v}]", v, {}) for v in variants]
     return out
 
@@ -284,7 +302,7 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     here = str(Path(__file__).resolve())
     cli = str(Path(python).with_name("pubsub-filter"))
     base_env = {k: v for k, v in os.environ.items() if k not in ("LOG_LEVEL", "LOG_FORMAT")}
-    filters = filters_to_run(args.variants)
+    filters = filters_to_run(args.variants, args.aa, args.only)
 
     servers: dict[str, Server] = {}
     try:
@@ -455,11 +473,18 @@ def main(argv: list[str] | None = None) -> int:
         default="",
         help=f"also run what-if filters with one cost removed, comma-separated: {', '.join(VARIANTS)}",
     )
+    p.add_argument(
+        "--aa",
+        action="store_true",
+        help="also run a second filter-no-telemetry server (an A/A check: its ratio to the first is the noise)",
+    )
+    p.add_argument("--only", default="", help="filter servers to run, comma-separated (the baselines always)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (configs, databases, stderr)")
     args = p.parse_args(argv)
     args.connections = [int(x) for x in args.connections.split(",")]
     args.variants = [v for v in args.variants.split(",") if v]
+    args.only = [v for v in args.only.split(",") if v]
     for v in args.variants:
         if v not in VARIANTS:
             p.error(f"unknown variant {v!r} (known: {', '.join(VARIANTS)})")
@@ -492,6 +517,8 @@ def main(argv: list[str] | None = None) -> int:
         for name, chk in out["checks"].items():
             print(f"{name}: decisions recorded {chk['decisions']}, outbox messages {chk['outbox_messages']}")
         for c, row in out["summary"].items():
+            if "filter" not in row:
+                continue
             v = row["filter"]["over_bare"]
             print(f"goal filter/bare ≥ {GOAL} at c={c}: {v:.2f} → {'met' if v >= GOAL else 'MISSED'}")
     for name, chk in out["checks"].items():

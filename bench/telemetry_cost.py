@@ -12,10 +12,19 @@ copies of the same report under new message ids: every one `suppressed`. Instruc
 per decision = (count with N messages - count with 0) / N, so start-up cancels out. Two
 paths: `engine` calls `Engine.handle` directly; `request` calls the push app as uvicorn
 would (an ASGI request with the push envelope, answered 200), so the envelope parse and
-Starlette are in it. Uvicorn's HTTP parsing and the socket are the same either way and are
-left out, so both ratios are upper bounds on the ratio per push request.
+Starlette are in it; `server` runs `pubsub-filter serve` itself under callgrind (uvicorn,
+httptools, the socket, the log line and every thread of the process: the SDK's, the records
+flush) and posts the requests over one keep-alive connection, one at a time, counting
+instructions between `callgrind_control --zero` and `--dump` around the measured requests,
+so start-up, priming and warm-up are left out. Before each of the two, the process idles
+`--settle` seconds so that work a timer defers (a span batch's export) falls inside the
+window it belongs to. Modes: `off` (`OTEL_SDK_DISABLED=true`), `on` (the default: metrics, no
+spans) and, on the server path, `traced` (`OTEL_TRACES_SAMPLER=parentbased_always_on`: every span
+recorded and exported over OTLP/HTTP to a sink in this process) and `sampled`
+(`OTEL_TRACES_SAMPLER=parentbased_traceidratio`, `OTEL_TRACES_SAMPLER_ARG=0.01`, the same
+exporter: the default when an endpoint is set).
 
-    .venv/bin/python bench/telemetry_cost.py [--messages 500]
+    .venv/bin/python bench/telemetry_cost.py [--messages 500] [--paths engine,request,server]
 
 Needs valgrind (Debian's package).
 """
@@ -23,11 +32,21 @@ Needs valgrind (Debian's package).
 from __future__ import annotations
 
 import argparse
+import base64
+import contextlib
+import http.client
+import http.server
+import json
 import os
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -108,19 +127,154 @@ def per_decision(mode: str, messages: int, path: str) -> float:
     return (instructions(mode, messages, path) - instructions(mode, 0, path)) / messages
 
 
+# --- the whole server ------------------------------------------------------------------
+
+SERVER_MODES = {
+    "off": {"OTEL_SDK_DISABLED": "true"},
+    "on": {},
+    "traced": {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "@SINK@/v1/traces",
+        "OTEL_TRACES_SAMPLER": "parentbased_always_on",
+    },
+    "sampled": {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "@SINK@/v1/traces",
+        "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.01",
+    },
+}
+SERVE = "import sys; from filter.cli import main; sys.exit(main(sys.argv[1:]))"
+
+
+class _Sink(http.server.BaseHTTPRequestHandler):
+    """Accepts any OTLP/HTTP export (answers 200, keeps nothing)."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _envelope(data: bytes, message_id: str, attributes: dict[str, str]) -> bytes:
+    msg = {"data": base64.b64encode(data).decode(), "attributes": attributes, "messageId": message_id}
+    return json.dumps({"message": msg, "subscription": "projects/local/subscriptions/local"}).encode()
+
+
+def _post(conn: http.client.HTTPConnection, body: bytes) -> str:
+    conn.request("POST", "/push/injury-report", body, {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    out = json.loads(resp.read())
+    if resp.status != 200:
+        raise SystemExit(f"the server answered {resp.status}: {out}")
+    return str(out["decision"])
+
+
+def _callgrind(command: str, pid: int) -> None:
+    subprocess.run(["callgrind_control", command, str(pid)], check=True, capture_output=True, timeout=120)
+
+
+def server_per_request(mode: str, messages: int, warmup: int, settle: float, sink: str) -> float:
+    """Instructions per suppressed push request, the whole `serve` process (all threads)."""
+    push = json.loads((ROOT / "examples/push-injury.json").read_text())["message"]
+    data, attributes = base64.b64decode(push["data"]), push.get("attributes") or {}
+    port = _free_port()
+    extra = {k: v.replace("@SINK@", sink) for k, v in SERVER_MODES[mode].items()}
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT), **extra}
+    with tempfile.TemporaryDirectory(prefix="telemetry-cost-") as tmp:
+        out = Path(tmp) / "callgrind.out"
+        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-c", SERVE]
+        argv += ["serve", "--config", str(ROOT / "examples/filter.yaml"), "--host", "127.0.0.1", "--port", str(port)]
+        with open(Path(tmp) / "stderr", "wb") as err:
+            proc = subprocess.Popen(
+                argv, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err
+            )
+        try:
+            conn = _ready(port, proc, Path(tmp) / "stderr")
+            assert _post(conn, _envelope(data, "prime", attributes)) == "forwarded"
+            for i in range(warmup):
+                assert _post(conn, _envelope(data, f"w{i}", attributes)) == "suppressed"
+            conn.close()
+            time.sleep(settle)
+            _callgrind("--zero", proc.pid)
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)  # uvicorn closes idle ones after 5 s
+            for i in range(messages):
+                assert _post(conn, _envelope(data, f"n{i}", attributes)) == "suppressed"
+            conn.close()
+            time.sleep(settle)
+            _callgrind("--dump", proc.pid)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(120)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        [dump] = [p for p in Path(tmp).glob("callgrind.out.*") if p.suffix == ".1"]
+        m = re.search(r"^totals: (\d+)", dump.read_text(), re.M)
+        if m is None:
+            raise SystemExit(f"no totals in {dump}")
+        return int(m.group(1)) / messages
+
+
+def _ready(port: int, proc: subprocess.Popen[bytes], stderr: Path) -> http.client.HTTPConnection:
+    deadline = time.monotonic() + 600  # imports under valgrind take a while
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"the server exited ({proc.returncode}): {stderr.read_text()[-2000:]}")
+        with contextlib.suppress(OSError):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+            conn.request("GET", "/healthz")
+            resp = conn.getresponse()
+            resp.read()
+            if resp.status == 200:
+                return conn
+        time.sleep(0.5)
+    raise SystemExit("the server was not ready after 600 s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=500, help="suppressed decisions per run (default 500)")
+    parser.add_argument("--paths", default="engine,request,server", help="engine, request, server (default all)")
+    parser.add_argument("--modes", default="off,on,traced,sampled", help="server path modes (default all)")
+    parser.add_argument("--warmup", type=int, default=50, help="server path: suppressions before counting")
+    parser.add_argument("--settle", type=float, default=7.0, help="server path: idle seconds before zero and dump")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind: apt-get install valgrind")
+    paths = args.paths.split(",")
     print(f"instructions per suppressed message, {args.messages} messages, PYTHONHASHSEED=0")
-    for path in ("engine", "request"):
+    for path in (p for p in paths if p in ("engine", "request")):
         off = per_decision("off", args.messages, path)
         on = per_decision("on", args.messages, path)
         print(
             f"  {path:8} telemetry off {off:11,.0f}   metrics on {on:11,.0f}   on / off {on / off:.3f}x (goal <= 1.05x)"
         )
+    if "server" in paths:
+        sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
+        threading.Thread(target=sink.serve_forever, daemon=True).start()
+        try:
+            url = f"http://127.0.0.1:{sink.server_address[1]}"
+            counts: dict[str, float] = {}
+            for mode in args.modes.split(","):  # a mode named twice is an A/A check: the second is "mode#2"
+                label = mode if mode not in counts else f"{mode}#{sum(k.split('#')[0] == mode for k in counts) + 1}"
+                counts[label] = server_per_request(mode, args.messages, args.warmup, args.settle, url)
+        finally:
+            sink.shutdown()
+            sink.server_close()
+        base = counts.get("off")
+        for mode, count in counts.items():
+            ratio = f"   {mode} / off {count / base:.3f}x" if base else ""
+            print(f"  server   {mode:8} {count:11,.0f}{ratio}", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,11 @@ from typing import Literal, Protocol, TypedDict
 from filter.core.model import DecisionRecord, KeyState, Message
 
 
+class Failure(Exception):
+    """An operational failure already worded for the user: printed as is, exit 1 (any layer may
+    raise it; `runtime.operational` prints it)."""
+
+
 class StoreUnavailable(Exception):
     """The state store could not answer in time. The route's `on_store_error` decides."""
 

@@ -15,7 +15,8 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from filter.core.model import KeyState
 from filter.core.ports import Publisher, StateStore
-from filter.observability.telemetry import SYSTEM, Telemetry, short_name
+from filter.observability.telemetry import Telemetry
+from filter.observability.tracing import SYSTEM, short_name
 
 T = TypeVar("T")
 
@@ -35,15 +36,19 @@ class InstrumentedStore:
         t = self.telemetry
         started = time.perf_counter()
         outcome = _ERROR[operation]
+        span = t.store_span(operation, route) if t.tracing else None
         try:
-            if t.tracing:
-                with t.child(f"store {operation}", {"pubsub_filter.route": route}):
-                    result = await call()
-            else:  # the suppress path's one store call: no span machinery when nothing records spans
-                result = await call()
+            result = await call()
             outcome = _OK[operation]
             return result
+        except BaseException as exc:
+            if span is not None:
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            raise
         finally:
+            if span is not None:
+                span.end()
             if t.metrics:
                 t.store_latency.record(time.perf_counter() - started, outcome)
 

@@ -116,3 +116,8 @@ class Histograms:
         else:
             scopes.append(ScopeMetrics(self.scope, ours, ""))
         return MetricsData([ResourceMetrics(first.resource, scopes, first.schema_url), *rest])
+
+
+def unchanged(data: MetricsData | None) -> MetricsData | None:
+    """A reader's merge before `Telemetry` sets it: what the SDK collected, as is."""
+    return data

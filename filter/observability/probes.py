@@ -15,7 +15,7 @@ from filter.observability.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from filter.core.engine import Engine
-    from filter.observability.telemetry import PrometheusText
+    from filter.observability.prometheus_text import PrometheusText
 
 
 def telemetry_of(engine: Engine) -> Telemetry | None:

@@ -6,10 +6,11 @@ places (a decision starts, a decision ends, a lease is taken over), and the stor
 publisher are wrapped (`filter.observability.instrumented`) so that their latency, their child spans
 and the trace context on forwarded messages need no code in the engine.
 
-- Metrics are collected on demand for `GET /metrics` (`PrometheusText`, rendered with
-  prometheus_client's own exposition code) and pushed over OTLP when the standard
-  `OTEL_EXPORTER_OTLP_*` variables name an endpoint.
-- Spans follow OpenTelemetry's messaging conventions for `gcp_pubsub`. Spans are only
+- Metrics are collected on demand for `GET /metrics` (`filter.observability.prometheus_text`) and pushed
+  over OTLP when the standard `OTEL_EXPORTER_OTLP_*` variables name an endpoint
+  (`filter.observability.otlp`).
+- Spans follow OpenTelemetry's messaging conventions for `gcp_pubsub`; trace context comes
+  in and goes out through `filter.observability.tracing`. Spans are only
   recorded when something exports them (an OTLP endpoint, or a provider a test passes
   in): with nothing to export, the decision path does not pay for spans no one reads.
 - `OTEL_SDK_DISABLED=true`, or `telemetry.metrics` / `telemetry.traces` set to false in
@@ -25,157 +26,27 @@ import contextlib
 import os
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
-from contextvars import ContextVar
 from typing import Any
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.propagators.cloud_trace_propagator import CloudTraceFormatPropagator
-from opentelemetry.propagators.textmap import Getter, Setter
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import Histogram as HistogramData
-from opentelemetry.sdk.metrics.export import (
-    HistogramDataPoint,
-    InMemoryMetricReader,
-    MetricReader,
-    MetricsData,
-    NumberDataPoint,
-    PeriodicExportingMetricReader,
-    Sum,
-)
+from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from filter.core.model import Decision, DecisionRecord, Message
 from filter.observability.latency import Histograms
+from filter.observability.otlp import otlp_endpoint, otlp_metric_reader, otlp_span_processor
+from filter.observability.prometheus_text import PrometheusText
+from filter.observability.tracing import ATTRIBUTES_SET, PUBLISH_SPAN, SYSTEM, W3C, message_context, sampler, short_name
 
-SYSTEM = "gcp_pubsub"
-#: The google-cloud-pubsub client's prefix for trace context in message attributes.
-ATTRIBUTE_PREFIX = "googclient_"
 SERVICE = "pubsub-filter"
 SCOPE = "pubsub_filter"
 
 #: Seconds. Decisions take from well under a millisecond (SQLite, suppressed) to a lease
 #: duration (a publish retried under a heartbeat): the default OTel buckets are in ms.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
-
-_W3C = TraceContextTextMapPropagator()
-_CLOUD = CloudTraceFormatPropagator()
-
-
-class _AttributeGetter(Getter[Mapping[str, str]]):
-    """Trace context in message attributes, the way the Pub/Sub client library writes it."""
-
-    def get(self, carrier: Mapping[str, str], key: str) -> list[str] | None:
-        value = carrier.get(ATTRIBUTE_PREFIX + key)
-        return None if value is None else [value]
-
-    def keys(self, carrier: Mapping[str, str]) -> list[str]:
-        return [k[len(ATTRIBUTE_PREFIX) :] for k in carrier if k.startswith(ATTRIBUTE_PREFIX)]
-
-
-class _AttributeSetter(Setter[MutableMapping[str, str]]):
-    def set(self, carrier: MutableMapping[str, str], key: str, value: str) -> None:
-        carrier[ATTRIBUTE_PREFIX + key] = value
-
-
-class _HeaderGetter(Getter[Mapping[str, str]]):
-    """Starlette's headers (case-insensitive) or any mapping of lower-case names."""
-
-    def get(self, carrier: Mapping[str, str], key: str) -> list[str] | None:
-        value = carrier.get(key)
-        return None if value is None else [value]
-
-    def keys(self, carrier: Mapping[str, str]) -> list[str]:
-        return list(carrier.keys())
-
-
-_ATTRIBUTES_GET = _AttributeGetter()
-_ATTRIBUTES_SET = _AttributeSetter()
-_HEADERS_GET = _HeaderGetter()
-
-#: The publish span of the decision under way, shared with the heartbeat task (it copies
-#: this context when it starts, before the publish span exists, so it holds a box).
-_PUBLISH_SPAN: ContextVar[list[Span | None] | None] = ContextVar("pubsub_filter_publish_span", default=None)
-
-
-def request_context(headers: Mapping[str, str]) -> otel_context.Context | None:
-    """The parent a push request names: W3C `traceparent`, else `X-Cloud-Trace-Context`."""
-    for propagator in (_W3C, _CLOUD):
-        ctx = propagator.extract(headers, getter=_HEADERS_GET)
-        if trace.get_current_span(ctx).get_span_context().is_valid:
-            return ctx
-    return None
-
-
-def message_context(attributes: Mapping[str, str]) -> otel_context.Context | None:
-    """The parent a traced publisher left in the message's attributes (`googclient_traceparent`)."""
-    if ATTRIBUTE_PREFIX + "traceparent" not in attributes:
-        return None
-    ctx = _W3C.extract(attributes, getter=_ATTRIBUTES_GET)
-    return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
-
-
-def short_name(path: str | None) -> str | None:
-    return path.rsplit("/", 1)[-1] if path else path
-
-
-def _otlp_endpoint(signal: str, env: Mapping[str, str]) -> bool:
-    if env.get(f"OTEL_{signal.upper()}_EXPORTER", "otlp").strip().lower() == "none":
-        return False
-    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"))
-
-
-def _grpc(signal: str, env: Mapping[str, str]) -> bool:
-    protocol = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-    return (protocol or "http/protobuf").strip().lower() == "grpc"
-
-
-def _endpoint(signal: str, env: Mapping[str, str], grpc: bool) -> str:
-    """The exporter's endpoint, from the mapping given (the exporters read only os.environ)."""
-    specific = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
-    if specific:
-        return specific
-    base = env["OTEL_EXPORTER_OTLP_ENDPOINT"]
-    return base if grpc else f"{base.rstrip('/')}/v1/{signal}"
-
-
-def _unchanged(data: MetricsData | None) -> MetricsData | None:
-    return data
-
-
-class MergingExportReader(PeriodicExportingMetricReader):
-    """The SDK's periodic OTLP reader, exporting the in-process latency histograms beside the SDK's own."""
-
-    merge: Callable[[MetricsData | None], MetricsData | None] = staticmethod(_unchanged)
-
-    def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> None:
-        merged = self.merge(metrics_data)
-        if merged is not None:
-            super()._receive_metrics(merged, timeout_millis, **kwargs)
-
-
-def otlp_metric_reader(env: Mapping[str, str]) -> MergingExportReader:
-    if _grpc("metrics", env):
-        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
-
-        return MergingExportReader(GrpcMetrics(endpoint=_endpoint("metrics", env, True)))
-    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
-
-    return MergingExportReader(OTLPMetricExporter(endpoint=_endpoint("metrics", env, False)))
-
-
-def otlp_span_processor(env: Mapping[str, str]) -> BatchSpanProcessor:
-    if _grpc("traces", env):
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpans
-
-        return BatchSpanProcessor(GrpcSpans(endpoint=_endpoint("traces", env, True)))
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-
-    return BatchSpanProcessor(OTLPSpanExporter(endpoint=_endpoint("traces", env, False)))
 
 
 class Telemetry:
@@ -309,30 +180,17 @@ class Telemetry:
         if not trace.get_current_span().get_span_context().is_valid:
             parent = message_context(msg.attributes)
         subscription = short_name(msg.subscription)
-        attributes: dict[str, Any] = {
-            "messaging.system": SYSTEM,
-            "messaging.operation.name": "process",
-            "messaging.operation.type": "process",
-            "messaging.message.id": msg.message_id,
-            "messaging.message.body.size": len(msg.data),
-            "pubsub_filter.route": route,
-        }
-        if subscription:
-            attributes["messaging.destination.name"] = subscription
-            attributes["messaging.destination.subscription.name"] = subscription
-        if msg.ordering_key:
-            attributes["messaging.gcp_pubsub.message.ordering_key"] = msg.ordering_key
-        if msg.delivery_attempt is not None:
-            attributes["messaging.gcp_pubsub.message.delivery_attempt"] = msg.delivery_attempt
-        span = self.tracer.start_span(
-            f"{subscription or route} process", context=parent, kind=SpanKind.CONSUMER, attributes=attributes
-        )
-        box = _PUBLISH_SPAN.set([None])
+        # The attributes go on after the sampler's verdict: an unsampled decision builds none.
+        # (The SDK's samplers do not read them.)
+        span = self.tracer.start_span(f"{subscription or route} process", context=parent, kind=SpanKind.CONSUMER)
+        if span.is_recording():
+            span.set_attributes(_decision_attributes(route, msg, subscription))
+        box = PUBLISH_SPAN.set([None])
         try:
             with trace.use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
                 yield span
         finally:
-            _PUBLISH_SPAN.reset(box)
+            PUBLISH_SPAN.reset(box)
 
     def decided(self, rec: DecisionRecord) -> None:
         """Count a finished decision (every one, rejected included) and describe it on its span."""
@@ -349,14 +207,17 @@ class Telemetry:
         if self.tracing:
             span = trace.get_current_span()
             if span.is_recording():
-                span.set_attribute("pubsub_filter.decision", str(rec.decision))
-                span.set_attribute("pubsub_filter.enforced", rec.enforced)
+                described: dict[str, str | bool] = {
+                    "pubsub_filter.decision": str(rec.decision),
+                    "pubsub_filter.enforced": rec.enforced,
+                }
                 if rec.key is not None:
-                    span.set_attribute("pubsub_filter.key", rec.key)
+                    described["pubsub_filter.key"] = rec.key
                 if rec.destination:
-                    span.set_attribute("pubsub_filter.destination", rec.destination)
+                    described["pubsub_filter.destination"] = rec.destination
                 if rec.published_id:
-                    span.set_attribute("pubsub_filter.published_id", rec.published_id)
+                    described["pubsub_filter.published_id"] = rec.published_id
+                span.set_attributes(described)  # one call: the SDK takes its lock once per call
                 if rec.decision in (Decision.FAILED, Decision.FAIL_OPEN):
                     span.set_status(Status(StatusCode.ERROR, rec.reason))
 
@@ -370,21 +231,33 @@ class Telemetry:
     def child(
         self, name: str, attributes: Mapping[str, Any], kind: SpanKind = SpanKind.INTERNAL
     ) -> Iterator[Span | None]:
-        """A child span of the current decision (none outside a decision, none when not tracing)."""
-        if not self.tracing or _PUBLISH_SPAN.get() is None:
+        """A child span of the current decision, current while it runs (none outside a
+        decision, none when the decision is not recorded)."""
+        if not self.recording():
             yield None
             return
         with self.tracer.start_as_current_span(name, kind=kind, attributes=attributes) as span:
             yield span
 
+    def recording(self) -> bool:
+        """Whether the current decision's span is recorded (sampled, with something to export it)."""
+        return self.tracing and PUBLISH_SPAN.get() is not None and trace.get_current_span().is_recording()
+
+    def store_span(self, operation: str, route: str) -> Span | None:
+        """A child span for one store call, started and never made current: nothing inside a
+        store call reads the current span, and attaching a context costs as much as the span."""
+        if not self.recording():
+            return None
+        return self.tracer.start_span(f"store {operation}", attributes={"pubsub_filter.route": route})
+
     def publishing(self, span: Span | None) -> None:
         """Mark `span` as the decision's publish: heartbeat events go on it."""
-        box = _PUBLISH_SPAN.get()
+        box = PUBLISH_SPAN.get()
         if box is not None:
             box[0] = span
 
     def heartbeat_event(self, name: str, **attributes: Any) -> None:
-        box = _PUBLISH_SPAN.get()
+        box = PUBLISH_SPAN.get()
         span = box[0] if box is not None else None
         if span is not None and span.is_recording():
             span.add_event(name, attributes)
@@ -393,7 +266,27 @@ class Telemetry:
         """Write the current trace context into outgoing message attributes, as the Pub/Sub
         client library does (`googclient_traceparent`), so a traced consumer continues it."""
         if self.tracing and trace.get_current_span().get_span_context().is_valid:
-            _W3C.inject(attributes, setter=_ATTRIBUTES_SET)
+            W3C.inject(attributes, setter=ATTRIBUTES_SET)
+
+
+def _decision_attributes(route: str, msg: Message, subscription: str | None) -> dict[str, Any]:
+    """OpenTelemetry's messaging attributes for a `gcp_pubsub` consumer, and the route."""
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.name": "process",
+        "messaging.operation.type": "process",
+        "messaging.message.id": msg.message_id,
+        "messaging.message.body.size": len(msg.data),
+        "pubsub_filter.route": route,
+    }
+    if subscription:
+        attributes["messaging.destination.name"] = subscription
+        attributes["messaging.destination.subscription.name"] = subscription
+    if msg.ordering_key:
+        attributes["messaging.gcp_pubsub.message.ordering_key"] = msg.ordering_key
+    if msg.delivery_attempt is not None:
+        attributes["messaging.gcp_pubsub.message.delivery_attempt"] = msg.delivery_attempt
+    return attributes
 
 
 def _labels(rec: DecisionRecord) -> tuple[dict[str, str], dict[str, str]]:
@@ -420,73 +313,6 @@ def _record_counts(recorder: Any) -> list[tuple[str, Mapping[str, str], float]]:
 NO_TELEMETRY = Telemetry()
 
 
-# --- Prometheus text ------------------------------------------------------------------------
-
-
-class PrometheusText:
-    """The SDK's metrics, collected on demand, as Prometheus text exposition.
-
-    The official OpenTelemetry Prometheus exporter is not installable here; the text is
-    produced by prometheus_client's own `generate_latest`, from metric families built out
-    of the SDK's cumulative data (an `InMemoryMetricReader`, read at each scrape).
-    """
-
-    def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry
-
-        self.reader = InMemoryMetricReader()
-        #: adds what the SDK does not hold (the in-process latency histograms); set by `Telemetry`
-        self.merge: Callable[[MetricsData | None], MetricsData | None] = _unchanged
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self)
-
-    def render(self) -> bytes:
-        from prometheus_client import generate_latest
-
-        return generate_latest(self.registry)
-
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
-
-        data = self.merge(self.reader.get_metrics_data())
-        if data is None:
-            return
-        for resource_metrics in data.resource_metrics:
-            for scope in resource_metrics.scope_metrics:
-                for metric in scope.metrics:
-                    name = metric.name + ("_seconds" if metric.unit == "s" else "")
-                    points: list[Any] = list(metric.data.data_points)
-                    labels = sorted({k for p in points for k in (p.attributes or {})})
-                    description = metric.description or ""
-
-                    family: Any
-                    if isinstance(metric.data, HistogramData):
-                        family = HistogramMetricFamily(name, description, labels=labels)
-                        for p in points:
-                            assert isinstance(p, HistogramDataPoint)
-                            buckets, running = [], 0
-                            for bound, count in zip((*p.explicit_bounds, float("inf")), p.bucket_counts, strict=True):
-                                running += count
-                                buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), running))
-                            family.add_metric(_values(p.attributes, labels), buckets, p.sum)
-                    elif isinstance(metric.data, Sum) and metric.data.is_monotonic:
-                        family = CounterMetricFamily(name, description, labels=labels)
-                        for p in points:
-                            assert isinstance(p, NumberDataPoint)
-                            family.add_metric(_values(p.attributes, labels), p.value)
-                    else:
-                        family = GaugeMetricFamily(name, description, labels=labels)
-                        for p in points:
-                            assert isinstance(p, NumberDataPoint)
-                            family.add_metric(_values(p.attributes, labels), p.value)
-                    yield family
-
-
-def _values(attributes: Mapping[str, Any] | None, labels: list[str]) -> list[str]:
-    attributes = attributes or {}
-    return [str(attributes.get(k, "")) for k in labels]
-
-
 # --- from the config and the environment ------------------------------------------------------
 
 
@@ -501,13 +327,13 @@ def from_config(metrics: bool, traces: bool, env: Mapping[str, str] | None = Non
     if metrics:
         prometheus = PrometheusText()
         readers: list[MetricReader] = [prometheus.reader]
-        if _otlp_endpoint("metrics", env):
+        if otlp_endpoint("metrics", env):
             exporting = otlp_metric_reader(env)
             readers.append(exporting)
         meter_provider = MeterProvider(metric_readers=readers, resource=resource)
     tracer_provider = None
-    if traces and _otlp_endpoint("traces", env):
-        tracer_provider = TracerProvider(resource=resource)
+    if traces and otlp_endpoint("traces", env):
+        tracer_provider = TracerProvider(resource=resource, sampler=sampler(env))
         tracer_provider.add_span_processor(otlp_span_processor(env))
     telemetry = Telemetry(meter_provider, tracer_provider, prometheus)
     if exporting is not None:

@@ -25,7 +25,7 @@ from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError, parse_envelope
 from filter.core.model import Decision, DecisionRecord
 from filter.observability.probes import backend_problems, metrics_routes, telemetry_of
-from filter.observability.telemetry import request_context
+from filter.observability.tracing import request_context
 
 log = structlog.get_logger("pubsub_filter.push")
 

@@ -16,14 +16,14 @@ import threading
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from filter.core.ports import Failure
+
+__all__ = ["BIGQUERY", "FIRESTORE", "PUBSUB", "Backend", "Failure", "describe", "require"]
+
 #: how long a backend has to accept a connection before a command gives up on it
 PROBE_DEADLINE = 3.0
 #: with a proxy the client libraries reach the API through it: a direct probe would say nothing
 _PROXY_ENVS = ("https_proxy", "HTTPS_PROXY", "grpc_proxy", "all_proxy", "ALL_PROXY")
-
-
-class Failure(Exception):
-    """An operational failure already worded for the user: printed as is, exit 1."""
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Sampler
 from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -34,8 +35,11 @@ from filter.core.engine import Engine
 from filter.core.envelope import make_envelope
 from filter.observability import logsetup
 from filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
-from filter.observability.telemetry import PrometheusText, Telemetry, from_config
+from filter.observability.prometheus_text import PrometheusText
+from filter.observability.telemetry import Telemetry, from_config
+from filter.observability.tracing import sampler
 from filter.push.app import create_app
+from filter.runtime.operational import Failure
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 CONFIG: dict[str, Any] = {
@@ -49,13 +53,15 @@ PARENT_SPAN = "00f067aa0ba902b7"
 
 
 class Rig:
-    def __init__(self, tmp_path: Path, metrics: bool = True, traces: bool = True) -> None:
+    def __init__(
+        self, tmp_path: Path, metrics: bool = True, traces: bool = True, sampler: Sampler | None = None
+    ) -> None:
         self.spans = InMemorySpanExporter()
         self.prometheus = PrometheusText() if metrics else None
         meters = MeterProvider(metric_readers=[self.prometheus.reader]) if self.prometheus else None
         tracer = None
         if traces:
-            tracer = TracerProvider()
+            tracer = TracerProvider(sampler=sampler or ALWAYS_ON)
             tracer.add_span_processor(SimpleSpanProcessor(self.spans))
         self.telemetry = Telemetry(meters, tracer, self.prometheus)
         cfg = parse(CONFIG)
@@ -297,6 +303,117 @@ async def test_heartbeats_are_events_on_the_publish_span(tmp_path: Path) -> None
         await rig.engine.store.close()
 
 
+# --- sampling -----------------------------------------------------------------------------
+
+UNSAMPLED_PARENT = f"00-{TRACE_ID}-{PARENT_SPAN}-00"
+SAMPLED_PARENT = f"00-{TRACE_ID}-{PARENT_SPAN}-01"
+
+
+@pytest.fixture
+async def default_sampling(tmp_path: Path) -> AsyncIterator[Rig]:
+    r = Rig(tmp_path, sampler=sampler({}))
+    yield r
+    await r.client.aclose()
+    await r.engine.store.close()
+
+
+def test_without_a_sampler_setting_one_new_trace_in_a_hundred_is_sampled_and_parents_are_followed() -> None:
+    assert sampler({}).get_description() == (
+        "ParentBased{root:TraceIdRatioBased{0.01},remoteParentSampled:AlwaysOnSampler,"
+        "remoteParentNotSampled:AlwaysOffSampler,localParentSampled:AlwaysOnSampler,"
+        "localParentNotSampled:AlwaysOffSampler}"
+    )
+
+
+async def test_by_default_a_decision_whose_push_request_is_sampled_is_recorded_with_its_children(
+    default_sampling: Rig,
+) -> None:
+    await default_sampling.push(envelope(), traceparent=SAMPLED_PARENT)
+    decision = default_sampling.decision_span()
+    assert len(children_of(default_sampling, decision)) == 4
+
+
+async def test_by_default_a_decision_whose_publisher_sampled_its_trace_is_recorded(default_sampling: Rig) -> None:
+    await default_sampling.push(envelope(attributes={"googclient_traceparent": SAMPLED_PARENT}))
+    assert default_sampling.decision_span().parent is not None
+
+
+async def test_by_default_a_decision_whose_push_request_is_not_sampled_records_no_span(default_sampling: Rig) -> None:
+    r = await default_sampling.push(envelope(), traceparent=UNSAMPLED_PARENT)
+    assert r.json()["decision"] == "forwarded"
+    assert default_sampling.finished() == []
+
+
+async def test_an_unsampled_forward_passes_its_trace_on_unsampled(default_sampling: Rig) -> None:
+    await default_sampling.push(envelope(), traceparent=UNSAMPLED_PARENT)
+    [published] = default_sampling.publisher.published
+    version, trace_id, _span, flags = published.attributes["googclient_traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", TRACE_ID, "00")
+
+
+async def test_an_unsampled_decision_line_has_no_span_id(default_sampling: Rig, log_lines: io.StringIO) -> None:
+    await default_sampling.push(envelope(), traceparent=UNSAMPLED_PARENT)
+    [line] = [json.loads(x) for x in log_lines.getvalue().splitlines() if '"decision"' in x]
+    assert logsetup.SPAN_FIELD not in line
+
+
+@pytest.mark.parametrize(("ratio", "recorded"), [("0", 0), ("1", 1), ("1.0", 1)])
+async def test_otel_traces_sampler_arg_is_the_ratio_of_new_traces_sampled(
+    tmp_path: Path, ratio: str, recorded: int
+) -> None:
+    env = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": ratio}
+    rig = Rig(tmp_path, sampler=sampler(env))
+    try:
+        await rig.push(envelope())
+        assert len([s for s in rig.finished() if s.kind is SpanKind.CONSUMER]) == recorded
+    finally:
+        await rig.client.aclose()
+        await rig.engine.store.close()
+
+
+def test_otel_traces_sampler_arg_alone_sets_the_default_samplers_ratio() -> None:
+    assert "TraceIdRatioBased{0.25}" in sampler({"OTEL_TRACES_SAMPLER_ARG": "0.25"}).get_description()
+
+
+async def test_otel_traces_sampler_always_on_records_every_new_trace(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, sampler=sampler({"OTEL_TRACES_SAMPLER": "always_on"}))
+    try:
+        for i in range(5):
+            await rig.push(envelope(message_id=str(i)))
+        assert len([s for s in rig.finished() if s.kind is SpanKind.CONSUMER]) == 5
+    finally:
+        await rig.client.aclose()
+        await rig.engine.store.close()
+
+
+def test_from_config_takes_the_sampler_from_its_environment(otlp_receiver: http.server.ThreadingHTTPServer) -> None:
+    endpoint = f"http://127.0.0.1:{otlp_receiver.server_address[1]}"
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint, "OTEL_TRACES_SAMPLER": "always_off"}
+    telemetry = from_config(metrics=False, traces=True, env=env)
+    try:
+        assert telemetry.tracer_provider is not None
+        assert telemetry.tracer_provider.sampler.get_description() == "AlwaysOffSampler"
+    finally:
+        telemetry.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("env", "message"),
+    [
+        ({"OTEL_TRACES_SAMPLER": "sometimes"}, "OTEL_TRACES_SAMPLER='sometimes' is not one of always_on"),
+        ({"OTEL_TRACES_SAMPLER_ARG": "half"}, "OTEL_TRACES_SAMPLER_ARG='half' is not a ratio between 0 and 1"),
+        (
+            {"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "1.5"},
+            "OTEL_TRACES_SAMPLER_ARG='1.5' is not a ratio between 0 and 1",
+        ),
+    ],
+)
+def test_a_sampler_setting_the_sdk_would_replace_is_a_clear_error(env: dict[str, str], message: str) -> None:
+    with pytest.raises(Failure) as err:
+        sampler(env)
+    assert str(err.value).startswith(message)
+
+
 # --- logs ---------------------------------------------------------------------------------
 
 
@@ -381,8 +498,9 @@ async def test_otlp_endpoint_in_the_environment_exports_spans_and_metrics(
         telemetry=telemetry,
     )
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(engine)), base_url="http://f")
+    sampled = {"traceparent": f"00-{TRACE_ID}-{PARENT_SPAN}-01"}  # recorded whatever the ratio for new traces
     async with client:
-        assert (await client.post("/push/reports", content=envelope())).status_code == 200
+        assert (await client.post("/push/reports", content=envelope(), headers=sampled)).status_code == 200
     await engine.store.close()
     await asyncio.to_thread(telemetry.shutdown)  # flushes both exporters
 

@@ -1,0 +1,66 @@
+"""OTLP exporters from the standard `OTEL_EXPORTER_OTLP_*` variables (the Cloud Run collector sidecar).
+
+The SDK's exporters read only `os.environ`; these read the mapping they are given, so
+`from_config(env=...)` and its tests see exactly what a process with that environment would.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from opentelemetry.sdk.metrics.export import MetricsData, PeriodicExportingMetricReader
+from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+from filter.observability.latency import unchanged
+
+
+def otlp_endpoint(signal: str, env: Mapping[str, str]) -> bool:
+    """Whether `signal` ("metrics", "traces") is to be exported: an endpoint is set and the exporter is not "none"."""
+    if env.get(f"OTEL_{signal.upper()}_EXPORTER", "otlp").strip().lower() == "none":
+        return False
+    return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"))
+
+
+def _grpc(signal: str, env: Mapping[str, str]) -> bool:
+    protocol = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+    return (protocol or "http/protobuf").strip().lower() == "grpc"
+
+
+def _endpoint(signal: str, env: Mapping[str, str], grpc: bool) -> str:
+    specific = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
+    if specific:
+        return specific
+    base = env["OTEL_EXPORTER_OTLP_ENDPOINT"]
+    return base if grpc else f"{base.rstrip('/')}/v1/{signal}"
+
+
+class MergingExportReader(PeriodicExportingMetricReader):
+    """The SDK's periodic OTLP reader, exporting the in-process latency histograms beside the SDK's own."""
+
+    merge: Callable[[MetricsData | None], MetricsData | None] = staticmethod(unchanged)
+
+    def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> None:
+        merged = self.merge(metrics_data)
+        if merged is not None:
+            super()._receive_metrics(merged, timeout_millis, **kwargs)
+
+
+def otlp_metric_reader(env: Mapping[str, str]) -> MergingExportReader:
+    if _grpc("metrics", env):
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
+
+        return MergingExportReader(GrpcMetrics(endpoint=_endpoint("metrics", env, True)))
+    from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+
+    return MergingExportReader(OTLPMetricExporter(endpoint=_endpoint("metrics", env, False)))
+
+
+def otlp_span_processor(env: Mapping[str, str]) -> BatchSpanProcessor:
+    if _grpc("traces", env):
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpans
+
+        return BatchSpanProcessor(GrpcSpans(endpoint=_endpoint("traces", env, True)))
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+    return BatchSpanProcessor(OTLPSpanExporter(endpoint=_endpoint("traces", env, False)))
