@@ -35,6 +35,7 @@ from .config import Condition, Config, Route
 from .envelope import format_time
 from .fingerprint import NOT_JSON, PayloadError, Scheme, TypedRows, compile_scheme, message_fingerprint
 from .heartbeat import Heartbeat
+from .logsetup import log_line
 from .model import Decision, DecisionRecord, KeyState, Lease, Message
 from .paths import MISSING, list_index
 from .ports import Clock, DecisionRecorder, Publisher, PublishFailed, StateStore, StoreUnavailable
@@ -734,4 +735,4 @@ def _log_decision(rec: DecisionRecord) -> None:
     fields = {k: v for k, v in rec.as_dict().items() if v is not None}
     if rec.trace:
         fields["trace"] = rec.trace
-    getattr(log, _LEVELS[rec.decision])("decision", **fields)
+    log_line(log, _LEVELS[rec.decision], "decision", fields)
