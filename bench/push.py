@@ -88,8 +88,8 @@ routes:
 # --- the bare server (run as `bench/push.py serve-bare --port N`) --------------------------
 
 
-def serve_bare(port: int) -> None:
-    import uvicorn
+def bare_app() -> Any:
+    """The baseline: Starlette, the product's envelope parse, a small JSON answer."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
@@ -108,10 +108,15 @@ def serve_bare(port: int) -> None:
     async def healthz(_: Request) -> Response:
         return Response(b'{"status":"ok"}', media_type="application/json")
 
-    app = Starlette(routes=[Route("/push/{route}", push, methods=["POST"]), Route("/healthz", healthz)])
+    return Starlette(routes=[Route("/push/{route}", push, methods=["POST"]), Route("/healthz", healthz)])
+
+
+def serve_bare(port: int) -> None:
+    import uvicorn
+
     uvicorn.Server(
         uvicorn.Config(
-            app,
+            bare_app(),
             host="127.0.0.1",
             port=port,
             loop="auto",
