@@ -246,16 +246,23 @@ def machine() -> dict[str, Any]:
     return {"nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "wrk": (wrk or ["?"])[0]}
 
 
-def filters_to_run(variants: list[str]) -> list[tuple[str, str | None, dict[str, str]]]:
+def filters_to_run(
+    variants: list[str], telemetry: bool = True, baseline: Path | None = None
+) -> list[tuple[str, str | None, dict[str, str]]]:
     """(server name, what-if variant or None, extra env) for each filter server of the run."""
     out: list[tuple[str, str | None, dict[str, str]]] = [
         ("filter", None, {}),
         ("filter-warn", None, {"LOG_LEVEL": "warning"}),
-        # telemetry's cost: the same filter with the OpenTelemetry SDK off (the baseline), and
-        # with every span recorded and exported over OTLP/HTTP (to a sink in this process)
-        ("filter-no-telemetry", None, {"OTEL_SDK_DISABLED": "true"}),
-        ("filter-traced", None, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{OTLP_SINK}/v1/traces"}),
     ]
+    if telemetry:
+        out += [
+            # telemetry's cost: the same filter with the OpenTelemetry SDK off (the baseline), and
+            # with every span recorded and exported over OTLP/HTTP (to a sink in this process)
+            ("filter-no-telemetry", None, {"OTEL_SDK_DISABLED": "true"}),
+            ("filter-traced", None, {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{OTLP_SINK}/v1/traces"}),
+        ]
+    if baseline is not None:  # another version of the code, same run: before / after
+        out.append(("filter-baseline", None, {"PYTHONPATH": str(baseline.resolve())}))
     out += [(f"filter[{v}]", v, {}) for v in variants]
     return out
 
@@ -289,7 +296,7 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     here = str(Path(__file__).resolve())
     cli = str(Path(python).with_name("pubsub-filter"))
     base_env = {k: v for k, v in os.environ.items() if k not in ("LOG_LEVEL", "LOG_FORMAT")}
-    filters = filters_to_run(args.variants)
+    filters = filters_to_run(args.variants, not args.no_telemetry_servers, args.baseline)
 
     servers: dict[str, Server] = {}
     try:
@@ -376,6 +383,12 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     x["server_cpu_us_per_request"] / b["server_cpu_us_per_request"]
                     for x, b in zip(rs, base, strict=True)
                 )
+            if "filter-baseline" in by_name:  # before / after, paired by round like /bare
+                base = by_name["filter-baseline"]
+                row[name]["cpu_over_baseline"] = statistics.median(
+                    x["server_cpu_us_per_request"] / b["server_cpu_us_per_request"]
+                    for x, b in zip(rs, base, strict=True)
+                )
         summary[str(c)] = row
     return {"summary": summary, "checks": checks, "runs": {str(c): v for c, v in runs.items()}}
 
@@ -398,6 +411,10 @@ def table(summary: dict[str, Any]) -> str:
                 lines.append(
                     f"{c:>5}  {name:<28} CPU µs/req over filter-no-telemetry: {x['cpu_over_no_telemetry']:.3f}x"
                 )
+    for c, row in summary.items():
+        for name, x in row.items():
+            if name.startswith("filter") and name != "filter-baseline" and "cpu_over_baseline" in x:
+                lines.append(f"{c:>5}  {name:<28} CPU µs/req over filter-baseline: {x['cpu_over_baseline']:.3f}x")
     return "\n".join(lines)
 
 
@@ -459,6 +476,15 @@ def main(argv: list[str] | None = None) -> int:
         "--variants",
         default="",
         help=f"also run what-if filters with one cost removed, comma-separated: {', '.join(VARIANTS)}",
+    )
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        help="also run `filter-baseline`: the filter package found in this dir (e.g. an earlier commit's,"
+        " from `git archive COMMIT filter | tar -x -C DIR`)",
+    )
+    p.add_argument(
+        "--no-telemetry-servers", action="store_true", help="skip filter-no-telemetry and filter-traced (faster)"
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (configs, databases, stderr)")
