@@ -95,8 +95,8 @@ routes:
 # --- the bare server (run as `bench/push.py serve-bare --port N`) --------------------------
 
 
-def serve_bare(port: int) -> None:
-    import uvicorn
+def bare_app() -> Any:
+    """The baseline: Starlette, the product's envelope parse, a small JSON answer."""
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
@@ -115,10 +115,15 @@ def serve_bare(port: int) -> None:
     async def healthz(_: Request) -> Response:
         return Response(b'{"status":"ok"}', media_type="application/json")
 
-    app = Starlette(routes=[Route("/push/{route}", push, methods=["POST"]), Route("/healthz", healthz)])
+    return Starlette(routes=[Route("/push/{route}", push, methods=["POST"]), Route("/healthz", healthz)])
+
+
+def serve_bare(port: int) -> None:
+    import uvicorn
+
     uvicorn.Server(
         uvicorn.Config(
-            app,
+            bare_app(),
             host="127.0.0.1",
             port=port,
             loop="auto",
@@ -249,7 +254,11 @@ def machine() -> dict[str, Any]:
 
 
 def filters_to_run(
-    variants: list[str], aa: bool = False, only: list[str] | None = None
+    variants: list[str],
+    aa: bool = False,
+    only: list[str] | None = None,
+    telemetry: bool = True,
+    baseline: Path | None = None,
 ) -> list[tuple[str, str | None, dict[str, str]]]:
     """(server name, what-if variant or None, extra env) for each filter server of the run."""
     sink = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": f"{OTLP_SINK}/v1/traces"}
@@ -258,15 +267,20 @@ def filters_to_run(
     out: list[tuple[str, str | None, dict[str, str]]] = [
         ("filter", None, {}),
         ("filter-warn", None, {"LOG_LEVEL": "warning"}),
-        # telemetry's cost: the same filter with the OpenTelemetry SDK off (the baseline), and
-        # with every span recorded and exported over OTLP/HTTP (to a sink in this process)
-        ("filter-no-telemetry", None, {"OTEL_SDK_DISABLED": "true"}),
-        ("filter-traced", None, traced),
-        # the same exporter, 1 % of root decisions sampled (and every one whose parent is)
-        ("filter-sampled", None, ratio),
     ]
-    if aa:  # a second baseline, identical to the first: its ratio to it is the noise floor
-        out.append(("filter-no-telemetry-aa", None, {"OTEL_SDK_DISABLED": "true"}))
+    if telemetry:
+        out += [
+            # telemetry's cost: the same filter with the OpenTelemetry SDK off (the baseline), and
+            # with every span recorded and exported over OTLP/HTTP (to a sink in this process)
+            ("filter-no-telemetry", None, {"OTEL_SDK_DISABLED": "true"}),
+            ("filter-traced", None, traced),
+            # the same exporter, 1 % of root decisions sampled (and every one whose parent is)
+            ("filter-sampled", None, ratio),
+        ]
+        if aa:  # a second baseline, identical to the first: its ratio to it is the noise floor
+            out.append(("filter-no-telemetry-aa", None, {"OTEL_SDK_DISABLED": "true"}))
+    if baseline is not None:  # another version of the code, same run: before / after
+        out.append(("filter-baseline", None, {"PYTHONPATH": str(baseline.resolve())}))
     if only:
         out = [f for f in out if f[0] in only or f[0].startswith("filter-no-telemetry")]
     out += [(f"filter[{v}]", v, {}) for v in variants]
@@ -302,7 +316,7 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     here = str(Path(__file__).resolve())
     cli = str(Path(python).with_name("pubsub-filter"))
     base_env = {k: v for k, v in os.environ.items() if k not in ("LOG_LEVEL", "LOG_FORMAT")}
-    filters = filters_to_run(args.variants, args.aa, args.only)
+    filters = filters_to_run(args.variants, args.aa, args.only, not args.no_telemetry_servers, args.baseline)
 
     servers: dict[str, Server] = {}
     try:
@@ -389,6 +403,12 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                     x["server_cpu_us_per_request"] / b["server_cpu_us_per_request"]
                     for x, b in zip(rs, base, strict=True)
                 )
+            if "filter-baseline" in by_name:  # before / after, paired by round like /bare
+                base = by_name["filter-baseline"]
+                row[name]["cpu_over_baseline"] = statistics.median(
+                    x["server_cpu_us_per_request"] / b["server_cpu_us_per_request"]
+                    for x, b in zip(rs, base, strict=True)
+                )
         summary[str(c)] = row
     return {"summary": summary, "checks": checks, "runs": {str(c): v for c, v in runs.items()}}
 
@@ -411,6 +431,10 @@ def table(summary: dict[str, Any]) -> str:
                 lines.append(
                     f"{c:>5}  {name:<28} CPU µs/req over filter-no-telemetry: {x['cpu_over_no_telemetry']:.3f}x"
                 )
+    for c, row in summary.items():
+        for name, x in row.items():
+            if name.startswith("filter") and name != "filter-baseline" and "cpu_over_baseline" in x:
+                lines.append(f"{c:>5}  {name:<28} CPU µs/req over filter-baseline: {x['cpu_over_baseline']:.3f}x")
     return "\n".join(lines)
 
 
@@ -479,6 +503,15 @@ def main(argv: list[str] | None = None) -> int:
         help="also run a second filter-no-telemetry server (an A/A check: its ratio to the first is the noise)",
     )
     p.add_argument("--only", default="", help="filter servers to run, comma-separated (the baselines always)")
+    p.add_argument(
+        "--baseline",
+        type=Path,
+        help="also run `filter-baseline`: the filter package found in this dir (e.g. an earlier commit's,"
+        " from `git archive COMMIT filter | tar -x -C DIR`)",
+    )
+    p.add_argument(
+        "--no-telemetry-servers", action="store_true", help="skip filter-no-telemetry and filter-traced (faster)"
+    )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (configs, databases, stderr)")
     args = p.parse_args(argv)

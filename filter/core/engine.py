@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from filter.core import decision_line
 from filter.core.attributes import fence_attributes, forward_attributes
 from filter.core.config import Config, Route
 from filter.core.fingerprint import NOT_JSON, PayloadError, message_fingerprint
@@ -392,4 +393,4 @@ def _log_decision(rec: DecisionRecord) -> None:
     fields = {k: v for k, v in rec.as_dict().items() if v is not None}
     if rec.trace:
         fields["trace"] = rec.trace
-    getattr(log, _LEVELS[rec.decision])("decision", **fields)
+    decision_line.write(log, _LEVELS[rec.decision], "decision", fields)

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Annotated
 
 import msgspec
+import pybase64
 import structlog
 
 from filter.core.model import Message
@@ -24,7 +25,7 @@ class EnvelopeError(ValueError):
 
 
 class _PushMessage(msgspec.Struct, omit_defaults=True):
-    data: bytes | None = None  # msgspec decodes the base64 itself, in C: the biggest cost per message
+    data: bytes | None = None  # the reference decoding: msgspec decodes the base64 itself
     attributes: dict[str, str] | None = None
     messageId: str | None = None
     message_id: str | None = None
@@ -41,7 +42,17 @@ class _Envelope(msgspec.Struct):
     deliveryAttempt: Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)] | None = None
 
 
+class _RawPushMessage(_PushMessage):
+    # `data` left as its JSON text, a view of the body: pybase64 decodes it from there (`_fast_decode`)
+    data: msgspec.Raw = msgspec.Raw(b"")
+
+
+class _RawEnvelope(_Envelope):
+    message: _RawPushMessage
+
+
 _decoder = msgspec.json.Decoder(_Envelope)
+_raw_decoder = msgspec.json.Decoder(_RawEnvelope)
 
 
 #: Set by `pubsub-filter replay` on what it republishes: when the content was first published.
@@ -90,11 +101,44 @@ def _message_id_of(body: bytes) -> str | None:
     return m.messageId or m.message_id
 
 
+def _fast_decode(body: bytes) -> tuple[_Envelope, bytes] | None:
+    """The envelope and its data, with base64 decoded by pybase64 (SIMD); None if it cannot vouch.
+
+    Base64 is most of the per-message cost (391 kB for a 450-row report): pybase64 decodes
+    it ~10x faster than msgspec, straight from the body, with no intermediate `str`. It only
+    answers when pybase64 accepts the field's JSON text as it stands (`validate=True`: the
+    standard alphabet and padding, which is also all msgspec accepts); anything else, JSON
+    escapes or any rejection included, goes to the reference decoder, so every answer and
+    every error text stays the one msgspec gives.
+    """
+    try:
+        env = _raw_decoder.decode(body)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return None
+    text = memoryview(env.message.data)
+    if not text or text[0] == ord("n"):  # no `data`, or null (the only JSON value starting with n)
+        return env, b""
+    if text[0] != ord('"'):  # not a string: the reference decoder says what it is
+        return None
+    try:
+        return env, pybase64.b64decode(text[1:-1], validate=True)
+    except ValueError:
+        return None
+
+
+def _decode(body: bytes) -> tuple[_Envelope, bytes]:
+    fast = _fast_decode(body)
+    if fast is not None:
+        return fast
+    env = _decoder.decode(body)
+    return env, env.message.data or b""
+
+
 def parse_envelope(body: bytes) -> Message:
     if not body:
         raise EnvelopeError("empty body: expected a Pub/Sub push envelope")
     try:
-        env = _decoder.decode(body)
+        env, data = _decode(body)
     except msgspec.ValidationError as exc:
         if "base64" in str(exc) and "$.message.data" in str(exc):
             raise EnvelopeError("message.data is not valid base64", _message_id_of(body)) from None
@@ -109,7 +153,6 @@ def parse_envelope(body: bytes) -> Message:
     message_id = m.messageId or m.message_id
     if not message_id:
         raise EnvelopeError("message.messageId is missing")
-    data = m.data or b""
     publish_time = None
     stamp = m.publishTime or m.publish_time
     if stamp:

@@ -44,7 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from itertools import islice
-from operator import attrgetter, eq, itemgetter
+from operator import attrgetter, eq, itemgetter, lt
 from typing import Any
 
 import msgspec
@@ -231,6 +231,12 @@ def _ordered(
     def ordered(rows: list[Any]) -> bytes:
         if by_key is not None:
             try:
+                keys = list(map(by_key, rows))
+                # Rows already in strictly ascending key order (a producer's stable order) are
+                # what the sort would return: skip it. The check compares the adjacent pairs the
+                # sort compares first, so it raises TypeError exactly when the sort would.
+                if all(map(lt, keys, islice(keys, 1, None))):
+                    return encode(rows)
                 rows.sort(key=by_key)
                 keys = list(map(by_key, rows))
                 # Equal keys would leave those rows in arrival order: only then pay for the total order.

@@ -23,8 +23,16 @@ def format_time(ts: float) -> str:
     Rounded, not truncated: .123 is stored as .12299999..., and gmtime, unlike datetime, takes
     any year `parse_time` can produce (a 9999-12-31 stamp with a negative offset is year 10000).
     """
+    global _last_second
     seconds, micros = divmod(round(ts * 1_000_000), 1_000_000)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{micros:06d}Z"
+    last = _last_second  # one tuple, replaced whole: safe to share between threads
+    if last[0] != seconds:
+        # every log line is stamped, and gmtime + strftime were most of a decision line's cost
+        last = _last_second = (seconds, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)))
+    return f"{last[1]}.{micros:06d}Z"
+
+
+_last_second: tuple[int, str] = (0, time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(0)))
 
 
 def parse_time(text: str) -> float:

@@ -52,18 +52,31 @@ def status_for(rec: DecisionRecord) -> int:
     return 500
 
 
-def trace_of(request: Request) -> str | None:
-    header = request.headers.get("x-cloud-trace-context")
+_READ_HEADERS = frozenset((b"content-length", b"x-cloud-trace-context", b"traceparent"))
+
+
+def headers_of(request: Request) -> dict[bytes, str]:
+    """The few headers the push path reads, in one pass over the raw list: the first of each,
+    as `request.headers.get` gives it (ASGI names are lower case), without three scans and
+    the KeyError each missing header costs there."""
+    found: dict[bytes, str] = {}
+    for name, value in request.scope["headers"]:
+        if name in _READ_HEADERS and name not in found:
+            found[name] = value.decode("latin-1")
+    return found
+
+
+def trace_of(headers: dict[bytes, str]) -> str | None:
+    header = headers.get(b"x-cloud-trace-context")
     if header and (m := _TRACE.match(header)):
         return m.group(1)
-    header = request.headers.get("traceparent")
+    header = headers.get(b"traceparent")
     if header and (m := _TRACEPARENT.match(header)):
         return m.group(1)
     return None
 
 
-async def _body(request: Request, limit: int) -> bytes:
-    declared = request.headers.get("content-length")
+async def _body(request: Request, limit: int, declared: str | None) -> bytes:
     # isascii: '²'.isdigit() is True, and int('²') raises
     if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise _TooLarge
@@ -96,7 +109,8 @@ def create_app(
                 counts["auth_rejected"] += 1
                 log.warning("push_unauthorized", route=route, status=exc.status, reason=exc.reason)
                 return _json({"error": exc.reason}, exc.status)
-        trace = trace_of(request)
+        headers = headers_of(request)
+        trace = trace_of(headers)
         if trace:
             # Lifecycle lines (lease taken over, heartbeat failed...) then carry the request's trace too.
             structlog.contextvars.bind_contextvars(trace=trace)
@@ -105,7 +119,7 @@ def create_app(
             return _json({"decision": "rejected", "reason": rec.reason}, 404)
         try:
             async with asyncio.timeout(body_timeout):
-                body = await _body(request, max_body)
+                body = await _body(request, max_body, headers.get(b"content-length"))
         except _TooLarge:
             rec = engine.reject(route, None, f"body larger than {max_body} bytes", trace=trace)
             return _json({"decision": "rejected", "reason": rec.reason}, 413)

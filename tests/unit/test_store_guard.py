@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
 from filter.backends.stores.guard import GuardedStore
+from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import StoreErrors
 from filter.core.model import KeyState
 from filter.core.ports import StoreUnavailable
@@ -49,3 +51,30 @@ async def test_a_hanging_store_times_out_per_attempt() -> None:
     guard = GuardedStore(Flaky(hang=True), StoreErrors(timeout=0.05, budget=0.2))  # type: ignore[arg-type]
     with pytest.raises(StoreUnavailable, match=r"no answer within 0\.05s"):
         await guard.read("r", "k")
+
+
+class Inline(Flaky):
+    """A store that declares its calls never yield to the loop (this one lies, to show no timeout is set)."""
+
+    suspends = False
+
+    async def read(self, route: str, key: str) -> KeyState | None:
+        await asyncio.sleep(0.1)
+        return await super().read(route, key)
+
+
+async def test_a_store_that_declares_it_never_suspends_is_called_without_a_timeout() -> None:
+    guard = GuardedStore(Inline(), StoreErrors(timeout=0.01, budget=0.02))  # type: ignore[arg-type]
+    assert (await guard.read("r", "k")) == KeyState(fingerprint="sha256:x")
+
+
+async def test_the_embedded_store_is_guarded_without_a_timeout(tmp_path: Path) -> None:
+    guard = GuardedStore(SqliteStore(tmp_path / "state.db"), StoreErrors())
+    try:
+        assert guard.inline
+    finally:
+        await guard.close()
+
+
+def test_a_store_that_does_not_declare_it_is_guarded_with_a_timeout() -> None:
+    assert not GuardedStore(Flaky(), StoreErrors()).inline  # type: ignore[arg-type]

@@ -21,12 +21,15 @@ T = TypeVar("T")
 
 
 class GuardedStore:
-    """`inline=True` for a store whose calls never suspend (SQLite): a timeout could not fire."""
+    """`inline=True` for a store whose calls never suspend (SQLite): a timeout could not fire.
 
-    def __init__(self, inner: StateStore, policy: StoreErrors, inline: bool = False):
+    By default a store says so itself, with `suspends = False` (`SqliteStore` does).
+    """
+
+    def __init__(self, inner: StateStore, policy: StoreErrors, inline: bool | None = None):
         self.inner = inner
         self.policy = policy
-        self.inline = inline
+        self.inline = not getattr(inner, "suspends", True) if inline is None else inline
 
     async def _attempt(self, op: Callable[[], Awaitable[T]]) -> T:
         try:

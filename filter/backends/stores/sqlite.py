@@ -121,6 +121,10 @@ class SqliteStore:
     forward path makes anyway, so the suppress path stays a single read. `clock` tells the
     purge what time it is (the engine's clock, in tests that move time by hand)."""
 
+    #: Every call runs to completion without yielding to the event loop (see the module doc):
+    #: `GuardedStore` need not bound it with a timeout that could never fire.
+    suspends = False
+
     def __init__(
         self,
         path: str | Path,

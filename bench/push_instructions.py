@@ -1,0 +1,161 @@
+"""CPU instructions per push request on the suppress path, filter next to bare (callgrind), in process.
+
+`bench/push.py` measures the goal (filter / bare by CPU time through uvicorn and wrk), but
+on a shared 2-core machine its CPU times move by more than most single changes save.
+callgrind counts the instructions the interpreter executes, which repeat to within a
+fraction of a per cent whatever else the machine runs: this is the bench to tell whether a
+change to the suppress path helped, and by how much.
+
+Each count is a child process that builds one app the way bench/push.py's servers are
+built (`filter`: `pubsub-filter serve`'s app on SQLite state, outbox and SQLite records,
+telemetry as `serve` sets it up, JSON decision lines at info to /dev/null; `filter-warn`:
+the same at warning; `bare`: bench/push.py's bare Starlette app), primes it with one
+forward, then calls the ASGI app as uvicorn would with N push requests of the 1-row report
+under new message ids, every one answered 200 (`suppressed` for the filter). Instructions
+per request = (count with N requests - count with 0) / N, so start-up cancels out. Uvicorn's
+HTTP parsing and the socket are not in it (both apps pay them alike), so filter / bare here
+is larger than through uvicorn; compare it between versions, not with the goal.
+
+    .venv/bin/python bench/push_instructions.py [--requests 300] [--apps bare,filter,filter-warn] [--tree DIR]
+
+`--tree DIR` also counts the filter apps with the `filter` package found in DIR (for
+instance an earlier commit's, from `git archive COMMIT filter | tar -x -C DIR`): before and
+after in one run. Needs valgrind (Debian's package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import asyncio, json, os, sys, tempfile
+import filter  # from PYTHONPATH first: the tree being measured
+assert os.path.dirname(os.path.dirname(filter.__file__)) == os.environ["PYTHONPATH"], filter.__file__
+sys.path.append(sys.argv[4])
+sys.path.append(os.path.join(sys.argv[4], "bench"))
+from filter import logsetup
+from filter.core.envelope import make_envelope
+from tests.support.payloads import injury_report
+
+app_name, n, tmp = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+payload = json.dumps(injury_report(1)).encode()
+import push as bench_push
+if app_name == "bare":
+    app = bench_push.bare_app()
+    route = "any"
+else:
+    from filter.core.config import load
+    from filter.push.app import create_app
+    from filter.runtime.wiring import make_engine, make_telemetry
+    level = "warning" if app_name == "filter-warn" else "info"
+    logsetup.configure(fmt="json", level=level, stream=open(os.devnull, "w"))
+    os.chdir(tmp)
+    with open("filter.yaml", "w") as f:
+        f.write(bench_push.CONFIG.format(dir=tmp))
+    cfg = load("filter.yaml")
+    app = create_app(make_engine(cfg, make_telemetry(cfg)), None)
+    route = bench_push.ROUTE
+
+
+async def post(body, expect):
+    sent = []
+
+    async def receive():
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def send(message):
+        sent.append(message)
+
+    headers = [(b"host", b"127.0.0.1"), (b"content-length", str(len(body)).encode())]
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": f"/push/{route}", "raw_path": f"/push/{route}".encode(),
+             "query_string": b"", "root_path": "", "headers": headers,
+             "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 8080)}
+    await app(scope, receive, send)
+    assert sent[0]["status"] == 200, sent
+    if expect:
+        answer = json.loads(sent[1]["body"])
+        assert answer["decision"] == expect, answer
+
+
+async def main():
+    first = "forwarded" if app_name != "bare" else None
+    await post(make_envelope(payload, "prime"), first)
+    then = "suppressed" if app_name != "bare" else None
+    for i in range(n):
+        await post(make_envelope(payload, f"m{i}"), then)
+
+asyncio.run(main())
+"""
+
+
+def instructions(app: str, requests: int, tree: Path) -> int:
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(tree)}
+    with tempfile.TemporaryDirectory() as tmp:
+        proc = subprocess.run(
+            [
+                "valgrind",
+                "--tool=callgrind",
+                "--callgrind-out-file=/dev/null",
+                sys.executable,
+                "-c",
+                CHILD,
+                app,
+                str(requests),
+                tmp,
+                str(ROOT),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp,  # not ROOT: `python -c` puts the working directory first on sys.path
+            check=False,
+        )
+    if proc.returncode != 0:
+        raise SystemExit(f"{app} ({tree}) failed:\n{proc.stderr[-3000:]}")
+    m = re.search(r"Collected : (\d+)", proc.stderr)
+    if m is None:
+        raise SystemExit(f"no instruction count from callgrind:\n{proc.stderr[-2000:]}")
+    return int(m.group(1))
+
+
+def per_request(app: str, requests: int, tree: Path) -> float:
+    return (instructions(app, requests, tree) - instructions(app, 0, tree)) / requests
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=300, help="suppressed requests per count (default 300)")
+    parser.add_argument("--apps", default="bare,filter,filter-warn", help="comma-separated: bare, filter, filter-warn")
+    parser.add_argument("--tree", type=Path, help="also count the filter apps with the filter package in this dir")
+    args = parser.parse_args()
+    if shutil.which("valgrind") is None:
+        raise SystemExit("needs valgrind: apt-get install valgrind")
+    apps = [a for a in args.apps.split(",") if a]
+    print(f"instructions per request, in process, {args.requests} requests, PYTHONHASHSEED=0")
+    counts: dict[str, float] = {}
+    trees = [("", ROOT)] + ([(" (--tree)", args.tree.resolve())] if args.tree else [])
+    for suffix, tree in trees:
+        for app in apps:
+            if app == "bare" and suffix:
+                continue
+            counts[app + suffix] = per_request(app, args.requests, tree)
+            line = f"  {app + suffix:<22} {counts[app + suffix]:12,.0f}"
+            if "bare" in counts and app != "bare":
+                line += f"   bare / this {counts['bare'] / counts[app + suffix]:.3f}"
+            if suffix and app in counts:
+                line += f"   this / ours {counts[app + suffix] / counts[app]:.3f}"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
