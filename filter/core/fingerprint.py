@@ -39,103 +39,56 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from decimal import Decimal
-from itertools import islice
-from operator import attrgetter, eq, itemgetter, lt
+from operator import itemgetter
 from typing import Any
 
 import msgspec
 
+from filter.core.canonical import (
+    DECODE_ERRORS,
+    NOT_JSON,
+    PREFIX,
+    NotJson,
+    PayloadError,
+    TypedRows,
+    canonical_decoder,
+    encode_sorted,
+    hex_fingerprint,
+    ordered_rows,
+    plain_decoder,
+)
 from filter.core.config import Route
+from filter.core.fingerprint_fast import typed_canonical
 from filter.core.paths import MISSING
 
-PREFIX = "sha256:"
+__all__ = [
+    "NOT_JSON",
+    "PREFIX",
+    "NotJson",
+    "PayloadError",
+    "Scheme",
+    "TypedRows",
+    "compile_scheme",
+    "message_fingerprint",
+    "raw_fingerprint",
+]
+
 SEED_EVENT_FIELDS = ("timestamp", "account_id", "product_id", "side", "price", "quantity", "event_type")
 SEED_EXCLUDED = ("processed_at", "data_hash", "last_updated")
-
-
-class PayloadError(ValueError):
-    """The payload is JSON but does not have the shape the route describes."""
-
-
-class NotJson:
-    """Marker for a payload that is not JSON (fingerprinted over its raw bytes)."""
-
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "NOT_JSON"
-
-
-NOT_JSON = NotJson()
-
-
-#: Below this magnitude every integer is a double and every integral double is exactly that integer.
-_DOUBLE_EXACT = 2**53
-
-
-def _canonical_number(text: str) -> float | int:
-    """The canonical value of a JSON number written with a fraction or an exponent.
-
-    Integral values are exact ints (`1e20`, `9007199254740993.0`), so they are written as the
-    same digits as the integer literal; other values are the nearest double, an int if that
-    double is integral. Integer literals never come here: msgspec decodes them to exact ints.
-    """
-    value = float(text)
-    if value.is_integer():
-        if -_DOUBLE_EXACT < value < _DOUBLE_EXACT:
-            return int(value)  # the double is the exact value, or the value rounds to it
-        # Past 2**53 the double may not be the value (9007199254740993.0 reads as ...992.0).
-        exact = Decimal(text)
-        return int(exact) if exact == exact.to_integral_value() else int(value)
-    if not math.isfinite(value):
-        # 1e400 overflows to inf, which canonical JSON can only write as null: 1e400, -1e400 and
-        # null would then be one value. Such a payload is fingerprinted over its raw bytes instead.
-        raise ValueError(f"number {text} is beyond double range")
-    return value
-
-
-_canonical_decoder = msgspec.json.Decoder(float_hook=_canonical_number)
-_plain_decoder = msgspec.json.Decoder()
-_encoder = msgspec.json.Encoder(order="sorted")
-_encode = _encoder.encode
-# For the typed fast path: its structs declare their fields already sorted by JSON name, and
-# "deterministic" sorts dict keys but keeps struct fields in declaration order, which skips a
-# per-row sort of field names and gives the same bytes as `_encode` on the equivalent dicts.
-_encode_declared = msgspec.json.Encoder(order="deterministic").encode
-# RecursionError: nested deeper than the decoder goes; such a payload is read as raw bytes.
-_DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError, ValueError, OverflowError, RecursionError)
-
-
-def _hex(data: bytes) -> str:
-    return PREFIX + hashlib.sha256(data).hexdigest()
 
 
 def message_fingerprint(data: bytes, attributes: Mapping[str, str]) -> str:
     """The exact message: data bytes (length-prefixed) then the attributes in key order."""
     h = hashlib.sha256(len(data).to_bytes(8, "big"))
     h.update(data)
-    h.update(_encode(dict(attributes)))
+    h.update(encode_sorted(dict(attributes)))
     return PREFIX + h.hexdigest()
 
 
 def raw_fingerprint(data: bytes) -> str:
-    return _hex(data)
-
-
-@dataclass(frozen=True, slots=True)
-class TypedRows:
-    """Rows decoded by the fast path (structs of the included fields), and how to read them
-    as the generic path's selected dicts would read: the key's JSON, the row's canonical JSON,
-    the row as that dict."""
-
-    rows: list[Any]
-    key_json: Callable[[Any], bytes]
-    content_json: Callable[[Any], bytes]
-    as_dict: Callable[[Any], dict[str, Any]]
+    return hex_fingerprint(data)
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +98,7 @@ class Scheme:
     `fast`, when set, is tried first: it returns the same (payload, fingerprint) as the
     generic decode + digest, or None when it cannot vouch for that, and then the generic
     path runs. Its payload may hold only the top-level fields the route's key and bypass
-    paths read (see `_typed_canonical`).
+    paths read (see `typed_canonical`).
     """
 
     name: str
@@ -176,7 +129,7 @@ def _decoder(decoder: msgspec.json.Decoder[Any]) -> Callable[[bytes], Any]:
     def decode(data: bytes) -> Any:
         try:
             return decoder.decode(data)
-        except _DECODE_ERRORS:
+        except DECODE_ERRORS:
             return NOT_JSON
 
     return decode
@@ -219,195 +172,26 @@ def _selector(route: Route) -> Callable[[Any], Any]:
     return select
 
 
-def _ordered(
-    by_key: Callable[[Any], Any] | None, key_values: Callable[[Any], Any], encode: Callable[[Any], bytes]
-) -> Callable[[list[Any]], bytes]:
-    """Canonical JSON of a list of rows, in an order that depends only on content.
-
-    With a row key: rows sorted by it, unless a key is missing, keys do not compare, or two
-    rows share a key; then (only then) the total order by (encoded key, encoded row).
-    """
-
-    def ordered(rows: list[Any]) -> bytes:
-        if by_key is not None:
-            try:
-                keys = list(map(by_key, rows))
-                # Rows already in strictly ascending key order (a producer's stable order) are
-                # what the sort would return: skip it. The check compares the adjacent pairs the
-                # sort compares first, so it raises TypeError exactly when the sort would.
-                if all(map(lt, keys, islice(keys, 1, None))):
-                    return encode(rows)
-                rows.sort(key=by_key)
-                keys = list(map(by_key, rows))
-                # Equal keys would leave those rows in arrival order: only then pay for the total order.
-                if not any(map(eq, keys, islice(keys, 1, None))):
-                    return encode(rows)
-            except (TypeError, KeyError):
-                pass  # missing key fields or mixed types: fall through to the total order
-            encoded = sorted((encode(key_values(r)), encode(r)) for r in rows)
-            return b"[" + b",".join(e for _, e in encoded) + b"]"
-        return b"[" + b",".join(sorted(map(encode, rows))) + b"]"
-
-    return ordered
-
-
 def _canonical(route: Route) -> Callable[[Any], str]:
     select = _selector(route)
     row_key = tuple(route.row_key)
-    ordered = _ordered(itemgetter(*row_key) if row_key else None, lambda r: [_get(r, k) for k in row_key], _encode)
+    ordered = ordered_rows(
+        itemgetter(*row_key) if row_key else None, lambda r: [_get(r, k) for k in row_key], encode_sorted
+    )
 
     if route.rows is None:
 
         def digest(payload: Any) -> str:
             if isinstance(payload, list):
-                return _hex(ordered([select(r) for r in payload]))
-            return _hex(_encode(select(payload)))
+                return hex_fingerprint(ordered([select(r) for r in payload]))
+            return hex_fingerprint(encode_sorted(select(payload)))
 
         return digest
 
     def digest_rows(payload: Any) -> str:
-        return _hex(ordered([select(r) for r in _rows(route, payload)]))
+        return hex_fingerprint(ordered([select(r) for r in _rows(route, payload)]))
 
     return digest_rows
-
-
-_Fast = Callable[[bytes], tuple[Any, str] | None]
-_TypedRowsOf = Callable[[bytes], TypedRows | None]
-
-
-def _typed_canonical(route: Route) -> tuple[_Fast, _TypedRowsOf] | None:
-    """The canonical scheme's fast path for the common route shape, or None when it does not apply.
-
-    Shape: `rows: payload.NAME`, an `include` list that covers every `row_key` field, and
-    no key or bypass path that reads inside the rows. Where the time goes otherwise: the
-    generic path materialises every field of every row (a 450-row injury report has 21
-    fields a row, 7 of them included), then copies the included ones into new dicts.
-    Here msgspec decodes straight into structs that declare only the included fields, so
-    the others are skipped in C and never become Python objects; rows are not copied.
-
-    Same values as the generic path, by construction:
-
-    * fields are `object`-typed, so values decode exactly as the generic decoder decodes
-      them (same float hook: integral floats become ints); an absent field is UNSET and
-      is omitted when encoded, a JSON null is None and is written `null`, as before;
-    * row key fields are required: a row without one fails to decode, and the generic
-      path (which orders such rows by their encoded text) takes the message;
-    * anything the structs do not accept (rows that are not objects, `rows` missing or
-      not a list, a payload that is not an object, malformed JSON) falls back to the
-      generic path, which gives the answer, or the error, it always gave;
-    * msgspec does not check the UTF-8 of strings it skips, the generic decoder does: a
-      payload that is not ASCII is UTF-8-checked first (a few µs) and falls back if invalid.
-
-    One divergence is left on purpose: a number the canonical text refuses (an integer of
-    more than 4300 digits, msgspec's and CPython's limit; a fraction or exponent beyond
-    double range, `1e400`) inside a *skipped* field makes the generic decoder call the
-    payload "not JSON"; here it is skipped unread like any other skipped field. Finding
-    one means scanning every byte (a regex costs about half the fast path on 450 rows).
-
-    The payload returned holds only the top-level fields the route's key and bypass paths
-    read: they are the only readers of the payload (`RouteRules.key_of`, `bypassed`).
-    """
-    if route.rows is None or len(route.rows.parts) != 1 or not route.include:
-        return None
-    rows_name = route.rows.parts[0]
-    exclude = frozenset(route.exclude)
-    fields = sorted({k for k in route.include if k not in exclude})
-    if not fields or not set(route.row_key) <= set(fields):
-        return None
-    readers = [p for p in (*route.key, *(c.field for c in route.bypass)) if p.root == "payload"]
-    if any(not p.parts or p.parts[0] == rows_name for p in readers):
-        return None
-    top_names = sorted({p.parts[0] for p in readers})
-
-    # Python attribute names are generated (f0, f1, ...): JSON names need not be identifiers.
-    row_attrs = {name: f"f{i}" for i, name in enumerate(fields)}
-    row_type = msgspec.defstruct(
-        "Row",
-        [
-            (attr, object) if name in route.row_key else (attr, object, msgspec.UNSET)
-            for name, attr in row_attrs.items()
-        ],
-        rename={attr: name for name, attr in row_attrs.items()},
-        kw_only=True,  # required key fields may come after optional ones: keep the sorted order
-        gc=False,  # decoded JSON cannot form reference cycles
-    )
-    top_attrs = {name: f"t{i}" for i, name in enumerate(top_names)}
-    top_type = msgspec.defstruct(
-        "Top",
-        [("rows", list[row_type], msgspec.UNSET)]  # type: ignore[valid-type]
-        + [(attr, object, msgspec.UNSET) for attr in top_attrs.values()],
-        rename={"rows": rows_name, **{attr: name for name, attr in top_attrs.items()}},
-        gc=False,
-    )
-    decode = msgspec.json.Decoder(top_type, float_hook=_canonical_number).decode
-    key_attrs = tuple(row_attrs[k] for k in route.row_key)
-    key_of = attrgetter(*key_attrs) if key_attrs else None
-    ordered = _ordered(
-        key_of,
-        (lambda r: (getattr(r, key_attrs[0]),)) if len(key_attrs) == 1 else key_of,  # type: ignore[arg-type]
-        _encode_declared,
-    )
-    top_get = tuple(top_attrs.items())
-    # The last message's rows in arrival order, for `typed_rows` on the same bytes: a forward
-    # on a route with row state digests the rows the fingerprint just decoded, instead of
-    # decoding the document again. One entry, replaced as a whole (safe across threads); a
-    # miss only costs the decode. Kept only where row state can be asked for (a row key).
-    last: tuple[bytes, list[Any]] | None = None
-    remember = bool(key_attrs)
-
-    def decode_top(data: bytes) -> Any:
-        """The typed document, or None where the generic path must decide (not UTF-8, not this shape)."""
-        try:
-            if not data.isascii():
-                data.decode()
-            return decode(data)
-        except _DECODE_ERRORS:
-            return None
-
-    def fast(data: bytes) -> tuple[Any, str] | None:
-        nonlocal last
-        top = decode_top(data)
-        if top is None:
-            return None
-        rows = top.rows
-        if rows is msgspec.UNSET:
-            return None
-        payload = {name: v for name, attr in top_get if (v := getattr(top, attr)) is not msgspec.UNSET}
-        arrival = list(rows) if remember else rows
-        digest = _hex(ordered(rows))
-        if remember:
-            last = (data, arrival)
-        return payload, digest
-
-    row_get = tuple(row_attrs.items())
-    unset = msgspec.UNSET
-
-    def as_dict(r: Any) -> dict[str, Any]:
-        return {name: v for name, attr in row_get if (v := getattr(r, attr)) is not unset}
-
-    key_json: Callable[[Any], bytes]
-    if len(key_attrs) == 1:
-        only = attrgetter(key_attrs[0])
-        key_json = lambda r: _encode((only(r),))  # noqa: E731
-    elif key_attrs:
-        several = attrgetter(*key_attrs)
-        key_json = lambda r: _encode(several(r))  # noqa: E731
-    else:
-        key_json = lambda r: b"[]"  # noqa: E731
-
-    def typed_rows(data: bytes) -> TypedRows | None:
-        # Exactly the rows `fast` hashes: the same checks, the same decode.
-        nonlocal last
-        seen = last
-        if seen is not None and seen[0] is data:
-            last = None  # freed with the forward that used it, not by the next message
-            return TypedRows(seen[1], key_json, _encode_declared, as_dict)
-        top = decode_top(data)
-        if top is None or top.rows is msgspec.UNSET:
-            return None
-        return TypedRows(top.rows, key_json, _encode_declared, as_dict)
-
-    return fast, typed_rows
 
 
 def _get(row: Any, key: str) -> Any:
@@ -430,7 +214,7 @@ def _data_hash(route: Route) -> Callable[[Any], str]:
             # The seed would crash on mixed types (e.g. None and str); order by text instead.
             rows = sorted(rows, key=lambda r: tuple(str(r.get(k)) for k in unique_keys))
         lines = ["|".join(str(r.get(k, "")) for k in sorted(r.keys()) if k not in excluded) for r in rows]
-        return _hex("\n".join(lines).encode("utf-8"))
+        return hex_fingerprint("\n".join(lines).encode("utf-8"))
 
     return digest
 
@@ -449,7 +233,7 @@ def _event(route: Route) -> Callable[[Any], str]:
             signatures.sort()
         except TypeError:
             signatures.sort(key=lambda s: json.dumps(s))
-        return _hex(json.dumps(signatures).encode())
+        return hex_fingerprint(json.dumps(signatures).encode())
 
     return digest
 
@@ -457,9 +241,9 @@ def _event(route: Route) -> Callable[[Any], str]:
 def compile_scheme(route: Route) -> Scheme:
     """Build the route's payload fingerprint once; call it per message."""
     if route.scheme == "canonical":
-        typed = _typed_canonical(route)
+        typed = typed_canonical(route)
         fast, selected = typed if typed is not None else (None, None)
-        return Scheme("canonical", _decoder(_canonical_decoder), _canonical(route), fast, selected)
+        return Scheme("canonical", _decoder(canonical_decoder), _canonical(route), fast, selected)
     if route.scheme == "data_hash":
-        return Scheme("data_hash", _decoder(_plain_decoder), _data_hash(route))
-    return Scheme("event", _decoder(_plain_decoder), _event(route))
+        return Scheme("data_hash", _decoder(plain_decoder), _data_hash(route))
+    return Scheme("event", _decoder(plain_decoder), _event(route))

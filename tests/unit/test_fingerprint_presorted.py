@@ -10,7 +10,8 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filter.core.fingerprint import _encode, _ordered
+from filter.core.canonical import encode_sorted as _encode
+from filter.core.canonical import ordered_rows as _ordered
 
 
 def sort_first(
