@@ -157,10 +157,11 @@ def cmd_provision(args: argparse.Namespace) -> int:
     return run(cfg, args)
 
 
-def _add_worker_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
-    def with_config(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--config", "-c", help=f"config file (default: ${CONFIG_ENV}, then ./filter.yaml)")
+def with_config(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument("--config", "-c", help=f"config file (default: ${CONFIG_ENV}, then ./filter.yaml)")
 
+
+def _add_worker_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     sp = sub.add_parser("pull", help="run the streaming-pull worker (beside a workload) until SIGTERM")
     with_config(sp)
     sp.add_argument(
@@ -254,9 +255,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    def with_config(sp: argparse.ArgumentParser) -> None:
-        sp.add_argument("--config", "-c", help=f"config file (default: ${CONFIG_ENV}, then ./filter.yaml)")
 
     sp = sub.add_parser("serve", help="run the push endpoint (Cloud Run)")
     with_config(sp)
