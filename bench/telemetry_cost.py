@@ -22,7 +22,8 @@ window it belongs to. Modes: `off` (`OTEL_SDK_DISABLED=true`), `on` (the default
 spans) and, on the server path, `traced` (`OTEL_TRACES_SAMPLER=parentbased_always_on`: every span
 recorded and exported over OTLP/HTTP to a sink in this process) and `sampled`
 (`OTEL_TRACES_SAMPLER=parentbased_traceidratio`, `OTEL_TRACES_SAMPLER_ARG=0.01`, the same
-exporter: the default when an endpoint is set).
+exporter: the default when an endpoint is set) and `always_off` (the same exporter, every
+decision dropped: what a decision the sampler drops costs).
 
     .venv/bin/python bench/telemetry_cost.py [--messages 500] [--paths engine,request,server]
 
@@ -141,6 +142,10 @@ SERVER_MODES = {
         "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
         "OTEL_TRACES_SAMPLER_ARG": "0.01",
     },
+    "always_off": {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "@SINK@/v1/traces",
+        "OTEL_TRACES_SAMPLER": "always_off",
+    },
 }
 SERVE = "import sys; from filter.cli import main; sys.exit(main(sys.argv[1:]))"
 
@@ -245,7 +250,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=500, help="suppressed decisions per run (default 500)")
     parser.add_argument("--paths", default="engine,request,server", help="engine, request, server (default all)")
-    parser.add_argument("--modes", default="off,on,traced,sampled", help="server path modes (default all)")
+    parser.add_argument("--modes", default="off,on,traced,sampled,always_off", help="server path modes (default all)")
     parser.add_argument("--warmup", type=int, default=50, help="server path: suppressions before counting")
     parser.add_argument("--settle", type=float, default=7.0, help="server path: idle seconds before zero and dump")
     args = parser.parse_args()

@@ -13,6 +13,8 @@ and the trace context on forwarded messages need no code in the engine.
   in and goes out through `filter.observability.tracing`. Spans are only
   recorded when something exports them (an OTLP endpoint, or a provider a test passes
   in): with nothing to export, the decision path does not pay for spans no one reads.
+  A decision without a parent that the sampler drops does not enter the SDK either
+  (`tracing.RootSampling`).
 - `OTEL_SDK_DISABLED=true`, or `telemetry.metrics` / `telemetry.traces` set to false in
   the config, turn either off.
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
@@ -39,7 +42,17 @@ from filter.core.model import Decision, DecisionRecord, Message
 from filter.observability.latency import Histograms
 from filter.observability.otlp import otlp_endpoint, otlp_metric_reader, otlp_span_processor
 from filter.observability.prometheus_text import PrometheusText
-from filter.observability.tracing import ATTRIBUTES_SET, PUBLISH_SPAN, SYSTEM, W3C, message_context, sampler, short_name
+from filter.observability.tracing import (
+    ATTRIBUTES_SET,
+    PUBLISH_SPAN,
+    SYSTEM,
+    UNSAMPLED_ROOT,
+    W3C,
+    RootSampling,
+    message_context,
+    sampler,
+    short_name,
+)
 
 SERVICE = "pubsub-filter"
 SCOPE = "pubsub_filter"
@@ -50,13 +63,15 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 
 class Telemetry:
-    """The filter's instruments on given providers; `Telemetry()` is off."""
+    """The filter's instruments on given providers; `Telemetry()` is off. `ids` is the random
+    source of the trace ids drawn for decisions without a parent (a test seeds it)."""
 
     def __init__(
         self,
         meter_provider: MeterProvider | None = None,
         tracer_provider: TracerProvider | None = None,
         prometheus: PrometheusText | None = None,
+        ids: random.Random | None = None,
     ) -> None:
         self.meter_provider = meter_provider
         self.tracer_provider = tracer_provider
@@ -64,6 +79,8 @@ class Telemetry:
         self.metrics = meter_provider is not None
         self.tracing = tracer_provider is not None
         self.tracer = tracer_provider.get_tracer(SCOPE) if tracer_provider is not None else trace.NoOpTracer()
+        # the SDK's ids come from the random module too
+        self._roots = RootSampling.of(self.tracer, (ids or random).getrandbits) if self.tracing else None
         # attribute sets per (route, decision, enforced), built once; routes and decisions are few
         self._labels: dict[tuple[str, Decision, bool], tuple[dict[str, str], dict[str, str]]] = {}
         self._watched: list[Callable[[], Iterable[tuple[str, Mapping[str, str], float]]]] = []
@@ -179,6 +196,14 @@ class Telemetry:
         parent = None
         if not trace.get_current_span().get_span_context().is_valid:
             parent = message_context(msg.attributes)
+            if parent is None and self._roots is not None and (dropped := self._roots.dropped()):
+                # No span, nothing made current: only a forward reads the trace id (`inject`).
+                token = UNSAMPLED_ROOT.set(dropped)
+                try:
+                    yield None
+                finally:
+                    UNSAMPLED_ROOT.reset(token)
+                return
         subscription = short_name(msg.subscription)
         # The attributes go on after the sampler's verdict: an unsampled decision builds none.
         # (The SDK's samplers do not read them.)
@@ -204,7 +229,7 @@ class Telemetry:
                 self._latency.record(rec.latency_ms / 1000, labels[1])
             if rec.decision is Decision.FAIL_OPEN:
                 self._fail_open.add(1, {"route": rec.route})
-        if self.tracing:
+        if self.tracing and PUBLISH_SPAN.get() is not None:  # in a decision that entered the SDK
             span = trace.get_current_span()
             if span.is_recording():
                 described: dict[str, str | bool] = {
@@ -265,7 +290,11 @@ class Telemetry:
     def inject(self, attributes: MutableMapping[str, str]) -> None:
         """Write the current trace context into outgoing message attributes, as the Pub/Sub
         client library does (`googclient_traceparent`), so a traced consumer continues it."""
-        if self.tracing and trace.get_current_span().get_span_context().is_valid:
+        if not self.tracing:
+            return
+        if (dropped := UNSAMPLED_ROOT.get()) and self._roots is not None:
+            W3C.inject(attributes, context=self._roots.context(dropped), setter=ATTRIBUTES_SET)
+        elif trace.get_current_span().get_span_context().is_valid:
             W3C.inject(attributes, setter=ATTRIBUTES_SET)
 
 

@@ -11,6 +11,8 @@ import asyncio
 import http.server
 import io
 import json
+import random
+import re
 import threading
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
@@ -24,7 +26,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Sampler
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, SamplingResult, TraceIdRatioBased
 from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,12 +34,12 @@ from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import parse
 from filter.core.engine import Engine
-from filter.core.envelope import make_envelope
+from filter.core.envelope import make_envelope, parse_envelope
 from filter.observability import logsetup
 from filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
 from filter.observability.prometheus_text import PrometheusText
 from filter.observability.telemetry import Telemetry, from_config
-from filter.observability.tracing import sampler
+from filter.observability.tracing import root_bound, sampler
 from filter.push.app import create_app
 from filter.runtime.operational import Failure
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
@@ -54,7 +56,12 @@ PARENT_SPAN = "00f067aa0ba902b7"
 
 class Rig:
     def __init__(
-        self, tmp_path: Path, metrics: bool = True, traces: bool = True, sampler: Sampler | None = None
+        self,
+        tmp_path: Path,
+        metrics: bool = True,
+        traces: bool = True,
+        sampler: Sampler | None = None,
+        ids: random.Random | None = None,
     ) -> None:
         self.spans = InMemorySpanExporter()
         self.prometheus = PrometheusText() if metrics else None
@@ -63,7 +70,7 @@ class Rig:
         if traces:
             tracer = TracerProvider(sampler=sampler or ALWAYS_ON)
             tracer.add_span_processor(SimpleSpanProcessor(self.spans))
-        self.telemetry = Telemetry(meters, tracer, self.prometheus)
+        self.telemetry = Telemetry(meters, tracer, self.prometheus, ids)
         cfg = parse(CONFIG)
         store = GuardedStore(SqliteStore(tmp_path / "state.db"), cfg.store_errors, inline=True)
         self.publisher = MemoryPublisher()
@@ -412,6 +419,145 @@ def test_a_sampler_setting_the_sdk_would_replace_is_a_clear_error(env: dict[str,
     with pytest.raises(Failure) as err:
         sampler(env)
     assert str(err.value).startswith(message)
+
+
+# --- a decision without a parent, decided before the SDK ------------------------------------
+
+LOW_64 = (1 << 64) - 1
+UNSAMPLED_NEW_TRACE = re.compile(r"00-[0-9a-f]{32}-[0-9a-f]{16}-02")  # flags: not sampled, random trace id
+
+
+def ratio_sampling(ratio: str) -> Sampler:
+    return sampler({"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": ratio})
+
+
+@pytest.fixture
+async def rigs(tmp_path: Path) -> AsyncIterator[list[Rig]]:
+    """Rigs a test builds (each in its own directory), closed after it."""
+    made: list[Rig] = []
+    yield made
+    for r in made:
+        await r.client.aclose()
+        await r.engine.store.close()
+
+
+def build(rigs: list[Rig], tmp_path: Path, sampling: Sampler, ids: random.Random | None = None) -> Rig:
+    where = tmp_path / str(len(rigs))
+    where.mkdir()
+    rigs.append(Rig(where, sampler=sampling, ids=ids))
+    return rigs[-1]
+
+
+@pytest.mark.parametrize(
+    ("env", "bound"),
+    [
+        ({}, round(0.01 * 2**64)),
+        ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.5"}, 2**63),
+        ({"OTEL_TRACES_SAMPLER": "always_off"}, 0),
+        ({"OTEL_TRACES_SAMPLER": "parentbased_always_off"}, 0),
+        ({"OTEL_TRACES_SAMPLER": "always_on"}, None),
+        ({"OTEL_TRACES_SAMPLER": "parentbased_always_on"}, None),
+    ],
+)
+def test_a_ratio_or_always_off_sampler_decides_a_new_trace_by_its_trace_id_alone(
+    env: dict[str, str], bound: int | None
+) -> None:
+    assert root_bound(sampler(env)) == bound
+
+
+async def test_a_dropped_decision_without_a_parent_records_no_span_and_passes_an_unsampled_trace_on(
+    rigs: list[Rig], tmp_path: Path
+) -> None:
+    rig = build(rigs, tmp_path, ratio_sampling("0"))
+    assert (await rig.push(envelope())).json()["decision"] == "forwarded"
+    assert rig.finished() == []
+    [published] = rig.publisher.published
+    assert UNSAMPLED_NEW_TRACE.fullmatch(published.attributes["googclient_traceparent"])
+
+
+async def test_a_dropped_decision_without_a_parent_never_reaches_the_sdks_sampler(
+    rigs: list[Rig], tmp_path: Path
+) -> None:
+    class Counting(TraceIdRatioBased):
+        calls = 0
+
+        def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+            Counting.calls += 1
+            return super().should_sample(*args, **kwargs)
+
+    rig = build(rigs, tmp_path, ParentBased(Counting(0.0)))
+    await rig.push(envelope(message_id="1"))  # forwarded
+    await rig.push(envelope(message_id="2"))  # suppressed
+    assert (Counting.calls, rig.finished()) == (0, [])
+
+
+async def test_two_dropped_forwards_without_a_parent_start_two_traces(rigs: list[Rig], tmp_path: Path) -> None:
+    rig = build(rigs, tmp_path, ratio_sampling("0"))
+    await rig.push(envelope("2025-01-10", message_id="1"))
+    await rig.push(envelope("2025-01-11", message_id="2"))
+    first, second = (p.attributes["googclient_traceparent"].split("-") for p in rig.publisher.published)
+    assert first[1] != second[1] and first[2] != second[2]
+
+
+async def test_a_sampled_decision_without_a_parent_is_recorded_as_the_sdk_records_it(
+    rigs: list[Rig], tmp_path: Path
+) -> None:
+    rig = build(rigs, tmp_path, ratio_sampling("1"))
+    await rig.push(envelope(message_id="m-1"))
+    decision = rig.decision_span()
+    assert decision.parent is None and decision.name == "raw-reports process"
+    assert decision.attributes is not None and decision.attributes["messaging.message.id"] == "m-1"
+    assert decision.attributes["pubsub_filter.decision"] == "forwarded"
+    names = [s.name for s in sorted(children_of(rig, decision), key=lambda s: s.start_time or 0)]
+    assert names == ["store read", "store claim", "phase3 send", "store commit"]
+    [send] = [s for s in rig.finished() if s.name == "phase3 send"]
+    [published] = rig.publisher.published
+    expected = f"00-{decision.context.trace_id:032x}-{send.context.span_id:016x}-03"  # sampled, random trace id
+    assert published.attributes["googclient_traceparent"] == expected
+
+
+async def test_new_traces_are_sampled_at_the_configured_ratio_by_the_trace_id_rule(
+    rigs: list[Rig], tmp_path: Path
+) -> None:
+    """Sampled iff the trace id's low 64 bits are below ratio * 2^64 (TraceIdRatioBased), for the
+    traces recorded here and the ones passed on unsampled: a downstream ratio sampler agrees."""
+    rig = build(rigs, tmp_path, ratio_sampling("0.25"), ids=random.Random(14))
+    bound, telemetry, decisions = 2**62, rig.telemetry, 2000
+    passed_on: list[int] = []
+    for i in range(decisions):
+        with telemetry.decision("reports", parse_envelope(envelope(message_id=str(i)))):
+            outgoing: dict[str, str] = {}
+            telemetry.inject(outgoing)
+            passed_on.append(int(outgoing["googclient_traceparent"].split("-")[1], 16))
+    recorded = {span.context.trace_id for span in rig.finished()}
+    assert 0.22 < len(recorded) / decisions < 0.28
+    assert all(trace_id & LOW_64 < bound for trace_id in recorded)
+    assert all(trace_id & LOW_64 >= bound for trace_id in passed_on if trace_id not in recorded)
+
+
+@pytest.mark.parametrize(
+    ("ratio", "headers", "attributes", "recorded"),
+    [
+        ("1", {"traceparent": UNSAMPLED_PARENT}, {}, False),
+        ("1", {}, {"googclient_traceparent": UNSAMPLED_PARENT}, False),
+        ("0", {"traceparent": SAMPLED_PARENT}, {}, True),
+        ("0", {"X-Cloud-Trace-Context": f"{TRACE_ID}/{int(PARENT_SPAN, 16)};o=1"}, {}, True),
+        ("0", {}, {"googclient_traceparent": SAMPLED_PARENT}, True),
+    ],
+    ids=["unsampled-header", "unsampled-attribute", "sampled-header", "sampled-cloud-header", "sampled-attribute"],
+)
+async def test_a_decision_with_a_parent_follows_the_parent_whatever_the_ratio_for_new_traces(
+    rigs: list[Rig], tmp_path: Path, ratio: str, headers: dict[str, str], attributes: dict[str, str], recorded: bool
+) -> None:
+    rig = build(rigs, tmp_path, ratio_sampling(ratio))
+    await rig.push(envelope(attributes=attributes), **headers)
+    [published] = rig.publisher.published
+    assert published.attributes["googclient_traceparent"].split("-")[1] == TRACE_ID
+    if not recorded:
+        assert rig.finished() == []
+        return
+    decision = rig.decision_span()
+    assert decision.parent is not None and format(decision.parent.span_id, "016x") == PARENT_SPAN
 
 
 # --- logs ---------------------------------------------------------------------------------
