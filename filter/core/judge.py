@@ -143,7 +143,10 @@ def _what_to_send(rules: RouteRules, msg: Message, fp: str, decided: Decided) ->
     content_changed = state is not None and state.fingerprint not in (None, fp)
     if rules.route.rows_mode == "changed" and content_changed:
         if diff.any:
-            out.data, out.attributes = partial(rules, msg.data, diff, typed)
+            # The typed path digests every row under its own key, in row order (the generic
+            # path, taken on a shared key, digests fewer): then the digests' keys are the rows'.
+            keys = list(digests) if typed is not None and len(digests) == len(typed.rows) else None
+            out.data, out.attributes = partial(rules, msg.data, diff, typed, keys)
         else:
             # The fingerprint says the content changed and no row digest does (rows that are
             # not objects, say): forward it whole.

@@ -19,14 +19,21 @@ from filter.core.routes import RouteRules
 
 
 def partial(
-    rules: RouteRules, data: bytes, diff: rows.RowDiff, typed: TypedRows | None = None
+    rules: RouteRules,
+    data: bytes,
+    diff: rows.RowDiff,
+    typed: TypedRows | None = None,
+    keys: list[str] | None = None,
 ) -> tuple[bytes, dict[str, str]]:
-    """The payload with only new and changed rows (plus tombstones when asked), and attributes saying so."""
+    """The payload with only new and changed rows (plus tombstones when asked), and attributes saying so.
+
+    `keys`: the row key of each of `typed`'s rows, in order, when the digests already read them.
+    """
     route = rules.route
     assert route.rows is not None
     wanted = set(diff.added) | set(diff.changed)
-    keys = tuple(route.row_key)
-    payload, parent, leaf, kept = _kept_raw(rules, data, wanted, typed) or _kept(rules, data, wanted, keys)
+    row_key = tuple(route.row_key)
+    payload, parent, leaf, kept = _kept_raw(rules, data, wanted, typed, keys) or _kept(rules, data, wanted, row_key)
     attributes = {
         "filter_rows_total": str(diff.total),
         "filter_rows_changed": str(len(wanted)),
@@ -34,7 +41,7 @@ def partial(
     }
     if route.removed_rows == "tombstone":
         kept += [
-            {**dict(zip(keys, msgspec.json.decode(k), strict=False)), "filter_removed": True} for k in diff.removed
+            {**dict(zip(row_key, msgspec.json.decode(k), strict=False)), "filter_removed": True} for k in diff.removed
         ]
     elif route.removed_rows == "attribute" and diff.removed:
         listed = msgspec.json.encode(diff.removed).decode()
@@ -69,7 +76,7 @@ def _kept(
 
 
 def _kept_raw(
-    rules: RouteRules, data: bytes, wanted: set[str], typed: TypedRows | None
+    rules: RouteRules, data: bytes, wanted: set[str], typed: TypedRows | None, keys: list[str] | None
 ) -> tuple[Any, Any, str | None, list[Any]] | None:
     """`_kept` without decoding the rows that are not sent: rows stay raw JSON until chosen
     by the keys of the rows the fingerprint's fast path decoded (same rows, same order);
@@ -87,11 +94,9 @@ def _kept_raw(
     if len(found) != len(typed.rows):
         return None
     payload = {k: None if k == leaf else msgspec.json.decode(v) for k, v in top.items()}  # document order
-    kept = [
-        msgspec.json.decode(raw)
-        for raw, row in zip(found, typed.rows, strict=True)
-        if typed.key_json(row).decode() in wanted
-    ]
+    if keys is None or len(keys) != len(found):
+        keys = [typed.key_json(row).decode() for row in typed.rows]
+    kept = [msgspec.json.decode(raw) for raw, key in zip(found, keys, strict=True) if key in wanted]
     return payload, payload, leaf, kept
 
 

@@ -25,6 +25,7 @@ class RouteRules:
             else None
         )
         self.tracks_rows = route.rows is not None and bool(route.row_key) and route.scheme == "canonical"
+        self.row_memo = rows.Memo()  # the last forward's rows: most of the next forward's are the same
 
     def typed_rows(self, data: bytes) -> TypedRows | None:
         """The rows as the fingerprint's fast path decodes them (included fields only), if it vouches for them."""
@@ -33,14 +34,14 @@ class RouteRules:
         return self.scheme.typed_rows(data)
 
     def row_digests(
-        self, data: bytes, before: rows.RowDigests | None = None, typed: TypedRows | None = None
+        self, data: bytes, before: rows.Before | None = None, typed: TypedRows | None = None
     ) -> rows.RowDigests | None:
         """Per-row digests of the whole document (the scheme's fast path may not have decoded all of it)."""
         if not self.tracks_rows or self.route.rows is None:
             return None
         typed = typed or self.typed_rows(data)
         if typed is not None:
-            digests = rows.digest_typed(typed, before)
+            digests = rows.digest_typed(typed, before, self.row_memo)
             if digests is not None:
                 return digests
         payload = self.scheme.decode(data)

@@ -19,7 +19,7 @@ import zlib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from operator import methodcaller
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -81,6 +81,7 @@ class Packed(Mapping[str, str]):
 
 
 RowDigests = dict[str, tuple[str, Mapping[str, str]]]  # row key → (row fingerprint, {field: checksum})
+Before = Mapping[str, tuple[str, Mapping[str, str]]]  # the previous forward's digests, usually `Stored`
 
 
 def row_key_of(row: Mapping[str, Any], row_key: tuple[str, ...]) -> str:
@@ -92,7 +93,7 @@ def _checksums(selected: Mapping[str, Any]) -> dict[str, str]:
     return {k: f"{zlib.crc32(_encode(v)):08x}" for k, v in selected.items()}
 
 
-def digest_rows(route: Route, rows: list[Any], before: RowDigests | None = None) -> RowDigests:
+def digest_rows(route: Route, rows: list[Any], before: Before | None = None) -> RowDigests:
     """Digest every row that is an object: the selected fields only (include minus exclude).
 
     Rows that share a key are digested together, in canonical order, so a change to any of
@@ -129,32 +130,64 @@ def digest_rows(route: Route, rows: list[Any], before: RowDigests | None = None)
     return out
 
 
-def digest_typed(typed: TypedRows, before: RowDigests | None = None) -> RowDigests | None:
+class Memo:
+    """The last digested document's rows, by their canonical content: (row key, fingerprint).
+
+    Both are functions of the content alone (the key fields are among the selected ones on
+    the fast path), so a row seen in the previous document is looked up by its bytes
+    instead of paying a key encoding and a SHA-256 for it: a rescrape changes a few rows
+    and repeats the rest. A lookup compares the whole content, so no producer can make a
+    row borrow another row's digest. One document's rows are kept, replaced as a whole by
+    the next (safe across threads); a miss costs what the digest always cost.
+    """
+
+    __slots__ = ("seen",)
+
+    def __init__(self) -> None:
+        self.seen: dict[bytes, tuple[str, str]] = {}
+
+
+def _key_and_fingerprint(typed: TypedRows, row: Any, content: bytes) -> tuple[str, str]:
+    return typed.key_json(row).decode(), hashlib.sha256(content).hexdigest()[:16]
+
+
+def digest_typed(typed: TypedRows, before: Before | None = None, memo: Memo | None = None) -> RowDigests | None:
     """`digest_rows` for rows the fingerprint's fast path decoded: the same digests, without
-    building a dict per row (only new and changed rows are read field by field).
+    building a dict per row (only new and changed rows are read field by field), and with
+    `memo`, without a SHA-256 for rows the previous document had.
 
     None when two rows share a key: `digest_rows` digests those together.
     """
     found = typed.rows
-    keys = list(map(bytes.decode, map(typed.key_json, found)))
-    if len(set(keys)) != len(keys):
-        return None
-    fps = [h[:16] for h in map(_hexdigest, map(hashlib.sha256, map(typed.content_json, found)))]
-    old = before or {}
+    contents = list(map(typed.content_json, found))
+    known = list(map(memo.seen.get, contents)) if memo is not None else [None] * len(found)
+    pairs = (
+        [k or _key_and_fingerprint(typed, r, c) for k, r, c in zip(known, found, contents, strict=True)]
+        if None in known
+        else cast(list[tuple[str, str]], known)
+    )
+    if memo is not None:
+        memo.seen = dict(zip(contents, pairs, strict=True))
+    stored: Mapping[str, tuple[str, Any]] = before.raw if type(before) is Stored else (before or {})
+    names = before.names if type(before) is Stored else ()
     out: RowDigests = {}
-    for key, fp, row in zip(keys, fps, found, strict=True):
-        stored = old.get(key)
-        out[key] = (fp, stored[1] if stored is not None and stored[0] == fp else _checksums(typed.as_dict(row)))
-    return out
+    for (key, fp), row in zip(pairs, found, strict=True):
+        was = stored.get(key)
+        if was is not None and was[0] == fp:
+            fields = was[1]  # as stored: packed checksums, or a mapping of them
+            out[key] = (fp, Packed(names, fields) if type(fields) is str else fields)
+        else:
+            out[key] = (fp, _checksums(typed.as_dict(row)))
+    return out if len(out) == len(found) else None
 
 
 def encode(digests: RowDigests) -> bytes | None:
     present: set[str] = set()
-    complete: set[tuple[str, ...]] = set()  # layouts of stored rows that have every field (no `-`)
+    complete: list[tuple[str, ...]] = []  # layouts of stored rows that have every field (no `-`): one, usually
     for _, fields in digests.values():
         if type(fields) is Packed and "-" not in fields.packed:
-            if fields.names not in complete:
-                complete.add(fields.names)
+            if fields.names not in complete:  # the rows of one stored state share one tuple: an identity check
+                complete.append(fields.names)
                 present.update(fields.names)
         else:
             present.update(fields)
@@ -162,21 +195,51 @@ def encode(digests: RowDigests) -> bytes | None:
     columns = tuple(names)
 
     def pack(fields: Mapping[str, str]) -> str:
-        if type(fields) is Packed and fields.names == columns:
-            return fields.packed  # read in this very layout: written back unchanged
         return "".join(fields.get(n, _MISSING_FIELD) for n in names)
 
-    stored = _Stored(names, {k: (fp, pack(fields)) for k, (fp, fields) in digests.items()})
+    packed = Packed
+    stored = _Stored(
+        names,
+        {
+            # read in this very layout: written back unchanged
+            k: (fp, f.packed if type(f) is packed and f.names == columns else pack(f))
+            for k, (fp, f) in digests.items()
+        },
+    )
     blob = msgspec.json.encode(stored)
     return blob if len(blob) <= MAX_STORED_BYTES else None
 
 
-def decode(blob: bytes | str | None) -> RowDigests | None:
+class Stored(Mapping[str, tuple[str, Mapping[str, str]]]):
+    """The stored row state as read: one C-level decode, no Python object per row.
+
+    A row reads as (fingerprint, its `Packed` checksums); `raw` holds them as stored
+    (fingerprint, packed checksums in the layout `names`), for the loops that only compare
+    fingerprints (`digest_typed`, `diff`).
+    """
+
+    __slots__ = ("names", "raw")
+
+    def __init__(self, names: tuple[str, ...], raw: dict[str, tuple[str, str]]):
+        self.names = names
+        self.raw = raw
+
+    def __getitem__(self, key: str) -> tuple[str, Mapping[str, str]]:
+        fp, packed = self.raw[key]
+        return fp, Packed(self.names, packed)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+
+def decode(blob: bytes | str | None) -> Stored | None:
     if not blob:
         return None
     stored = _decode_blob(blob)
-    names = tuple(stored.fields)
-    return {key: (fp, Packed(names, packed)) for key, (fp, packed) in stored.rows.items()}
+    return Stored(tuple(stored.fields), stored.rows)
 
 
 @dataclass
@@ -207,15 +270,16 @@ class RowDiff:
         return out
 
 
-def diff(old: RowDigests, new: RowDigests) -> RowDiff:
+def diff(old: Before, new: RowDigests) -> RowDiff:
     d = RowDiff(total=len(new))
+    fingerprints = old.raw if type(old) is Stored else old  # read the stored rows only where they changed
     for key, (fp, fields) in new.items():
-        before = old.get(key)
+        before = fingerprints.get(key)
         if before is None:
             d.added.append(key)
         elif before[0] != fp:
             d.changed.append(key)
-            old_fields = before[1]
+            old_fields = old[key][1]
             d.fields[key] = sorted({f for f in fields.keys() | old_fields.keys() if fields.get(f) != old_fields.get(f)})
-    d.removed = [k for k in old if k not in new]
+    d.removed = [k for k in fingerprints if k not in new]
     return d

@@ -51,7 +51,7 @@ def route(**extra: Any) -> Route:
 ROUTES = st.sampled_from([route(), route(include=["id", "a", "b"]), route(exclude=["c"])])
 
 
-def stored(r: Route, report: list[Any]) -> rows.RowDigests | None:
+def stored(r: Route, report: list[Any]) -> rows.Stored | None:
     return rows.decode(rows.encode(rows.digest_rows(r, report)))
 
 
@@ -85,7 +85,9 @@ def test_an_unchanged_row_keeps_its_stored_checksums_unread() -> None:
     before = stored(r, [{"id": 1, "a": 1}, {"id": 2, "a": 2}])
     assert before is not None
     after = rows.digest_rows(r, [{"id": 1, "a": 1}, {"id": 2, "a": 3}], before)
-    assert after["[1]"][1] is before["[1]"][1], "an unchanged row is not digested field by field again"
+    kept = after["[1]"][1]
+    assert isinstance(kept, rows.Packed), "an unchanged row is not digested field by field again"
+    assert kept.packed is before.raw["[1]"][1], "its checksums are the stored ones, as read"
     assert dict(after["[2]"][1]) != dict(before["[2]"][1])
 
 
@@ -166,3 +168,48 @@ def test_a_partial_payload_cut_from_raw_rows_is_byte_identical(
         return
     diff = rows.diff(before, digests)
     assert partial(fast, data, diff) == partial(generic, data, diff)
+
+
+@settings(max_examples=300, deadline=None)
+@given(FAST_ROUTES, REPORTS, REPORTS)
+def test_a_partial_payload_cut_by_the_digests_keys_is_byte_identical(r: Route, old: list[Any], new: list[Any]) -> None:
+    fast, generic = rules_pair(r)
+    document = {"meta": {"z": 1.50}, "k": 1, "rows": new, "tail": None}
+    data = json.dumps(document).encode()
+    before = rows.decode(rows.encode(generic.row_digests(json.dumps({"k": 1, "rows": old}).encode()) or {}))
+    typed = fast.typed_rows(data)
+    digests = fast.row_digests(data, before, typed)
+    if before is None or digests is None or typed is None:
+        return
+    keys = list(digests) if len(digests) == len(typed.rows) else None  # as `judge` passes them
+    diff = rows.diff(before, digests)
+    assert partial(fast, data, diff, typed, keys) == partial(generic, data, diff)
+
+
+@settings(max_examples=300, deadline=None)
+@given(FAST_ROUTES, REPORTS, REPORTS)
+def test_digests_through_the_memo_of_another_document_equal_digests_without_it(
+    r: Route, one: list[Any], other: list[Any]
+) -> None:
+    fast, generic = rules_pair(r)
+    data, other_data = (json.dumps({"k": 1, "rows": report}).encode() for report in (one, other))
+    fast.row_digests(data)  # the memo now holds the first document's rows
+    assert fast.row_digests(other_data) == generic.row_digests(other_data)
+    assert fast.row_digests(other_data) == generic.row_digests(other_data), "and through its own rows"
+
+
+def test_a_row_the_previous_document_had_is_not_hashed_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    fast, _ = rules_pair(route(include=["id", "a"]))
+    fast.row_digests(json.dumps({"k": 1, "rows": [{"id": 1, "a": 1}, {"id": 2, "a": 2}]}).encode())
+    hashed: list[bytes] = []
+    real = rows._key_and_fingerprint
+    monkeypatch.setattr(rows, "_key_and_fingerprint", lambda t, r, c: hashed.append(c) or real(t, r, c))
+    fast.row_digests(json.dumps({"k": 2, "rows": [{"id": 1, "a": 1}, {"id": 2, "a": 3}]}).encode())
+    assert hashed == [b'{"a":3,"id":2}']
+
+
+def test_the_memo_keeps_only_the_last_documents_rows() -> None:
+    fast, _ = rules_pair(route(include=["id", "a"]))
+    fast.row_digests(json.dumps({"k": 1, "rows": [{"id": 1, "a": 1}, {"id": 2, "a": 2}]}).encode())
+    fast.row_digests(json.dumps({"k": 1, "rows": [{"id": 3, "a": 3}]}).encode())
+    assert list(fast.row_memo.seen) == [b'{"a":3,"id":3}']
