@@ -138,6 +138,7 @@ def serve_theirs(argv: list[str]) -> int:
     p.add_argument("--topic", required=True, help="destination topic id")
     p.add_argument("--kind", required=True, help="Datastore kind: one per run, so state starts empty")
     p.add_argument("--bare", action="store_true", help="no guard, no publish: parse the envelope and ack")
+    p.add_argument("--window", type=float, required=True, help="the publisher's batch window, ms")
     args = p.parse_args(argv)
 
     import uvicorn
@@ -154,8 +155,8 @@ def serve_theirs(argv: list[str]) -> int:
 
     backend = DatastoreLock(project=args.project, kind=args.kind)
     publisher = pubsub_v1.PublisherClient(
-        # the product publisher's settings: latency-tuned batches of up to 100, 10 ms window
-        batch_settings=pubsub_v1.types.BatchSettings(max_messages=100, max_latency=0.01),
+        # the product publisher's settings: latency-tuned batches of up to 100, the same window
+        batch_settings=pubsub_v1.types.BatchSettings(max_messages=100, max_latency=args.window / 1000),
     )
     topic = publisher.topic_path(args.project, args.topic)
     outcomes: dict[str, list[Any]] = {}  # message id → [last outcome, time it was acked, ms in the guard]
@@ -269,11 +270,14 @@ def cpu_seconds(pid: int | None) -> float:
 class TheirServer:
     """`bench/e2e.py serve-theirs` as a subprocess on a free port."""
 
-    def __init__(self, work: Path, env: dict[str, str], project: str, topic: str, kind: str, bare: bool = False):
+    def __init__(
+        self, work: Path, env: dict[str, str], project: str, topic: str, kind: str, window: float, bare: bool = False
+    ):
         self.port = free_port()
         self.log_path = work / f"theirs-{kind}.log"
         cmd = [sys.executable, str(Path(__file__).resolve()), "serve-theirs", "--port", str(self.port)]
-        cmd += ["--project", project, "--topic", topic, "--kind", kind, *(["--bare"] if bare else [])]
+        cmd += ["--project", project, "--topic", topic, "--kind", kind, "--window", str(window)]
+        cmd += ["--bare"] if bare else []
         with open(self.log_path, "ab") as log:
             self.proc: subprocess.Popen[bytes] | None = subprocess.Popen(
                 cmd,
@@ -422,6 +426,7 @@ class World:
                 "GOOGLE_CLOUD_PROJECT": self.pubsub.project,
             },
             name="ours",
+            command=[sys.executable, str(Path(__file__).resolve()), "serve-ours", str(self.args.window)],
         )
         proc.start(deadline=60)
 
@@ -450,6 +455,7 @@ class World:
             self.pubsub.project,
             dest,
             kind=tag.replace("-", "_"),
+            window=self.args.window,
             bare=bare,
         )
         try:
@@ -682,10 +688,22 @@ def _interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def serve_ours(window_ms: str, argv: list[str]) -> int:
+    """`pubsub-filter` with the publisher's batch window set to `window_ms`: a what-if, never a product mode."""
+    import filter.backends.publishers.pubsub
+
+    filter.backends.publishers.pubsub.MAX_LATENCY = float(window_ms) / 1000
+    from filter.cli import main as filter_main
+
+    return filter_main(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["serve-theirs"]:
         return serve_theirs(argv[1:])
+    if argv[:1] == ["serve-ours"]:
+        return serve_ours(argv[1], argv[2:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=1000)
     ap.add_argument("--keys", type=int, default=50)
@@ -711,9 +729,18 @@ def main(argv: list[str] | None = None) -> int:
         default="firestore",
         help="our state store: the Firestore emulator (production's backend) or the embedded SQLite file",
     )
+    ap.add_argument(
+        "--window",
+        type=float,
+        help="the publishers' batch window in ms, ours and theirs alike (default: the product's MAX_LATENCY)",
+    )
     ap.add_argument("--json", action="store_true", help="print the full summary as JSON too")
     ap.add_argument("--keep", type=Path, help="write logs, configs and records here (kept) instead of a temp dir")
     args = ap.parse_args(argv)
+    if args.window is None:
+        from filter.backends.publishers.pubsub import MAX_LATENCY
+
+        args.window = MAX_LATENCY * 1000
     if not 0 <= args.unchanged < 1:
         ap.error("--unchanged must be in [0, 1)")
     if args.rows < 2:
@@ -739,7 +766,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{m['cpu']}, {m['nproc']} cores, Python {m['python']}, {dt.date.today().isoformat()}\n"
         f"{args.messages} messages over {args.keys} keys, {expected} new or changed "
         f"({pct(expected, args.messages)}), {args.rows} players per report (~{size / 1024:.0f} KiB); "
-        f"{args.rounds} rounds, push subscriptions {'with' if args.ordered else 'without'} message ordering",
+        f"{args.rounds} rounds, push subscriptions {'with' if args.ordered else 'without'} message ordering, "
+        f"publisher batch window {args.window:g} ms, load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     with contextlib.ExitStack() as stack:

@@ -42,7 +42,7 @@ import filter  # from PYTHONPATH first: the tree being measured
 assert os.path.dirname(os.path.dirname(filter.__file__)) == os.environ["PYTHONPATH"], filter.__file__
 sys.path.append(sys.argv[4])
 sys.path.append(os.path.join(sys.argv[4], "bench"))
-from filter import logsetup
+from filter.observability import logsetup
 from filter.core.envelope import make_envelope
 from tests.support.payloads import injury_report
 

@@ -58,11 +58,13 @@ class ServeProcess:
         env: Mapping[str, str] | None = None,
         port: int | None = None,
         name: str = "serve",
+        command: list[str] | None = None,
     ):
         self.config_path = Path(config_path)
         self.log_path = Path(log_path)
         self.port = port or free_port()
         self.name = name
+        self.command = command or [serve_executable()]  # what runs `serve ...` (a bench's what-if wrapper)
         self.extra_env = dict(env or {})
         self.proc: subprocess.Popen[bytes] | None = None
         self.returncode: int | None = None
@@ -77,7 +79,7 @@ class ServeProcess:
         env["PORT"] = str(self.port)
         env.setdefault("LOG_FORMAT", "json")
         env.setdefault("PYTHONUNBUFFERED", "1")
-        cmd = [serve_executable(), "serve", "--config", str(self.config_path), "--host", "127.0.0.1"]
+        cmd = [*self.command, "serve", "--config", str(self.config_path), "--host", "127.0.0.1"]
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 cmd,

@@ -1,0 +1,105 @@
+"""The inline recorder's one-row write: one statement, NULLs left out, the row stored exactly
+as the batched path stores it."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from filter.backends.records.sqlite import SqliteSink
+from filter.core.model import COLUMN_NAMES, Decision, DecisionRecord
+
+SUPPRESSED = DecisionRecord(
+    time=1_767_225_600.25,
+    route="injuries",
+    decision=Decision.SUPPRESSED,
+    enforced=True,
+    message_id="m1",
+    key="2026-01-01",
+    reason="unchanged",
+    fingerprint="sha256:aa",
+    message_fingerprint="sha256:bb",
+    previous_fingerprint="sha256:aa",
+    latency_ms=0.41,
+)
+
+_text = st.none() | st.text(max_size=8)
+_number = st.none() | st.integers(-(2**40), 2**40)
+_time = st.none() | st.floats(allow_nan=False, allow_infinity=False)
+_extra = st.dictionaries(st.text(max_size=5), st.none() | st.integers() | st.text(max_size=5), max_size=3)
+
+records = st.builds(
+    DecisionRecord,
+    time=st.floats(allow_nan=False, allow_infinity=False),
+    route=st.text(min_size=1, max_size=8),
+    decision=st.sampled_from(list(Decision)),
+    enforced=st.booleans(),
+    message_id=st.text(max_size=8),
+    key=_text,
+    reason=_text,
+    fingerprint=_text,
+    message_fingerprint=_text,
+    previous_fingerprint=_text,
+    destination=_text,
+    published_id=_text,
+    fence=_number,
+    publish_time=_time,
+    delivery_attempt=_number,
+    latency_ms=_time,
+    trace=_text,
+    extra=_extra,
+)
+
+
+def _stored(path: Path) -> list[tuple[object, ...]]:
+    """Every row with each value's storage class: an INTEGER 1 and a REAL 1.0 differ here."""
+    db = sqlite3.connect(path)
+    try:
+        columns = ", ".join(f"{c}, typeof({c})" for c in COLUMN_NAMES)
+        return db.execute(f"SELECT {columns} FROM decisions ORDER BY rowid").fetchall()
+    finally:
+        db.close()
+
+
+@pytest.fixture
+def sink(tmp_path: Path) -> Iterator[SqliteSink]:
+    sink = SqliteSink(tmp_path / "decisions.db")
+    yield sink
+    sink._db.close()
+
+
+def test_a_record_alone_is_written_in_one_statement(sink: SqliteSink) -> None:
+    statements: list[str] = []
+    sink._db.set_trace_callback(statements.append)
+    sink.insert([SUPPRESSED])
+    assert len(statements) == 1 and statements[0].startswith("INSERT INTO decisions")
+
+
+def test_a_record_alone_binds_no_null(sink: SqliteSink) -> None:
+    statements: list[str] = []
+    sink._db.set_trace_callback(statements.append)  # the statement with its values filled in
+    sink.insert([SUPPRESSED])
+    (insert,) = (s for s in statements if s.startswith("INSERT"))
+    assert "NULL" not in insert and "destination" not in insert
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(records, min_size=1, max_size=12))
+def test_records_written_one_at_a_time_are_stored_as_a_batch_stores_them(
+    tmp_path_factory: pytest.TempPathFactory, rows: list[DecisionRecord]
+) -> None:
+    where = tmp_path_factory.mktemp("records")
+    alone, batch = SqliteSink(where / "alone.db"), SqliteSink(where / "batch.db")
+    try:
+        for r in rows:
+            alone.insert([r])
+        batch.insert(rows + rows[:1])  # two rows at least: the batched path
+    finally:
+        alone._db.close()
+        batch._db.close()
+    assert _stored(where / "alone.db") == _stored(where / "batch.db")[: len(rows)]
