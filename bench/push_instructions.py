@@ -26,13 +26,11 @@ after in one run. Needs valgrind (Debian's package).
 from __future__ import annotations
 
 import argparse
-import os
-import re
 import shutil
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
+
+import callgrind  # bench/callgrind.py: this script's directory is on sys.path
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,33 +97,9 @@ asyncio.run(main())
 
 
 def instructions(app: str, requests: int, tree: Path) -> int:
-    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(tree)}
     with tempfile.TemporaryDirectory() as tmp:
-        proc = subprocess.run(
-            [
-                "valgrind",
-                "--tool=callgrind",
-                "--callgrind-out-file=/dev/null",
-                sys.executable,
-                "-c",
-                CHILD,
-                app,
-                str(requests),
-                tmp,
-                str(ROOT),
-            ],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=tmp,  # not ROOT: `python -c` puts the working directory first on sys.path
-            check=False,
-        )
-    if proc.returncode != 0:
-        raise SystemExit(f"{app} ({tree}) failed:\n{proc.stderr[-3000:]}")
-    m = re.search(r"Collected : (\d+)", proc.stderr)
-    if m is None:
-        raise SystemExit(f"no instruction count from callgrind:\n{proc.stderr[-2000:]}")
-    return int(m.group(1))
+        # cwd not ROOT: `python -c` puts the working directory first on sys.path
+        return callgrind.instructions(CHILD, [app, str(requests), tmp, str(ROOT)], tree, cwd=tmp)
 
 
 def per_request(app: str, requests: int, tree: Path) -> float:

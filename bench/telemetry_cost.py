@@ -50,6 +50,8 @@ import threading
 import time
 from pathlib import Path
 
+import callgrind  # bench/callgrind.py: this script's directory is on sys.path
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
@@ -99,29 +101,7 @@ asyncio.run(main())
 
 
 def instructions(mode: str, messages: int, path: str) -> int:
-    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [
-            "valgrind",
-            "--tool=callgrind",
-            "--callgrind-out-file=/dev/null",
-            sys.executable,
-            "-c",
-            CHILD,
-            mode,
-            str(messages),
-            str(ROOT),
-            path,
-        ],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=True,
-    )
-    m = re.search(r"Collected : (\d+)", proc.stderr)
-    if m is None:
-        raise SystemExit(f"no instruction count from callgrind:\n{proc.stderr[-2000:]}")
-    return int(m.group(1))
+    return callgrind.instructions(CHILD, [mode, str(messages), str(ROOT), path], ROOT)
 
 
 def per_decision(mode: str, messages: int, path: str) -> float:

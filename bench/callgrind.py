@@ -1,0 +1,29 @@
+"""Instructions a Python snippet executes, counted by callgrind: a measure that does not move
+with the load on a shared machine (ratios of these are what the benches report)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+
+def instructions(code: str, args: list[str], pythonpath: Path | str, cwd: Path | str | None = None) -> int:
+    """Run `python -c code *args` under callgrind (hash seed fixed) and return the instruction count."""
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(pythonpath)}
+    proc = subprocess.run(
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", code, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=cwd,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise SystemExit(f"{args[:1]} ({pythonpath}) failed under callgrind:\n{proc.stderr[-3000:]}")
+    m = re.search(r"Collected : (\d+)", proc.stderr)
+    if m is None:
+        raise SystemExit(f"no instruction count from callgrind:\n{proc.stderr[-2000:]}")
+    return int(m.group(1))
