@@ -19,16 +19,15 @@ def project_of(cfg: Config, specific: str | None = None) -> str | None:
 
 def make_store(cfg: Config) -> StateStore:
     s = cfg.store
+    store: StateStore
     if s.backend == "sqlite":
         from filter.backends.stores.sqlite import PURGE_EVERY, SqliteStore
 
-        return GuardedStore(SqliteStore(s.path, purge_every=PURGE_EVERY), cfg.store_errors, inline=True)
+        store = SqliteStore(s.path, purge_every=PURGE_EVERY)  # never suspends: the guard sets no timeout
     else:
         from filter.backends.stores.firestore import FirestoreStore
 
-        store: StateStore = FirestoreStore(
-            project=project_of(cfg, s.project), database=s.database, collection=s.collection
-        )
+        store = FirestoreStore(project=project_of(cfg, s.project), database=s.database, collection=s.collection)
     return GuardedStore(store, cfg.store_errors)
 
 
