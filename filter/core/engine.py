@@ -45,6 +45,7 @@ from filter.core.ports import (
 )
 from filter.core.routes import RouteRules
 from filter.core.transitions import claimed, forwarded
+from filter.core.unsettled import FailedOpen
 
 log = structlog.get_logger("pubsub_filter.engine")
 
@@ -111,6 +112,7 @@ class Engine:
         self.rules = {r.name: RouteRules(r) for r in config.routes}
         self.random = random.Random()
         self.in_flight = 0
+        self.failed_open = FailedOpen()  # keys whose destination a fail-open forward of ours moved
         self.telemetry = telemetry or UNOBSERVED  # telemetry: metrics and the decision's span
 
     async def close(self, deadline: float | None = None) -> None:
@@ -202,7 +204,7 @@ class Engine:
         d = Delivery(route, msg, key, fp, rec, act)
         # 2. look
         try:
-            state = await self.store.read(route.name, key)
+            state = self.failed_open.view(route.name, key, await self.store.read(route.name, key))
         except StoreUnavailable as exc:
             return await self._store_down(d, exc)
         for _ in range(CLAIM_ATTEMPTS):
@@ -224,7 +226,8 @@ class Engine:
             except StoreUnavailable as exc:
                 return await self._store_down(d, exc)
             if isinstance(claim, Beaten):
-                state = claim.current  # someone wrote first: decide again on what they wrote, no second read
+                # someone wrote first: decide again on what they wrote, no second read
+                state = self.failed_open.view(route.name, key, claim.current)
                 continue
             return await self._publish_and_commit(d, decided, claim.held)
         rec.decision = Decision.CONTENDED
@@ -249,6 +252,7 @@ class Engine:
                 return Beaten(current)
             held = current
         d.rec.fence = lease.fence
+        self.failed_open.claimed(route, key)
         if state is not None and state.lease is not None and not state.lease.live(now):
             self.telemetry.lease_taken_over(route)  # telemetry
             log.warning(
@@ -341,7 +345,10 @@ class Engine:
             rec.decision = Decision.FAILED
             rec.extra["cause"] = "store"
             return rec
-        return await self._forward_unleased(d, Decision.FAIL_OPEN)
+        rec = await self._forward_unleased(d, Decision.FAIL_OPEN)
+        if rec.decision is Decision.FAIL_OPEN:
+            self.failed_open.remember(route.name, d.key, d.fp, self.clock.now())
+        return rec
 
     def _retention(self, route: Route) -> float:
         return max(self.config.state_ttl, route.window or 0.0)

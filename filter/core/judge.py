@@ -25,6 +25,9 @@ from filter.core.model import Decision, KeyState, Message
 from filter.core.partial import partial
 from filter.core.routes import RouteRules
 
+#: The reason a forward gives when a forward of other content may have landed unrecorded.
+UNKNOWN_DOWNSTREAM = "what the destination holds is unknown: a forward may have landed unrecorded"
+
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
@@ -101,10 +104,12 @@ def judge(
             return Verdict(Decision.SUPPRESSED, "unchanged since last forward")
         if not _older(msg, state):
             return Verdict(Decision.FORWARDED, "unchanged, but the window expired")
-    elif state.fingerprint is None:
+    elif state.fingerprint is None and not state.unsettled:
         return Verdict(Decision.FORWARDED, "new key")
     if _older(msg, state) and route.stale == "suppress":
         return Verdict(Decision.STALE, "published before the last forwarded message")
+    if state.unsettled:
+        return Verdict(Decision.FORWARDED, UNKNOWN_DOWNSTREAM)
     return Verdict(Decision.FORWARDED, "content changed")
 
 

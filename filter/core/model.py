@@ -95,6 +95,15 @@ class KeyState:
     def with_lease(self, lease: Lease | None) -> KeyState:
         return replace(self, lease=lease, fence=lease.fence if lease else self.fence)
 
+    @property
+    def unsettled(self) -> bool:
+        """A forward happened, but what the destination holds is unknown (see `transitions.claimed`)."""
+        return self.fingerprint is None and self.forwarded_at is not None
+
+    def unknown_downstream(self) -> KeyState:
+        """This state, with what the destination holds marked as unknown."""
+        return replace(self, fingerprint=None)
+
     def expired(self, now: float) -> bool:
         """Past `expires_at`: the state a TTL would have deleted (Firestore's TTL deletes a day or more late)."""
         return self.expires_at is not None and self.expires_at <= now

@@ -155,10 +155,25 @@ class Sent:
 
 
 class ReferenceModel:
-    """The README's decision table over (route, key) → MKey."""
+    """The README's decision table over (route, key) → MKey.
+
+    `MKey.content` None with a forward on record means what the destination holds is
+    unknown. Each engine remembers the keys it forwarded fail-open (`failed_open`) and
+    decides them as unknown until a claim of its own on the key lands.
+    """
 
     def __init__(self) -> None:
         self.keys: dict[tuple[str, str], MKey] = {}
+        self.failed_open: dict[int, dict[tuple[str, str], int]] = {0: {}, 1: {}}
+
+    def fail_open(self, engine: int, route: str, key: str, content: int) -> None:
+        self.failed_open[engine][(route, key)] = content
+
+    def content(self, engine: int, route: str, key: str, now: float) -> int | None:
+        """The stored content as `engine` decides on it: None after its fail-open of other content."""
+        k = self.state(route, key, now)
+        sent = self.failed_open[engine].get((route, key))
+        return None if sent is not None and k.content is not None and sent != k.content else k.content
 
     def state(self, route: str, key: str, now: float) -> MKey:
         k = self.keys.get((route, key))
@@ -168,7 +183,8 @@ class ReferenceModel:
             k = self.keys[(route, key)] = MKey(fence=k.fence, lease=k.lease, renumbered=True)
         return k
 
-    def judge(self, route: str, m: Sent, now: float) -> Decision:
+    def judge(self, route: str, m: Sent, now: float, engine: int) -> Decision:
+        content = self.content(engine, route, m.key, now)
         k = self.state(route, m.key, now)
         if m.id in k.recent:
             return Decision.DUPLICATE
@@ -178,15 +194,15 @@ class ReferenceModel:
             return Decision.DUPLICATE if k.lease.content == m.content else Decision.CONTENDED
         if route == "bypass" and m.content == 2:
             return Decision.FORWARDED
-        if k.content is None:
+        if content is None and k.forwarded_at is None:
             return Decision.FORWARDED
         older = k.publish_time is not None and m.publish_time < k.publish_time
         # A holder whose lease lapsed may have published its content: the destination may not
         # hold what the state says, so equal content is no reason to suppress.
-        dead_other = k.lease is not None and k.lease.content != k.content
-        if dead_other and m.content == k.content:
+        dead_other = k.lease is not None and k.lease.content != content
+        if dead_other and m.content == content:
             return Decision.FORWARDED
-        if m.content == k.content:
+        if m.content == content:
             if route != "enforce" or k.forwarded_at is None or now - k.forwarded_at < WINDOW:
                 return Decision.SUPPRESSED
             if not older:
@@ -195,8 +211,12 @@ class ReferenceModel:
             return Decision.STALE
         return Decision.FORWARDED
 
-    def claim(self, route: str, m: Sent, now: float) -> int:
+    def claim(self, route: str, m: Sent, now: float, engine: int) -> int:
+        content = self.content(engine, route, m.key, now)
         k = self.state(route, m.key, now)
+        # Taking over a lease of other content (or after our fail-open): downstream is unknown.
+        k.content = None if k.lease is not None and k.lease.content != content else content
+        self.failed_open[engine].pop((route, m.key), None)
         k.fence += 1
         k.lease = MLease(k.fence, m.content, m.id, now + LEASE)
         k.expires_at = max(k.expires_at or 0.0, now + TTL)
@@ -304,7 +324,10 @@ class EngineMachine(RuleBasedStateMachine):
         self.sent: list[Sent] = []
         self.in_flight: list[InFlight] = []
         self.exempt: set[str] = set()  # ids the README allows to be published once more
-        self.failed_open: set[tuple[str, str]] = set()  # keys whose destination a fail-open may have moved
+        # Keys one engine decided while the other remembered a fail-open on them (only the engine
+        # that forwarded fail-open knows the destination moved), or where an older message failed
+        # open after a newer one (README: fail-open).
+        self.failed_open: set[tuple[str, str]] = set()
         # Keys where a message was acked while an older one was not: Pub/Sub with message ordering
         # never does that, and without it the newest content need not win (README: ordering).
         self.out_of_order: set[tuple[str, str]] = set()
@@ -339,7 +362,7 @@ class EngineMachine(RuleBasedStateMachine):
     def _publishes(self, mid: str) -> int:
         return sum(1 for _, source, _ in self.publisher.published if source == mid)
 
-    def _expect(self, sent: Sent) -> tuple[Decision, int | None]:
+    def _expect(self, sent: Sent, engine: int) -> tuple[Decision, int | None]:
         """The model's decision for a delivery that runs to its end now, applied to the model."""
         now = self.clock.now()
         route = sent.route
@@ -348,13 +371,14 @@ class EngineMachine(RuleBasedStateMachine):
                 return Decision.FAILED, None
             if self.publisher.fail_next:
                 return Decision.FAILED, None
+            self.model.fail_open(engine, route, sent.key, sent.content)
             return Decision.FAIL_OPEN, None
-        verdict = self.model.judge(route, sent, now)
+        verdict = self.model.judge(route, sent, now, engine)
         if verdict is not Decision.FORWARDED:
             if route == "shadow" and self.publisher.fail_next:
                 return Decision.FAILED, None
             return verdict, None
-        fence = self.model.claim(route, sent, now)
+        fence = self.model.claim(route, sent, now, engine)
         if self.publisher.fail_next:
             self.model.release(route, sent, fence)
             return Decision.FAILED, fence
@@ -363,8 +387,10 @@ class EngineMachine(RuleBasedStateMachine):
 
     def _deliver(self, sent: Sent, engine: int) -> DecisionRecord:
         STEPS[self.backend] += 1
+        if (sent.route, sent.key) in self.model.failed_open[1 - engine]:
+            self.failed_open.add((sent.route, sent.key))
         before = len(self.publisher.published)
-        expected, fence = self._expect(sent)
+        expected, fence = self._expect(sent, engine)
         rec = self.run(self.engines[engine].handle(sent.route, self._message(sent)))
         published = len(self.publisher.published) - before
         assert rec.decision is expected, f"{sent}: engine {rec.decision} ({rec.reason}), model {expected}"
@@ -386,7 +412,10 @@ class EngineMachine(RuleBasedStateMachine):
             return
         if rec.decision is Decision.FAIL_OPEN:
             self.exempt.add(sent.id)
-            self.failed_open.add((sent.route, sent.key))
+            newer = (s for s in self.sent if s.route == sent.route and s.key == sent.key)
+            if any(s.publish_time > sent.publish_time for s in newer):
+                # No state, no stale check: an older message failed open after a newer one.
+                self.failed_open.add((sent.route, sent.key))
         if not rec.acked:
             assert published == 0, f"{sent}: {rec.decision}, not acked, yet published"
             return
@@ -483,12 +512,12 @@ class EngineMachine(RuleBasedStateMachine):
     def forward_held_in_flight(self, route: str, key: str, content: int, engine: int) -> None:
         STEPS[self.backend] += 1
         sent = self._new(route, key, content)
-        verdict = self.model.judge(route, sent, self.clock.now())
+        verdict = self.model.judge(route, sent, self.clock.now(), engine)
         if verdict is not Decision.FORWARDED or self.publisher.fail_next:
             self._deliver(sent, engine)  # not a forward that publishes: it ends now
             STEPS[self.backend] -= 1
             return
-        fence = self.model.claim(route, sent, self.clock.now())
+        fence = self.model.claim(route, sent, self.clock.now(), engine)
         self.publisher.hold.add(sent.id)
         self.publisher.reached.clear()
         task = self.loop.create_task(self.engines[engine].handle(route, self._message(sent)))

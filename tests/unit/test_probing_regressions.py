@@ -278,14 +278,84 @@ async def test_content_equal_to_a_live_lease_is_still_a_duplicate_not_a_forward(
     assert (await world.send("strict", {"game_date": "d", "v": "B"})).decision is Decision.DUPLICATE
 
 
-# --- found by the engine model test after issue 12 (open: see the closing note) ----------
+# --- content downstream the state does not record (found by the engine model test) -------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="open: a fail-open forward leaves the destination on content the state does not record; "
-    "the next message equal to the stored content is then suppressed",
-)
+async def _lapsed_forward_of_b_over_a(world: World) -> SwitchStore:
+    """A is committed; B's publish lands but its commit never reaches the store; B's lease lapses."""
+    store = SwitchStore(SqliteStore(world.tmp_path / "state.db"))
+    world.engine.store = store
+    await world.send("strict", {"game_date": "d", "v": "A"})
+    store.commit_fails = True
+    await world.send("strict", {"game_date": "d", "v": "B"})
+    store.commit_fails = False
+    world.clock.advance(world.config.lease.duration + 1)
+    return store
+
+
+def _published(world: World) -> list[str]:
+    return [json.loads(p.data)["v"] for p in world.publisher.published]
+
+
+async def test_a_failed_forward_over_a_lapsed_forward_of_other_content_keeps_the_next_message_forwarded(
+    world: World,
+) -> None:
+    # The forward of A that takes over B's lapsed lease fails and releases its own lease:
+    # before the fix that release erased the only trace of B, and A's redelivery was suppressed.
+    await _lapsed_forward_of_b_over_a(world)
+    world.publisher.fail_next = 1
+    assert (await world.send("strict", {"game_date": "d", "v": "A"}, message_id="a2")).decision is Decision.FAILED
+    again = await world.send("strict", {"game_date": "d", "v": "A"}, message_id="a2")
+    assert (again.decision, again.reason) == (
+        Decision.FORWARDED,
+        "what the destination holds is unknown: a forward may have landed unrecorded",
+    )
+    assert _published(world) == ["A", "B", "A"]
+
+
+class DiesBeforePublishing:
+    """A publisher whose process dies as it starts the publish: no release, no record."""
+
+    async def publish(self, destination: str, data: bytes, attributes: Any, ordering_key: str | None = None) -> str:
+        raise Killed
+
+    async def close(self) -> None:
+        pass
+
+
+class Killed(BaseException):
+    pass
+
+
+async def test_a_forward_that_dies_over_a_lapsed_forward_of_other_content_keeps_the_next_message_forwarded(
+    world: World,
+) -> None:
+    # Its own lease (content A, equal to the state) then lapses too: only the claim's
+    # "unknown downstream" remembers that B may be what the destination holds.
+    store = await _lapsed_forward_of_b_over_a(world)
+    dying = Engine(world.config, store, DiesBeforePublishing(), world.recorder, world.clock, "dying")  # type: ignore[arg-type]
+    with pytest.raises(Killed):
+        await dying.handle("strict", world.message({"game_date": "d", "v": "A"}, message_id="a2"))
+    world.clock.advance(world.config.lease.duration + 1)
+    again = await world.send("strict", {"game_date": "d", "v": "A"}, message_id="a2")
+    assert again.decision is Decision.FORWARDED
+    assert _published(world) == ["A", "B", "A"]
+
+
+async def test_an_older_message_on_unknown_downstream_content_is_still_stale(world: World) -> None:
+    store = SwitchStore(SqliteStore(world.tmp_path / "state.db"))
+    world.engine.store = store
+    await world.send("strict", {"game_date": "d", "v": "A"}, publish_time=100.0)
+    store.commit_fails = True
+    await world.send("strict", {"game_date": "d", "v": "B"}, publish_time=110.0)
+    store.commit_fails = False
+    world.clock.advance(world.config.lease.duration + 1)
+    world.publisher.fail_next = 1
+    await world.send("strict", {"game_date": "d", "v": "A"}, publish_time=120.0)
+    older = await world.send("strict", {"game_date": "d", "v": "C"}, publish_time=50.0)
+    assert older.decision is Decision.STALE
+
+
 async def test_content_equal_to_the_state_after_a_fail_open_forward_of_other_content_is_forwarded(
     world: World,
 ) -> None:
@@ -295,4 +365,46 @@ async def test_content_equal_to_the_state_after_a_fail_open_forward_of_other_con
     assert (await world.send("reports", report("in"))).decision is Decision.FAIL_OPEN  # downstream: "in"
     world.engine.store = store
     rec = await world.send("reports", report("out"))  # newer, and equal to what the state holds
-    assert rec.decision is Decision.FORWARDED  # else the destination stays on "in"
+    assert (rec.decision, rec.reason) == (
+        Decision.FORWARDED,
+        "what the destination holds is unknown: a forward may have landed unrecorded",
+    )
+
+
+async def test_after_the_forward_that_follows_a_fail_open_equal_content_is_suppressed_again(world: World) -> None:
+    store = world.engine.store
+    await world.send("reports", report("out"))
+    world.engine.store = DownStore()  # type: ignore[assignment]
+    await world.send("reports", report("in"))
+    world.engine.store = store
+    await world.send("reports", report("out"))
+    assert (await world.send("reports", report("out"))).decision is Decision.SUPPRESSED
+    assert len(world.engine.failed_open) == 0
+
+
+async def test_a_fail_open_forward_of_the_stored_content_changes_nothing(world: World) -> None:
+    store = world.engine.store
+    await world.send("reports", report("out"))
+    world.engine.store = DownStore()  # type: ignore[assignment]
+    await world.send("reports", report("out"))
+    world.engine.store = store
+    assert (await world.send("reports", report("out"))).decision is Decision.SUPPRESSED
+
+
+async def test_a_fail_open_forward_that_failed_to_publish_is_not_remembered(world: World) -> None:
+    store = world.engine.store
+    await world.send("reports", report("out"))
+    world.engine.store = DownStore()  # type: ignore[assignment]
+    world.publisher.fail_next = 1
+    assert (await world.send("reports", report("in"))).decision is Decision.FAILED
+    world.engine.store = store
+    assert (await world.send("reports", report("out"))).decision is Decision.SUPPRESSED
+
+
+async def test_another_instance_does_not_know_of_a_fail_open_forward(world: World) -> None:
+    # README "Fail-open": the memory is the failing-open instance's own.
+    await world.send("reports", report("out"))
+    world.engine.store = DownStore()  # type: ignore[assignment]
+    await world.send("reports", report("in"))
+    other = world.make_engine("two")
+    assert (await world.send("reports", report("out"), engine=other)).decision is Decision.SUPPRESSED

@@ -1,0 +1,64 @@
+"""Keys this instance forwarded fail-open: the destination may hold content the state does not record.
+
+A fail-open forward publishes while the store is down, so it takes no lease and commits
+nothing: the state keeps the content before it. A later message equal to that stored content
+would then be suppressed, and the destination would stay on the fail-open content. So until a
+claim of ours on the key lands (the claim writes the content downstream as unknown:
+`transitions.claimed`), this instance decides the key as if what the destination holds were
+unknown, and forwards its next message.
+
+This is one process's memory: another instance, or this one after a restart, does not know
+(README: "Fail-open"). It is bounded: past `limit` keys the oldest entry is dropped, and its
+route then treats every key whose last forward is no newer than that fail-open as unknown, so
+a flood of keys costs extra forwards, never a lost change.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import structlog
+
+from filter.core.model import KeyState
+
+log = structlog.get_logger("pubsub_filter.engine")
+
+#: Keys remembered at most: one long outage on a wide key space should not grow without bound.
+LIMIT = 100_000
+
+
+class FailedOpen:
+    def __init__(self, limit: int = LIMIT) -> None:
+        self.limit = limit
+        self._keys: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
+        self._horizon: dict[str, float] = {}  # route -> the newest fail-open dropped from memory
+
+    def __len__(self) -> int:
+        return len(self._keys)
+
+    def remember(self, route: str, key: str, fingerprint: str, now: float) -> None:
+        """A fail-open forward of content `fingerprint` went out for (route, key) at `now`."""
+        self._keys[(route, key)] = (fingerprint, now)
+        self._keys.move_to_end((route, key))
+        if len(self._keys) > self.limit:
+            (old_route, old_key), (_, at) = self._keys.popitem(last=False)
+            if at > self._horizon.get(old_route, float("-inf")):
+                self._horizon[old_route] = at
+            log.warning("fail_open_memory_full", route=old_route, key=old_key, limit=self.limit)
+
+    def view(self, route: str, key: str, state: KeyState | None) -> KeyState | None:
+        """`state` as this instance must decide on it: unknown downstream after a fail-open of other content."""
+        if state is None or state.fingerprint is None or not (self._keys or self._horizon):
+            return state
+        sent = self._keys.get((route, key))
+        if sent is not None:
+            return state if sent[0] == state.fingerprint else state.unknown_downstream()
+        horizon = self._horizon.get(route)
+        if horizon is not None and state.forwarded_at is not None and state.forwarded_at <= horizon:
+            return state.unknown_downstream()
+        return state
+
+    def claimed(self, route: str, key: str) -> None:
+        """A claim of ours on the key landed: the store now carries what this memory held."""
+        if self._keys:
+            self._keys.pop((route, key), None)

@@ -1,0 +1,64 @@
+"""The fail-open memory (`filter.core.unsettled.FailedOpen`): which states one instance decides as unknown."""
+
+from __future__ import annotations
+
+from filter.core.model import KeyState
+from filter.core.unsettled import FailedOpen
+
+
+def stored(fingerprint: str | None = "A", forwarded_at: float | None = 10.0) -> KeyState:
+    return KeyState(fingerprint=fingerprint, forwarded_at=forwarded_at, fence=3, version=7)
+
+
+def test_a_key_forwarded_fail_open_with_other_content_is_decided_as_unknown() -> None:
+    memory = FailedOpen()
+    memory.remember("r", "k", "C", now=20.0)
+    seen = memory.view("r", "k", stored("A"))
+    assert seen is not None and seen.unsettled and seen.fingerprint is None
+
+
+def test_the_unknown_view_keeps_the_version_so_the_claim_still_compares_and_sets() -> None:
+    memory = FailedOpen()
+    memory.remember("r", "k", "C", now=20.0)
+    seen = memory.view("r", "k", stored("A"))
+    assert seen is not None and seen.version == 7 and seen.fence == 3
+
+
+def test_a_fail_open_of_the_stored_content_leaves_the_state_as_it_is() -> None:
+    memory = FailedOpen()
+    memory.remember("r", "k", "A", now=20.0)
+    assert memory.view("r", "k", stored("A")) == stored("A")
+
+
+def test_other_keys_and_other_routes_are_not_affected() -> None:
+    memory = FailedOpen()
+    memory.remember("r", "k", "C", now=20.0)
+    assert memory.view("r", "other", stored("A")) == stored("A")
+    assert memory.view("s", "k", stored("A")) == stored("A")
+
+
+def test_a_claim_that_landed_ends_the_memory_of_the_key() -> None:
+    memory = FailedOpen()
+    memory.remember("r", "k", "C", now=20.0)
+    memory.claimed("r", "k")
+    assert memory.view("r", "k", stored("A")) == stored("A") and len(memory) == 0
+
+
+def test_past_its_limit_the_oldest_key_is_dropped_and_its_route_decides_older_forwards_as_unknown() -> None:
+    memory = FailedOpen(limit=2)
+    memory.remember("r", "k1", "C", now=20.0)
+    memory.remember("r", "k2", "C", now=21.0)
+    memory.remember("r", "k3", "C", now=22.0)
+    assert len(memory) == 2
+    # k1 is forgotten, so every key on route r last forwarded at or before 20.0 counts as unknown
+    forgotten = memory.view("r", "k1", stored("A", forwarded_at=19.0))
+    assert forgotten is not None and forgotten.unsettled
+    later = stored("A", forwarded_at=20.5)
+    assert memory.view("r", "k1", later) == later
+    assert memory.view("s", "k1", stored("A", forwarded_at=19.0)) == stored("A", forwarded_at=19.0)
+
+
+def test_no_state_is_a_new_key_whatever_was_forwarded_fail_open() -> None:
+    memory = FailedOpen()
+    memory.remember("r", "k", "C", now=20.0)
+    assert memory.view("r", "k", None) is None
