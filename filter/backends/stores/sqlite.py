@@ -109,7 +109,11 @@ _PUT_ROWS = (
     "INSERT INTO key_rows (route, key, rows) VALUES (?, ?, ?) "
     "ON CONFLICT (route, key) DO UPDATE SET rows = excluded.rows"
 )
-_DROP_ROWS = "DELETE FROM key_rows WHERE route = ? AND key = ?"
+# No row state: the old column set to NULL fires `key_rows_yield_to_column`, which deletes the stored
+# rows in the same statement. Always written, never skipped as "unchanged": a claim's `seen` may be
+# expired state the decision forgot (`KeyState.forgotten`: no rows), not what is stored.
+_CLAIM_NO_ROWS = _CLAIM.replace(" WHERE", ", rows = NULL WHERE", 1)
+_COMMIT_NO_ROWS = _COMMIT.replace(" WHERE", ", rows = NULL WHERE", 1)
 
 
 # Straight into the tuple of pairs the state holds, in C (a list that is not of pairs is an error, as before).
@@ -202,25 +206,20 @@ class SqliteStore:
         except sqlite3.Error as exc:  # locked beyond busy_timeout, disk I/O, a corrupt file, ...
             raise StoreUnavailable(f"sqlite {self.path}: {exc}") from exc
 
-    def _write(
-        self, sql: str, params: tuple[Any, ...], route: str, key: str, rows: bytes | None, rows_change: bool
-    ) -> bool:
-        """One conditional write of the state record, and of the row state when it changes: whether it won.
+    def _write(self, sql: str, params: tuple[Any, ...], route: str, key: str, rows: bytes | None) -> bool:
+        """One conditional write of the state record and, given `rows`, of new row state: whether it won.
 
         The two writes are one transaction, so a crash between them, or a write that lost its
         condition, leaves neither behind.
         """
-        if not rows_change:
+        if rows is None:
             return self._exec(sql, params).rowcount == 1
         self._exec("BEGIN")
         try:
             won = self._exec(sql, params).rowcount == 1
             if won:
                 self._exec(_CLEAR_OLD_ROWS, (route, key))
-                if rows is None:
-                    self._exec(_DROP_ROWS, (route, key))
-                else:
-                    self._exec(_PUT_ROWS, (route, key, rows))
+                self._exec(_PUT_ROWS, (route, key, rows))
             self._exec("COMMIT" if won else "ROLLBACK")
         except BaseException:
             self._rollback()
@@ -246,20 +245,18 @@ class SqliteStore:
         self.ops["write"] += 1
         self.ops["claim"] += 1
         if seen is None:
-            won = self._write(_INSERT, (route, key, *_values(new)), route, key, new.rows, new.rows is not None)
+            won = self._write(_INSERT, (route, key, *_values(new)), route, key, new.rows)
             version = 1
         else:
             # A forward's claim carries the row state it read over (the engine's `claimed`): the
             # update is conditional on that read's version, so the stored rows are that very value.
-            same_rows = new.rows is seen.rows or new.rows == seen.rows
-            won = self._write(
-                _CLAIM,
-                (*_values(new), route, key, seen.version),
-                route,
-                key,
-                new.rows,
-                not same_rows,
-            )
+            params = (*_values(new), route, key, seen.version)
+            if new.rows is None:
+                won = self._write(_CLAIM_NO_ROWS, params, route, key, None)
+            elif new.rows is seen.rows or new.rows == seen.rows:
+                won = self._write(_CLAIM, params, route, key, None)
+            else:
+                won = self._write(_CLAIM, params, route, key, new.rows)
             version = seen.version + 1
         return replace(new, version=version) if won else None
 
@@ -283,9 +280,14 @@ class SqliteStore:
         self.ops["commit"] += 1
         # `held` is what is stored while its lease is (only its own extensions move the version), and
         # the update is conditional on that lease: rows equal to held's are the stored ones.
-        same_rows = new.rows is held.rows or new.rows == held.rows
         params = (*_values(new), route, key, held.lease.fence, held.lease.holder)
-        if self._write(_COMMIT, params, route, key, new.rows, not same_rows):
+        if new.rows is None:
+            won = self._write(_COMMIT_NO_ROWS, params, route, key, None)
+        elif new.rows is held.rows or new.rows == held.rows:
+            won = self._write(_COMMIT, params, route, key, None)
+        else:
+            won = self._write(_COMMIT, params, route, key, new.rows)
+        if won:
             return True
         current = self._get(route, key)
         return current is not None and current.holds_commit_of(new)
