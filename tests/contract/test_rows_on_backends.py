@@ -5,12 +5,14 @@ from __future__ import annotations
 import copy
 import json
 import random
+import time
 from typing import Any
 
 from filter.backends.stores.guard import GuardedStore
 from filter.core.config import Config, parse
 from filter.core.engine import Engine
 from filter.core.model import Decision, DecisionRecord, Message
+from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.payloads import injury_report, props_snapshot
 
@@ -57,9 +59,11 @@ CONFIG: Config = parse(
 
 
 class Rig:
-    def __init__(self, store: Any):
+    def __init__(self, store: Any, clock: ManualClock | None = None):
         self.publisher = MemoryPublisher()
-        self.engine = Engine(CONFIG, GuardedStore(store, CONFIG.store_errors), self.publisher, MemoryRecorder())
+        self.engine = Engine(
+            CONFIG, GuardedStore(store, CONFIG.store_errors), self.publisher, MemoryRecorder(), clock=clock
+        )
         self.n = 0
 
     async def send(self, route: str, payload: dict[str, Any]) -> DecisionRecord:
@@ -121,3 +125,21 @@ async def test_row_state_survives_a_failed_publish(store: Any) -> None:
     rig.publisher.fail = False
     rec = await rig.send("injury", changed)  # the redelivery
     assert rec.extra["rows_changed"] == 1 and len(rig.last_rows("players")) == 1
+
+
+async def test_row_state_of_expired_state_stays_forgotten_after_a_failed_publish(store: Any) -> None:
+    """Expired state decides nothing; a forward over it that fails (claim, then release) must not
+    leave the expired row state to be diffed against by the redelivery."""
+    clock = ManualClock(round(time.time(), 3))
+    rig = Rig(store, clock)
+    first = injury_report(450)
+    await rig.send("injury", first)
+    clock.advance(CONFIG.state_ttl + 60.0)
+    changed = copy.deepcopy(first)
+    changed["players"][7]["reason"] = "Sprained ankle"
+    rig.publisher.fail = True
+    assert (await rig.send("injury", changed)).decision is Decision.FAILED
+    rig.publisher.fail = False
+    rec = await rig.send("injury", changed)  # the redelivery: new content to a key that has no state
+    assert rec.decision is Decision.FORWARDED and "rows_changed" not in rec.extra
+    assert len(rig.last_rows("players")) == 450

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import time
+from dataclasses import replace
 from datetime import datetime
 from typing import Any
 
@@ -257,6 +258,61 @@ async def test_the_fence_only_ever_grows(store: Any) -> None:
     assert [f for i, f in enumerate(fences) if i % 3 == 0] == [1, 2, 3]  # each claim issued a new one
 
 
+# --- row state ----------------------------------------------------------------------
+
+ROWS = bytes(range(256)) * 216  # the size of 450 rows' state
+
+
+async def test_row_state_stays_through_a_claim_an_extension_and_a_release(store: Any) -> None:
+    t = now()
+    first = await store.claim(ROUTE, KEY, None, leased(None, "a", t))
+    assert await store.commit(ROUTE, KEY, first, replace(forwarded(first, t), rows=ROWS))
+    seen = await store.read(ROUTE, KEY)
+    held = await store.claim(ROUTE, KEY, seen, replace(leased(seen, "b", t, fp=FP2, mid="m2"), rows=seen.rows))
+    assert held is not None and (await store.read(ROUTE, KEY)).rows == ROWS
+    extended = await store.extend(ROUTE, KEY, held, t + 90.0)
+    assert extended is not None and (await store.read(ROUTE, KEY)).rows == ROWS
+    await store.release(ROUTE, KEY, extended)
+    assert (await store.read(ROUTE, KEY)).rows == ROWS
+
+
+async def test_a_commit_replaces_the_row_state_or_clears_it(store: Any) -> None:
+    t = now()
+    held = await store.claim(ROUTE, KEY, None, leased(None, "a", t))
+    assert await store.commit(ROUTE, KEY, held, replace(forwarded(held, t), rows=ROWS))
+    assert (await store.read(ROUTE, KEY)).rows == ROWS
+    seen = await store.read(ROUTE, KEY)
+    held = await store.claim(ROUTE, KEY, seen, replace(leased(seen, "b", t, fp=FP2, mid="m2"), rows=seen.rows))
+    assert await store.commit(ROUTE, KEY, held, replace(forwarded(held, t, fp=FP2, mid="m2"), rows=ROWS[::-1]))
+    assert (await store.read(ROUTE, KEY)).rows == ROWS[::-1]
+    seen = await store.read(ROUTE, KEY)
+    held = await store.claim(ROUTE, KEY, seen, replace(leased(seen, "c", t, fp=FP1, mid="m3"), rows=seen.rows))
+    assert await store.commit(ROUTE, KEY, held, forwarded(held, t, fp=FP1, mid="m3"))  # a route without row_key now
+    assert (await store.read(ROUTE, KEY)).rows is None
+
+
+async def test_a_refused_commit_leaves_its_row_state_out(store: Any) -> None:
+    t = now()
+    a, _ = await taken_over(store, t)
+    assert await store.commit(ROUTE, KEY, a, replace(forwarded(a, t), rows=ROWS)) is False
+    assert (await store.read(ROUTE, KEY)).rows is None
+
+
+async def test_a_claim_over_forgotten_state_leaves_nothing_of_it(store: Any) -> None:
+    """The engine claims expired state as the decision saw it (`KeyState.forgotten`): nothing of
+    the last forward may survive that claim, even if the publish then fails."""
+    t = now()
+    first = await store.claim(ROUTE, KEY, None, leased(None, "a", t))
+    done = replace(forwarded(first, t), rows=ROWS, full_fingerprint=FP2)
+    assert await store.commit(ROUTE, KEY, first, done)
+    forgotten = (await store.read(ROUTE, KEY)).forgotten()
+    held = await store.claim(ROUTE, KEY, forgotten, leased(forgotten, "b", t, fp=FP2, mid="m2"))
+    assert held is not None
+    await store.release(ROUTE, KEY, held)
+    stored = await store.read(ROUTE, KEY)
+    assert stored == replace(forgotten, lease=None, fence=held.fence, expires_at=held.expires_at)
+
+
 # --- races --------------------------------------------------------------------------
 
 
@@ -294,6 +350,44 @@ async def test_fifty_keys_with_eight_concurrent_claimers_each_have_fifty_winners
 
 
 # --- Firestore specifics ------------------------------------------------------------
+
+
+class FieldsWritten(FirestoreStore):
+    """The Firestore store, noting the fields each conditional update sends (the emulator does the rest)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.fields: list[tuple[str, set[str]]] = []
+
+    async def _update(self, kind: str, route: str, key: str, fields: dict[str, Any], version: Any) -> Any:
+        self.fields.append((kind, set(fields)))
+        return await super()._update(kind, route, key, fields, version)
+
+
+@pytest.mark.emulator
+async def test_firestore_writes_the_row_state_only_when_it_changes(firestore: FirestoreEmulator) -> None:
+    with firestore.env():
+        store = FieldsWritten(project=firestore.project, collection=COLLECTION)
+    try:
+        t = now()
+        first = await store.claim(ROUTE, KEY, None, leased(None, "a", t))
+        assert await store.commit(ROUTE, KEY, first, replace(forwarded(first, t), rows=ROWS))
+        seen = await store.read(ROUTE, KEY)
+        claim = replace(leased(seen, "b", t + 1.0, fp=FP2, mid="m2"), rows=seen.rows)
+        held = await store.claim(ROUTE, KEY, seen, claim)
+        held = await store.extend(ROUTE, KEY, held, t + 90.0)
+        await store.release(ROUTE, KEY, held)
+        seen = await store.read(ROUTE, KEY)
+        held = await store.claim(ROUTE, KEY, seen, replace(leased(seen, "c", t, fp=FP2, mid="m3"), rows=seen.rows))
+        assert await store.commit(ROUTE, KEY, held, replace(forwarded(held, t, fp=FP2, mid="m3"), rows=ROWS))
+        assert (await store.read(ROUTE, KEY)).rows == ROWS
+        with_rows = [kind for kind, fields in store.fields if "rows" in fields]
+        claimed = [fields for kind, fields in store.fields if kind == "claim"]
+    finally:
+        await store.close()
+    assert with_rows == ["commit"]  # the first one; the last carried the same rows over
+    # what the claim changed, and the blank full_fingerprint (blanks are always written)
+    assert claimed[0] == {"fence", "lease", TTL_FIELD, "full_fingerprint"}
 
 
 @pytest.mark.emulator

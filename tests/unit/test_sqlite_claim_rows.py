@@ -1,6 +1,6 @@
 """A claim on the embedded store leaves the row state as it was, and writes new row state when given.
 
-The claim skips the row-state column when the new state carries the row state it read
+The claim skips the row-state write when the new state carries the row state it read
 (a forward's usual claim: the blob can be ~54 KB). These pin that the stored value is
 the same either way.
 """

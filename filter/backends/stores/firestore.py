@@ -27,7 +27,7 @@ import contextlib
 import hashlib
 import os
 from collections import Counter
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -107,6 +107,38 @@ def to_document(route: str, key: str, s: KeyState) -> dict[str, Any]:
         "rows": s.rows,  # bytes: one opaque blob, so per-row digests cost no index entries
         "full_fingerprint": s.full_fingerprint,
     }
+
+
+#: `KeyState` attribute → document field, for every field `to_document` writes but route and key.
+_FIELDS = (
+    ("fingerprint", "fingerprint"),
+    ("forwarded_at", "forwarded_at"),
+    ("message_id", "message_id"),
+    ("publish_time", "publish_time"),
+    ("recent", "recent"),
+    ("fence", "fence"),
+    ("lease", "lease"),
+    ("expires_at", TTL_FIELD),
+    ("rows", "rows"),
+    ("full_fingerprint", "full_fingerprint"),
+)
+
+
+def changes(route: str, key: str, stored: KeyState, new: KeyState) -> dict[str, Any]:
+    """The fields to update for the document holding `stored` to hold `new`.
+
+    A claim or a commit writes under a precondition on `stored`'s version, so a field equal in
+    both is already stored and is left out: above all the row state (~54 KB at 450 rows), which
+    a claim carries over. A blank value (None, no recent ids) is written all the same: a claim's
+    `seen` may be expired state as the decision sees it (`KeyState.forgotten`), not as stored.
+    """
+    doc = to_document(route, key, new)
+    out = {}
+    for attr, name in _FIELDS:
+        value = getattr(new, attr)
+        if value is None or value == () or value != getattr(stored, attr):
+            out[name] = doc[name]
+    return out
 
 
 def from_document(data: Mapping[str, Any], version: Any) -> KeyState:
@@ -256,21 +288,21 @@ class FirestoreStore(FirestoreCollection):
         return result.update_time
 
     async def _fenced(
-        self, kind: str, route: str, key: str, held: KeyState, fields: dict[str, Any]
+        self, kind: str, route: str, key: str, held: KeyState, fields: Callable[[KeyState], dict[str, Any]]
     ) -> tuple[Any, KeyState | None, KeyState | None]:
-        """Write `fields` while the stored lease is still `held`'s.
+        """Write `fields(base)` while the stored lease is still `held`'s.
 
         Returns (update_time, base, None) on success, `base` being the state the write was
         applied to (held, or the re-read state when our own earlier write had moved it);
         (None, None, current) when the lease is no longer ours (`current` is what is stored).
         """
         assert held.lease is not None, f"{kind} needs the state returned by claim (with its lease)"
-        base: KeyState | None = held
+        base: KeyState = held
         version = held.version
         for attempt in range(2):
             if version is not None:
                 try:
-                    return await self._update(kind, route, key, fields, version), base, None
+                    return await self._update(kind, route, key, fields(base), version), base, None
                 except _LOST:
                     pass
             current = await self._get(route, key)
@@ -287,32 +319,37 @@ class FirestoreStore(FirestoreCollection):
 
     async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
         ref = self.document(route, key)
-        data = to_document(route, key, new)
         try:
             if seen is None:
                 self.ops["write"] += 1
+                data = to_document(route, key, new)
                 result = await self._rpc("claim", ref.create(data, retry=None, timeout=self.timeout))
                 return replace(new, version=result.update_time)
             if seen.version is None:  # not a state this store returned: nothing to compare with
                 return None
-            return replace(new, version=await self._update("claim", route, key, data, seen.version))
+            fields = changes(route, key, seen, new)
+            return replace(new, version=await self._update("claim", route, key, fields, seen.version))
         except _LOST:
             return None
 
     async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
-        update_time, base, _ = await self._fenced("extend", route, key, held, {"lease.expires_at": _ts(expires_at)})
+        update_time, base, _ = await self._fenced(
+            "extend", route, key, held, lambda _: {"lease.expires_at": _ts(expires_at)}
+        )
         if update_time is None or base is None or base.lease is None:
             return None
         return replace(base, lease=replace(base.lease, expires_at=expires_at), version=update_time)
 
     async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
-        update_time, _, current = await self._fenced("commit", route, key, held, to_document(route, key, new))
+        update_time, _, current = await self._fenced(
+            "commit", route, key, held, lambda base: changes(route, key, base, new)
+        )
         if update_time is not None:
             return True
         return current is not None and current.holds_commit_of(new)
 
     async def release(self, route: str, key: str, held: KeyState) -> None:
-        await self._fenced("release", route, key, held, {"lease": None})
+        await self._fenced("release", route, key, held, lambda _: {"lease": None})
 
     async def ping(self) -> None:
         """One cheap read of a sentinel document (it need not exist)."""

@@ -8,6 +8,7 @@ race sees zero rows changed and the engine looks again.
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 import time
 from collections import Counter
@@ -43,30 +44,76 @@ CREATE TABLE IF NOT EXISTS key_state (
     PRIMARY KEY (route, key)
 ) WITHOUT ROWID
 """
-
-_COLUMNS = (
-    "version, fingerprint, forwarded_at, message_id, publish_time, recent, fence, "
-    "lease_holder, lease_fence, lease_expires, lease_fingerprint, lease_message_id, expires_at, rows, full_fingerprint"
+# The row state (~54 KB at 450 rows) lives in its own table, so the writes that never change it
+# (claim, extend, release: SQLite rewrites a whole record on any UPDATE, overflow pages included)
+# rewrite only the small state record. A rowid table: SQLite advises against large records in a
+# WITHOUT ROWID one. `key_state.rows` is the previous layout's place for it: read when not NULL
+# (a file written by earlier code, or by an earlier process still sharing the file), and set to
+# NULL by the first commit that writes new rows here.
+_ROWS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS key_rows (
+    route TEXT NOT NULL,
+    key TEXT NOT NULL,
+    rows BLOB NOT NULL,
+    PRIMARY KEY (route, key)
 )
+"""
+# Triggers, so that every writer keeps the two tables consistent, including a process still running
+# the earlier code (which knows only `key_state.rows`): a deleted key takes its rows along (purge,
+# in the same statement), and any write naming the old column makes it the one to read.
+_TRIGGERS = (
+    "CREATE TRIGGER IF NOT EXISTS key_rows_go_with_key AFTER DELETE ON key_state "
+    "BEGIN DELETE FROM key_rows WHERE route = old.route AND key = old.key; END",
+    "CREATE TRIGGER IF NOT EXISTS key_rows_yield_to_column AFTER UPDATE OF rows ON key_state "
+    "BEGIN DELETE FROM key_rows WHERE route = new.route AND key = new.key; END",
+)
+
 _ADDED_COLUMNS = {"rows": "BLOB", "full_fingerprint": "TEXT"}  # columns newer than the first release
-_SET = ", ".join(f"{c} = ?" for c in _COLUMNS.split(", ")[1:])
-_ROWS_AT = _COLUMNS.split(", ")[1:].index("rows")
-# A claim that carries the row state over unchanged (the usual case) leaves the column alone:
-# the update is conditional on the version it read, so the stored blob is that very value.
-_SET_KEEP_ROWS = ", ".join(f"{c} = ?" for c in _COLUMNS.split(", ")[1:] if c != "rows")
-_READ = f"SELECT {_COLUMNS} FROM key_state WHERE route = ? AND key = ?"
+# What `_values()` holds, in order: every column but the key, the version and the old `rows`.
+_WRITTEN = (
+    "fingerprint",
+    "forwarded_at",
+    "message_id",
+    "publish_time",
+    "recent",
+    "fence",
+    "lease_holder",
+    "lease_fence",
+    "lease_expires",
+    "lease_fingerprint",
+    "lease_message_id",
+    "expires_at",
+    "full_fingerprint",
+)
+_SET = ", ".join(f"{c} = ?" for c in _WRITTEN)
+_READ = (
+    "SELECT version, fingerprint, forwarded_at, message_id, publish_time, recent, fence, lease_holder, lease_fence, "
+    "lease_expires, lease_fingerprint, lease_message_id, expires_at, "
+    "COALESCE(s.rows, (SELECT r.rows FROM key_rows r WHERE r.route = s.route AND r.key = s.key)), full_fingerprint "
+    "FROM key_state s WHERE s.route = ? AND s.key = ?"
+)
 _INSERT = (
-    f"INSERT INTO key_state (route, key, {_COLUMNS}) VALUES (?, ?, 1, {', '.join('?' * 14)}) "
-    "ON CONFLICT (route, key) DO NOTHING"
+    f"INSERT INTO key_state (route, key, version, {', '.join(_WRITTEN)}) "
+    f"VALUES (?, ?, 1, {', '.join('?' * len(_WRITTEN))}) ON CONFLICT (route, key) DO NOTHING"
 )
 _CLAIM = f"UPDATE key_state SET version = version + 1, {_SET} WHERE route = ? AND key = ? AND version = ?"
-_CLAIM_KEEP_ROWS = (
-    f"UPDATE key_state SET version = version + 1, {_SET_KEEP_ROWS} WHERE route = ? AND key = ? AND version = ?"
-)
 _COMMIT = (
     f"UPDATE key_state SET version = version + 1, {_SET} "
     "WHERE route = ? AND key = ? AND lease_fence = ? AND lease_holder = ?"
 )
+# New row state is written in place (same-sized row state, the usual case, rewrites only the pages
+# that changed); a key still in the old layout has its old column cleared first (which fires
+# `key_rows_yield_to_column`, so nothing stale is left in either place).
+_CLEAR_OLD_ROWS = "UPDATE key_state SET rows = NULL WHERE route = ? AND key = ? AND rows IS NOT NULL"
+_PUT_ROWS = (
+    "INSERT INTO key_rows (route, key, rows) VALUES (?, ?, ?) "
+    "ON CONFLICT (route, key) DO UPDATE SET rows = excluded.rows"
+)
+# No row state: the old column set to NULL fires `key_rows_yield_to_column`, which deletes the stored
+# rows in the same statement. Always written, never skipped as "unchanged": a claim's `seen` may be
+# expired state the decision forgot (`KeyState.forgotten`: no rows), not what is stored.
+_CLAIM_NO_ROWS = _CLAIM.replace(" WHERE", ", rows = NULL WHERE", 1)
+_COMMIT_NO_ROWS = _COMMIT.replace(" WHERE", ", rows = NULL WHERE", 1)
 
 
 # Straight into the tuple of pairs the state holds, in C (a list that is not of pairs is an error, as before).
@@ -106,7 +153,6 @@ def _values(s: KeyState) -> tuple[Any, ...]:
         le.fingerprint if le else None,
         le.message_id if le else None,
         s.expires_at,
-        s.rows,
         s.full_fingerprint,
     )
 
@@ -148,6 +194,9 @@ class SqliteStore:
                 if column not in present:
                     self._db.execute(f"ALTER TABLE key_state ADD COLUMN {column} {kind}")
             self._db.execute("CREATE INDEX IF NOT EXISTS key_state_expiry ON key_state (expires_at)")
+            self._db.execute(_ROWS_SCHEMA)
+            for trigger in _TRIGGERS:
+                self._db.execute(trigger)
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
 
@@ -156,6 +205,32 @@ class SqliteStore:
             return self._db.execute(sql, params)
         except sqlite3.Error as exc:  # locked beyond busy_timeout, disk I/O, a corrupt file, ...
             raise StoreUnavailable(f"sqlite {self.path}: {exc}") from exc
+
+    def _write(self, sql: str, params: tuple[Any, ...], route: str, key: str, rows: bytes | None) -> bool:
+        """One conditional write of the state record and, given `rows`, of new row state: whether it won.
+
+        The two writes are one transaction, so a crash between them, or a write that lost its
+        condition, leaves neither behind.
+        """
+        if rows is None:
+            return self._exec(sql, params).rowcount == 1
+        self._exec("BEGIN")
+        try:
+            won = self._exec(sql, params).rowcount == 1
+            if won:
+                self._exec(_CLEAR_OLD_ROWS, (route, key))
+                self._exec(_PUT_ROWS, (route, key, rows))
+            self._exec("COMMIT" if won else "ROLLBACK")
+        except BaseException:
+            self._rollback()
+            raise
+        return won
+
+    def _rollback(self) -> None:
+        # After some errors (SQLITE_FULL, IOERR, ...) SQLite has already rolled back by itself.
+        if self._db.in_transaction:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
 
     def _get(self, route: str, key: str) -> KeyState | None:
         self.ops["read"] += 1
@@ -170,18 +245,20 @@ class SqliteStore:
         self.ops["write"] += 1
         self.ops["claim"] += 1
         if seen is None:
-            cur = self._exec(_INSERT, (route, key, *_values(new)))
+            won = self._write(_INSERT, (route, key, *_values(new)), route, key, new.rows)
             version = 1
-        elif new.rows is seen.rows or new.rows == seen.rows:
-            values = _values(new)
-            cur = self._exec(_CLAIM_KEEP_ROWS, (*values[:_ROWS_AT], *values[_ROWS_AT + 1 :], route, key, seen.version))
-            version = seen.version + 1
         else:
-            cur = self._exec(_CLAIM, (*_values(new), route, key, seen.version))
+            # A forward's claim carries the row state it read over (the engine's `claimed`): the
+            # update is conditional on that read's version, so the stored rows are that very value.
+            params = (*_values(new), route, key, seen.version)
+            if new.rows is None:
+                won = self._write(_CLAIM_NO_ROWS, params, route, key, None)
+            elif new.rows is seen.rows or new.rows == seen.rows:
+                won = self._write(_CLAIM, params, route, key, None)
+            else:
+                won = self._write(_CLAIM, params, route, key, new.rows)
             version = seen.version + 1
-        if cur.rowcount != 1:
-            return None
-        return replace(new, version=version)
+        return replace(new, version=version) if won else None
 
     async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
         assert held.lease is not None
@@ -201,8 +278,16 @@ class SqliteStore:
         assert held.lease is not None
         self.ops["write"] += 1
         self.ops["commit"] += 1
-        cur = self._exec(_COMMIT, (*_values(new), route, key, held.lease.fence, held.lease.holder))
-        if cur.rowcount == 1:
+        # `held` is what is stored while its lease is (only its own extensions move the version), and
+        # the update is conditional on that lease: rows equal to held's are the stored ones.
+        params = (*_values(new), route, key, held.lease.fence, held.lease.holder)
+        if new.rows is None:
+            won = self._write(_COMMIT_NO_ROWS, params, route, key, None)
+        elif new.rows is held.rows or new.rows == held.rows:
+            won = self._write(_COMMIT, params, route, key, None)
+        else:
+            won = self._write(_COMMIT, params, route, key, new.rows)
+        if won:
             return True
         current = self._get(route, key)
         return current is not None and current.holds_commit_of(new)
