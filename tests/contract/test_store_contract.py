@@ -313,6 +313,20 @@ async def test_a_claim_over_forgotten_state_leaves_nothing_of_it(store: Any) -> 
     assert stored == replace(forgotten, lease=None, fence=held.fence, expires_at=held.expires_at)
 
 
+async def test_a_claim_over_state_seen_as_unknown_downstream_stores_it_unknown(store: Any) -> None:
+    """After a fail-open the engine claims the state as it decided on it (`unknown_downstream`):
+    the stored fingerprint must go, and stay gone once the claim is released."""
+    t = now()
+    first = await store.claim(ROUTE, KEY, None, leased(None, "a", t))
+    assert await store.commit(ROUTE, KEY, first, forwarded(first, t))
+    seen = (await store.read(ROUTE, KEY)).unknown_downstream()
+    held = await store.claim(ROUTE, KEY, seen, leased(seen, "b", t, fp=FP2, mid="m2"))
+    assert held is not None
+    await store.release(ROUTE, KEY, held)
+    stored = await store.read(ROUTE, KEY)
+    assert stored.fingerprint is None and stored.unsettled and stored.forwarded_at == t
+
+
 # --- races --------------------------------------------------------------------------
 
 
