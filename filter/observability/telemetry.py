@@ -46,6 +46,7 @@ from filter.observability.prometheus_text import PrometheusText
 from filter.observability.tracing import (
     ATTRIBUTES_SET,
     PUBLISH_SPAN,
+    REQUEST_PARENT,
     SYSTEM,
     UNSAMPLED_PARENT,
     UNSAMPLED_ROOT,
@@ -189,15 +190,19 @@ class Telemetry:
 
     @contextlib.contextmanager
     def decision(self, route: str, msg: Message) -> Iterator[Span | None]:
-        """The span of one decision, current while it runs. Its parent: what the surface
-        made current (a push request's trace), else the context a traced publisher left
-        in the message's attributes. None when the decision is not recorded; a decision the
-        sampler drops (`tracing.EarlySampling`) makes nothing current either."""
+        """The span of one decision, current while it runs. Its parent: the push request's
+        trace (`tracing.REQUEST_PARENT`), else what the surface made current, else the
+        context a traced publisher left in the message's attributes. None when the decision
+        is not recorded; a decision the sampler drops (`tracing.EarlySampling`) makes nothing
+        current either."""
         if not self.tracing:
             yield None
             return
-        current = trace.get_current_span().get_span_context()
-        parent = current if current.is_valid else message_parent(msg.attributes)
+        current = None
+        parent = REQUEST_PARENT.get()
+        if parent is None:
+            current = trace.get_current_span().get_span_context()
+            parent = current if current.is_valid else message_parent(msg.attributes)
         early = self._early
         if early is not None:
             # Dropped here: no span, nothing made current; only a forward reads the trace (`inject`).
@@ -217,8 +222,8 @@ class Telemetry:
                     UNSAMPLED_PARENT.reset(token_parent)
                 return
         subscription = short_name(msg.subscription)
-        # A surface's parent is current already; a message's is handed to the SDK, alone in its
-        # context as the propagator extracts it.
+        # What a surface made current is current already; a request's or a message's parent is
+        # handed to the SDK, alone in its context as a propagator extracts it.
         context = None
         if parent is not None and parent is not current:
             context = trace.set_span_in_context(NonRecordingSpan(parent), otel_context.Context())
