@@ -30,7 +30,7 @@ ATTRIBUTE_PREFIX = "googclient_"
 W3C = TraceContextTextMapPropagator()
 _CLOUD = CloudTraceFormatPropagator()
 _REQUEST_PROPAGATORS = ((b"traceparent", W3C), (b"x-cloud-trace-context", _CLOUD))
-#: The headers `request_context` reads (the push app collects them in its one pass).
+#: The headers `request_parent` reads (the push app collects them in its one pass).
 REQUEST_HEADERS = (b"traceparent", b"tracestate", b"x-cloud-trace-context")
 
 
