@@ -23,7 +23,10 @@ spans) and, on the server path, `traced` (`OTEL_TRACES_SAMPLER=parentbased_alway
 recorded and exported over OTLP/HTTP to a sink in this process) and `sampled`
 (`OTEL_TRACES_SAMPLER=parentbased_traceidratio`, `OTEL_TRACES_SAMPLER_ARG=0.01`, the same
 exporter: the default when an endpoint is set) and `always_off` (the same exporter, every
-decision dropped: what a decision the sampler drops costs).
+decision dropped: what a decision the sampler drops costs). A server mode with `+parent`
+(`off+parent`, `sampled+parent`...) sends every request with an unsampled parent, as Cloud
+Run's front end does (`X-Cloud-Trace-Context: TRACE/SPAN;o=0`, a trace of its own per
+request); its ratio is to `off+parent`, the same requests with telemetry off.
 
     .venv/bin/python bench/telemetry_cost.py [--messages 500] [--paths engine,request,server]
 
@@ -39,6 +42,7 @@ import http.client
 import http.server
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -149,13 +153,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _parent(i: int) -> dict[str, str]:
+    """Cloud Run's header for request `i`: a trace of its own, not sampled (the common case)."""
+    ids = random.Random(i)  # the same ids every run: the parse costs the same
+    return {"X-Cloud-Trace-Context": f"{ids.getrandbits(128):032x}/{ids.getrandbits(63) + 1};o=0"}
+
+
 def _envelope(data: bytes, message_id: str, attributes: dict[str, str]) -> bytes:
     msg = {"data": base64.b64encode(data).decode(), "attributes": attributes, "messageId": message_id}
     return json.dumps({"message": msg, "subscription": "projects/local/subscriptions/local"}).encode()
 
 
-def _post(conn: http.client.HTTPConnection, body: bytes) -> str:
-    conn.request("POST", "/push/injury-report", body, {"Content-Type": "application/json"})
+def _post(conn: http.client.HTTPConnection, body: bytes, headers: dict[str, str]) -> str:
+    conn.request("POST", "/push/injury-report", body, {"Content-Type": "application/json", **headers})
     resp = conn.getresponse()
     out = json.loads(resp.read())
     if resp.status != 200:
@@ -172,7 +182,14 @@ def server_per_request(mode: str, messages: int, warmup: int, settle: float, sin
     push = json.loads((ROOT / "examples/push-injury.json").read_text())["message"]
     data, attributes = base64.b64decode(push["data"]), push.get("attributes") or {}
     port = _free_port()
-    extra = {k: v.replace("@SINK@", sink) for k, v in SERVER_MODES[mode].items()}
+    base, _, parented = mode.partition("+")
+    if parented not in ("", "parent"):
+        raise SystemExit(f"unknown mode {mode!r}: MODE or MODE+parent")
+
+    def headers(i: int) -> dict[str, str]:
+        return _parent(i) if parented else {}
+
+    extra = {k: v.replace("@SINK@", sink) for k, v in SERVER_MODES[base].items()}
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT), **extra}
     with tempfile.TemporaryDirectory(prefix="telemetry-cost-") as tmp:
         out = Path(tmp) / "callgrind.out"
@@ -184,15 +201,15 @@ def server_per_request(mode: str, messages: int, warmup: int, settle: float, sin
             )
         try:
             conn = _ready(port, proc, Path(tmp) / "stderr")
-            assert _post(conn, _envelope(data, "prime", attributes)) == "forwarded"
+            assert _post(conn, _envelope(data, "prime", attributes), headers(-1)) == "forwarded"
             for i in range(warmup):
-                assert _post(conn, _envelope(data, f"w{i}", attributes)) == "suppressed"
+                assert _post(conn, _envelope(data, f"w{i}", attributes), headers(-2 - i)) == "suppressed"
             conn.close()
             time.sleep(settle)
             _callgrind("--zero", proc.pid)
             conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)  # uvicorn closes idle ones after 5 s
             for i in range(messages):
-                assert _post(conn, _envelope(data, f"n{i}", attributes)) == "suppressed"
+                assert _post(conn, _envelope(data, f"n{i}", attributes), headers(i)) == "suppressed"
             conn.close()
             time.sleep(settle)
             _callgrind("--dump", proc.pid)
@@ -230,7 +247,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--messages", type=int, default=500, help="suppressed decisions per run (default 500)")
     parser.add_argument("--paths", default="engine,request,server", help="engine, request, server (default all)")
-    parser.add_argument("--modes", default="off,on,traced,sampled,always_off", help="server path modes (default all)")
+    parser.add_argument(
+        "--modes",
+        default="off,on,traced,sampled,always_off",
+        help="server path modes, each MODE or MODE+parent (default: off,on,traced,sampled,always_off)",
+    )
     parser.add_argument("--warmup", type=int, default=50, help="server path: suppressions before counting")
     parser.add_argument("--settle", type=float, default=7.0, help="server path: idle seconds before zero and dump")
     args = parser.parse_args()
@@ -256,10 +277,11 @@ def main() -> None:
         finally:
             sink.shutdown()
             sink.server_close()
-        base = counts.get("off")
         for mode, count in counts.items():
-            ratio = f"   {mode} / off {count / base:.3f}x" if base else ""
-            print(f"  server   {mode:8} {count:11,.0f}{ratio}", flush=True)
+            baseline = "off+parent" if "+parent" in mode else "off"  # the same requests, telemetry off
+            base = counts.get(baseline)
+            ratio = f"   / {baseline} {count / base:.3f}x" if base else ""
+            print(f"  server   {mode:18} {count:11,.0f}{ratio}", flush=True)
 
 
 if __name__ == "__main__":

@@ -13,8 +13,8 @@ and the trace context on forwarded messages need no code in the engine.
   in and goes out through `filter.observability.tracing`. Spans are only
   recorded when something exports them (an OTLP endpoint, or a provider a test passes
   in): with nothing to export, the decision path does not pay for spans no one reads.
-  A decision without a parent that the sampler drops does not enter the SDK either
-  (`tracing.RootSampling`).
+  A decision that the sampler drops (one that starts a trace and falls outside the ratio,
+  one whose parent is not sampled) does not enter the SDK either (`tracing.EarlySampling`).
 - `OTEL_SDK_DISABLED=true`, or `telemetry.metrics` / `telemetry.traces` set to false in
   the config, turn either off.
 
@@ -31,12 +31,13 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
 from filter.core.model import Decision, DecisionRecord, Message
 from filter.observability.latency import Histograms
@@ -45,11 +46,13 @@ from filter.observability.prometheus_text import PrometheusText
 from filter.observability.tracing import (
     ATTRIBUTES_SET,
     PUBLISH_SPAN,
+    REQUEST_PARENT,
     SYSTEM,
+    UNSAMPLED_PARENT,
     UNSAMPLED_ROOT,
     W3C,
-    RootSampling,
-    message_context,
+    EarlySampling,
+    message_parent,
     sampler,
     short_name,
 )
@@ -80,7 +83,7 @@ class Telemetry:
         self.tracing = tracer_provider is not None
         self.tracer = tracer_provider.get_tracer(SCOPE) if tracer_provider is not None else trace.NoOpTracer()
         # the SDK's ids come from the random module too
-        self._roots = RootSampling.of(self.tracer, (ids or random).getrandbits) if self.tracing else None
+        self._early = EarlySampling.of(self.tracer, (ids or random).getrandbits) if self.tracing else None
         # attribute sets per (route, decision, enforced), built once; routes and decisions are few
         self._labels: dict[tuple[str, Decision, bool], tuple[dict[str, str], dict[str, str]]] = {}
         self._watched: list[Callable[[], Iterable[tuple[str, Mapping[str, str], float]]]] = []
@@ -187,27 +190,46 @@ class Telemetry:
 
     @contextlib.contextmanager
     def decision(self, route: str, msg: Message) -> Iterator[Span | None]:
-        """The span of one decision, current while it runs. Its parent: what the surface
-        made current (a push request's trace), else the context a traced publisher left
-        in the message's attributes."""
+        """The span of one decision, current while it runs. Its parent: the push request's
+        trace (`tracing.REQUEST_PARENT`), else what the surface made current, else the
+        context a traced publisher left in the message's attributes. None when the decision
+        is not recorded; a decision the sampler drops (`tracing.EarlySampling`) makes nothing
+        current either."""
         if not self.tracing:
             yield None
             return
-        parent = None
-        if not trace.get_current_span().get_span_context().is_valid:
-            parent = message_context(msg.attributes)
-            if parent is None and self._roots is not None and (dropped := self._roots.dropped()):
-                # No span, nothing made current: only a forward reads the trace id (`inject`).
-                token = UNSAMPLED_ROOT.set(dropped)
+        current = None
+        parent = REQUEST_PARENT.get()
+        if parent is None:
+            current = trace.get_current_span().get_span_context()
+            parent = current if current.is_valid else message_parent(msg.attributes)
+        early = self._early
+        if early is not None:
+            # Dropped here: no span, nothing made current; only a forward reads the trace (`inject`).
+            if parent is None:
+                if dropped := early.dropped():
+                    token = UNSAMPLED_ROOT.set(dropped)
+                    try:
+                        yield None
+                    finally:
+                        UNSAMPLED_ROOT.reset(token)
+                    return
+            elif early.parents and not parent.trace_flags.sampled:
+                token_parent = UNSAMPLED_PARENT.set(parent)
                 try:
                     yield None
                 finally:
-                    UNSAMPLED_ROOT.reset(token)
+                    UNSAMPLED_PARENT.reset(token_parent)
                 return
         subscription = short_name(msg.subscription)
+        # What a surface made current is current already; a request's or a message's parent is
+        # handed to the SDK, alone in its context as a propagator extracts it.
+        context = None
+        if parent is not None and parent is not current:
+            context = trace.set_span_in_context(NonRecordingSpan(parent), otel_context.Context())
         # The attributes go on after the sampler's verdict: an unsampled decision builds none.
         # (The SDK's samplers do not read them.)
-        span = self.tracer.start_span(f"{subscription or route} process", context=parent, kind=SpanKind.CONSUMER)
+        span = self.tracer.start_span(f"{subscription or route} process", context=context, kind=SpanKind.CONSUMER)
         if span.is_recording():
             span.set_attributes(_decision_attributes(route, msg, subscription))
         box = PUBLISH_SPAN.set([None])
@@ -292,8 +314,11 @@ class Telemetry:
         client library does (`googclient_traceparent`), so a traced consumer continues it."""
         if not self.tracing:
             return
-        if (dropped := UNSAMPLED_ROOT.get()) and self._roots is not None:
-            W3C.inject(attributes, context=self._roots.context(dropped), setter=ATTRIBUTES_SET)
+        early = self._early
+        if early is not None and (dropped := UNSAMPLED_ROOT.get()):
+            W3C.inject(attributes, context=early.context(dropped), setter=ATTRIBUTES_SET)
+        elif early is not None and (parent := UNSAMPLED_PARENT.get()) is not None:
+            W3C.inject(attributes, context=early.context_under(parent), setter=ATTRIBUTES_SET)
         elif trace.get_current_span().get_span_context().is_valid:
             W3C.inject(attributes, setter=ATTRIBUTES_SET)
 

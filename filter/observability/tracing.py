@@ -1,10 +1,12 @@
 """Trace context in and out: a push request's headers, a message's attributes (the way the
 Pub/Sub client library carries it), the publish span that heartbeat events go on, and
-which decisions are traced (the standard `OTEL_TRACES_SAMPLER`, and `RootSampling`: the
-same verdict for a decision without a parent, reached without entering the SDK)."""
+which decisions are traced (the standard `OTEL_TRACES_SAMPLER`, and `EarlySampling`: the
+same verdict for a decision without a parent, or with an unsampled one, reached without
+entering the SDK)."""
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
@@ -16,7 +18,7 @@ from opentelemetry.propagators.textmap import Getter, Setter
 from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased
-from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, TraceFlags, TraceState
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from filter.core.ports import Failure
@@ -27,7 +29,9 @@ ATTRIBUTE_PREFIX = "googclient_"
 
 W3C = TraceContextTextMapPropagator()
 _CLOUD = CloudTraceFormatPropagator()
-_REQUEST_PROPAGATORS = (("traceparent", W3C), ("x-cloud-trace-context", _CLOUD))
+_REQUEST_PROPAGATORS = ((b"traceparent", W3C), (b"x-cloud-trace-context", _CLOUD))
+#: The headers `request_parent` reads (the push app collects them in its one pass).
+REQUEST_HEADERS = (b"traceparent", b"tracestate", b"x-cloud-trace-context")
 
 
 class _AttributeGetter(Getter[Mapping[str, str]]):
@@ -46,15 +50,16 @@ class _AttributeSetter(Setter[MutableMapping[str, str]]):
         carrier[ATTRIBUTE_PREFIX + key] = value
 
 
-class _HeaderGetter(Getter[Mapping[str, str]]):
-    """Starlette's headers (case-insensitive) or any mapping of lower-case names."""
+class _HeaderGetter(Getter[Mapping[bytes, str]]):
+    """The push request's headers as the push app reads them (`headers_of`: lower-case ASGI
+    names, the first of each): the propagators ask for lower-case names."""
 
-    def get(self, carrier: Mapping[str, str], key: str) -> list[str] | None:
-        value = carrier.get(key)
+    def get(self, carrier: Mapping[bytes, str], key: str) -> list[str] | None:
+        value = carrier.get(key.encode("latin-1"))
         return None if value is None else [value]
 
-    def keys(self, carrier: Mapping[str, str]) -> list[str]:
-        return list(carrier.keys())
+    def keys(self, carrier: Mapping[bytes, str]) -> list[str]:
+        return [k.decode("latin-1") for k in carrier]
 
 
 ATTRIBUTES_GET = _AttributeGetter()
@@ -66,10 +71,52 @@ _HEADERS_GET = _HeaderGetter()
 PUBLISH_SPAN: ContextVar[list[Span | None] | None] = ContextVar("pubsub_filter_publish_span", default=None)
 
 
-def request_context(headers: Mapping[str, str]) -> otel_context.Context | None:
-    """The parent a push request names: W3C `traceparent`, else `X-Cloud-Trace-Context`."""
+#: The propagators' own formats (`TraceContextTextMapPropagator`, `CloudTraceFormatPropagator`),
+#: compiled here: `request_parent` must read a header exactly as they do (a test holds it to that).
+_TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:(-.*)|[ \t]*)$")
+_TRACEPARENT_MAX = 512
+_TRACESTATE_MAX = 8192
+_CLOUD_HEADER = re.compile(r"(?P<trace_id>[0-9a-f]{32})\/(?P<span_id>[\d]{1,20})(;o=(?P<trace_flags>\d+))?")
+
+
+def request_parent(headers: Mapping[bytes, str]) -> SpanContext | None:
+    """The parent a push request names: W3C `traceparent` (and `tracestate`), else
+    `X-Cloud-Trace-Context`; None when neither names a valid one. `headers`: the push app's
+    `headers_of`.
+
+    What the two propagators extract, without their extract: on Cloud Run every push request
+    carries a trace header and most decisions are dropped, and a propagator's extract (the
+    getter, a context and a span built around the span context, ~40,000 instructions) cost
+    more than the rest of a dropped decision's telemetry together. `request_context` is the
+    propagators' reading, kept for the test that holds this one to it."""
+    value = headers.get(b"traceparent")
+    if value is not None and len(value) <= _TRACEPARENT_MAX and (m := _TRACEPARENT.search(value)):
+        version, trace_id, span_id, flags, rest = m.groups()
+        if trace_id != "0" * 32 and span_id != "0" * 16 and version != "ff" and not (version == "00" and rest):
+            state = headers.get(b"tracestate")
+            parent = SpanContext(
+                int(trace_id, 16),
+                int(span_id, 16),
+                True,
+                TraceFlags(int(flags, 16)),
+                None if state is None or len(state) > _TRACESTATE_MAX else TraceState.from_header([state]),
+            )
+            if parent.is_valid:
+                return parent
+    value = headers.get(b"x-cloud-trace-context")
+    if value is not None and (m := _CLOUD_HEADER.fullmatch(value)):
+        trace_id, span_id, flags = m.group("trace_id", "span_id", "trace_flags")
+        if trace_id != "0" * 32 and int(span_id) != 0:
+            parent = SpanContext(int(trace_id, 16), int(span_id), True, TraceFlags(flags or "0"))
+            if parent.is_valid:
+                return parent
+    return None
+
+
+def request_context(headers: Mapping[bytes, str]) -> otel_context.Context | None:
+    """The parent a push request names, as the propagators extract it (`request_parent`'s reference)."""
     for header, propagator in _REQUEST_PROPAGATORS:
-        if header not in headers:  # most requests name none: a lookup, not a propagator's extract
+        if header not in headers:
             continue
         ctx = propagator.extract(headers, getter=_HEADERS_GET)
         if trace.get_current_span(ctx).get_span_context().is_valid:
@@ -77,12 +124,16 @@ def request_context(headers: Mapping[str, str]) -> otel_context.Context | None:
     return None
 
 
-def message_context(attributes: Mapping[str, str]) -> otel_context.Context | None:
+#: The parent the push request names, while its decision runs (set by the push app).
+REQUEST_PARENT: ContextVar[SpanContext | None] = ContextVar("pubsub_filter_request_parent", default=None)
+
+
+def message_parent(attributes: Mapping[str, str]) -> SpanContext | None:
     """The parent a traced publisher left in the message's attributes (`googclient_traceparent`)."""
     if ATTRIBUTE_PREFIX + "traceparent" not in attributes:
         return None
-    ctx = W3C.extract(attributes, getter=ATTRIBUTES_GET)
-    return ctx if trace.get_current_span(ctx).get_span_context().is_valid else None
+    parent = trace.get_current_span(W3C.extract(attributes, getter=ATTRIBUTES_GET)).get_span_context()
+    return parent if parent.is_valid else None
 
 
 def short_name(path: str | None) -> str | None:
@@ -125,13 +176,16 @@ def sampler(env: Mapping[str, str]) -> Sampler:
     return _SAMPLERS[name](ratio)
 
 
-# --- a decision without a parent, decided before the SDK ------------------------------------
+# --- decisions the sampler drops, decided before the SDK -------------------------------------
 
 _LOW_64 = (1 << 64) - 1
 
 #: The trace id of the decision under way when the sampler dropped it without a span: the
-#: forwarded message still carries it, unsampled (`RootSampling.context`). 0 otherwise.
+#: forwarded message still carries it, unsampled (`EarlySampling.context`). 0 otherwise.
 UNSAMPLED_ROOT: ContextVar[int] = ContextVar("pubsub_filter_unsampled_root", default=0)
+#: The unsampled parent of the decision under way when the sampler dropped it without a span:
+#: the forwarded message continues its trace, unsampled (`EarlySampling.context_under`).
+UNSAMPLED_PARENT: ContextVar[SpanContext | None] = ContextVar("pubsub_filter_unsampled_parent", default=None)
 
 
 def root_bound(s: Sampler) -> int | None:
@@ -148,8 +202,21 @@ def root_bound(s: Sampler) -> int | None:
     return None
 
 
+def drops_unsampled_parents(s: Sampler) -> bool:
+    """Whether `s` drops every span whose parent is valid and not sampled, whatever else the span
+    is: always off, or ParentBased with its default always-off delegates for such parents
+    (remote and local). A ParentBased built with other delegates is left to the SDK."""
+    if s is ALWAYS_OFF:
+        return True
+    return (
+        isinstance(s, ParentBased)  # the delegates are unexposed too; missing: no shortcut
+        and getattr(s, "_remote_parent_not_sampled", None) is ALWAYS_OFF
+        and getattr(s, "_local_parent_not_sampled", None) is ALWAYS_OFF
+    )
+
+
 class _DrawnIds(IdGenerator):
-    """The tracer's own ids, except a root trace id `RootSampling` drew and found sampled: the
+    """The tracer's own ids, except a root trace id `EarlySampling` drew and found sampled: the
     SDK's sampler then judges the same id, so it reaches the same verdict."""
 
     def __init__(self, inner: IdGenerator) -> None:
@@ -173,30 +240,40 @@ class _DrawnIds(IdGenerator):
         return self.inner.is_trace_id_random()
 
 
-class RootSampling:
-    """The sampler's verdict on a decision without a parent, before the SDK is entered.
+class EarlySampling:
+    """The sampler's verdict on the decisions it drops, before the SDK is entered.
 
-    Most decisions start a trace and most of those are dropped (the default samples 1 in
-    100); through the SDK a dropped one still costs a span, a sampler call, a context made
-    current and undone: ~10 % of a suppressed request. Here it costs one random draw. The
-    trace id is drawn first and judged by TraceIdRatioBased's rule; a sampled one is handed
-    to the SDK, which starts its span on that id (and samples it again, the same way), so
-    every recorded span is the SDK's own and a downstream ratio sampler agrees with ours.
+    Most decisions are dropped: those that start a trace (the default samples 1 in 100) and
+    those whose parent is not sampled (on Cloud Run, most push requests: its front end names
+    a trace in `X-Cloud-Trace-Context`, `o=0` unless the caller sampled it). Through the SDK a
+    dropped one still costs a span, a sampler call, a context made current and undone: ~10 %
+    of a suppressed request. Here it costs a random draw (no parent) or a flag test (a parent).
+
+    Without a parent, the trace id is drawn first and judged by TraceIdRatioBased's rule; a
+    sampled one is handed to the SDK, which starts its span on that id (and samples it again,
+    the same way), so every recorded span is the SDK's own and a downstream ratio sampler
+    agrees with ours. With an unsampled parent, under a sampler that drops every such span
+    (`drops_unsampled_parents`), the verdict is the parent's flag; a sampled parent, or another
+    sampler, goes to the SDK as before.
     """
 
-    def __init__(self, tracer: SdkTracer, bound: int, getrandbits: Callable[[int], int]) -> None:
+    def __init__(self, tracer: SdkTracer, bound: int, getrandbits: Callable[[int], int], parents: bool = False) -> None:
         self.bound = bound
+        #: whether a decision with an unsampled parent is dropped here (`drops_unsampled_parents`)
+        self.parents = parents
         self._bits = getrandbits
         self._ids = _DrawnIds(tracer.id_generator)
         tracer.id_generator = self._ids
 
     @classmethod
-    def of(cls, tracer: object, getrandbits: Callable[[int], int]) -> RootSampling | None:
+    def of(cls, tracer: object, getrandbits: Callable[[int], int]) -> EarlySampling | None:
         """For an SDK tracer with random ids and a ratio (or always-off) root sampler; else None."""
         if not isinstance(tracer, SdkTracer) or type(tracer.id_generator) is not RandomIdGenerator:
             return None  # another id scheme (X-Ray's, say) is not ours to replace
         bound = root_bound(tracer.sampler)
-        return None if bound is None else cls(tracer, bound, getrandbits)
+        if bound is None:
+            return None
+        return cls(tracer, bound, getrandbits, drops_unsampled_parents(tracer.sampler))
 
     def dropped(self) -> int:
         """A new trace's id when the sampler drops it; 0 when it samples it (the SDK's next
@@ -209,11 +286,23 @@ class RootSampling:
         self._ids.use_next(trace_id)
         return 0
 
-    def context(self, trace_id: int) -> otel_context.Context:
-        """What the SDK would have made current for the dropped decision: an unsampled span on
-        `trace_id` with an id of its own (flags as the SDK sets them for a random trace id)."""
+    def _span_id(self) -> int:
         span_id = self._bits(64)
         while not span_id:
             span_id = self._bits(64)
+        return span_id
+
+    def context(self, trace_id: int) -> otel_context.Context:
+        """What the SDK would have made current for the dropped decision: an unsampled span on
+        `trace_id` with an id of its own (flags as the SDK sets them for a random trace id)."""
         flags = TraceFlags(TraceFlags.RANDOM_TRACE_ID)
-        return trace.set_span_in_context(NonRecordingSpan(SpanContext(trace_id, span_id, False, flags)))
+        return trace.set_span_in_context(NonRecordingSpan(SpanContext(trace_id, self._span_id(), False, flags)))
+
+    def context_under(self, parent: SpanContext) -> otel_context.Context:
+        """What the SDK would have made current for a decision dropped under `parent`: an
+        unsampled span in the parent's trace with an id of its own (a downstream consumer's
+        parent is then this decision, as when the SDK drops it), the parent's trace state (the
+        always-off delegate keeps it), and the random-trace-id flag when the parent has it."""
+        flags = TraceFlags(TraceFlags.RANDOM_TRACE_ID if parent.trace_flags.random_trace_id else TraceFlags.DEFAULT)
+        span = SpanContext(parent.trace_id, self._span_id(), False, flags, parent.trace_state)
+        return trace.set_span_in_context(NonRecordingSpan(span))

@@ -14,7 +14,6 @@ from typing import Any
 
 import msgspec
 import structlog
-from opentelemetry import context as otel_context
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -25,7 +24,7 @@ from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError, parse_envelope
 from filter.core.model import Decision, DecisionRecord
 from filter.observability.probes import backend_problems, metrics_routes, telemetry_of
-from filter.observability.tracing import request_context
+from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, request_parent
 
 log = structlog.get_logger("pubsub_filter.push")
 
@@ -52,7 +51,7 @@ def status_for(rec: DecisionRecord) -> int:
     return 500
 
 
-_READ_HEADERS = frozenset((b"content-length", b"x-cloud-trace-context", b"traceparent"))
+_READ_HEADERS = frozenset((b"content-length", *REQUEST_HEADERS))
 
 
 def headers_of(request: Request) -> dict[bytes, str]:
@@ -137,12 +136,12 @@ def create_app(
         except EnvelopeError as exc:
             rec = engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
             return _json({"decision": "rejected", "reason": rec.reason}, 400)
-        if tracing and (parent := request_context(request.headers)) is not None:
-            token = otel_context.attach(parent)  # the decision span's parent: the push request's trace
+        if tracing and (parent := request_parent(headers)) is not None:
+            token = REQUEST_PARENT.set(parent)  # the decision's parent: the push request's trace
             try:
                 rec = await engine.handle(route, msg, trace)
             finally:
-                otel_context.detach(token)
+                REQUEST_PARENT.reset(token)
         else:
             rec = await engine.handle(route, msg, trace)
         status = status_for(rec)

@@ -39,7 +39,7 @@ from filter.observability import logsetup
 from filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
 from filter.observability.prometheus_text import PrometheusText
 from filter.observability.telemetry import Telemetry, from_config
-from filter.observability.tracing import root_bound, sampler
+from filter.observability.tracing import drops_unsampled_parents, root_bound, sampler
 from filter.push.app import create_app
 from filter.runtime.operational import Failure
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
@@ -560,6 +560,159 @@ async def test_a_decision_with_a_parent_follows_the_parent_whatever_the_ratio_fo
     assert decision.parent is not None and format(decision.parent.span_id, "016x") == PARENT_SPAN
 
 
+# --- a decision with an unsampled parent, decided before the SDK ------------------------------
+
+CLOUD_UNSAMPLED = {"X-Cloud-Trace-Context": f"{TRACE_ID}/{int(PARENT_SPAN, 16)};o=0"}
+CLOUD_SAMPLED = {"X-Cloud-Trace-Context": f"{TRACE_ID}/{int(PARENT_SPAN, 16)};o=1"}
+
+
+class CountingParentBased(ParentBased):
+    """The SDK's ParentBased, counting the spans it is asked about."""
+
+    calls = 0
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+        self.calls += 1
+        return super().should_sample(*args, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("env", "drops"),
+    [
+        ({}, True),
+        ({"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "1"}, True),
+        ({"OTEL_TRACES_SAMPLER": "parentbased_always_off"}, True),
+        ({"OTEL_TRACES_SAMPLER": "always_off"}, True),
+        ({"OTEL_TRACES_SAMPLER": "parentbased_always_on"}, True),  # but its new traces are not a ratio's
+        ({"OTEL_TRACES_SAMPLER": "traceidratio"}, False),  # judges the parent's trace id, not its flag
+        ({"OTEL_TRACES_SAMPLER": "always_on"}, False),
+    ],
+)
+def test_a_sampler_drops_every_unsampled_parents_child_when_parentbased_with_its_defaults_or_always_off(
+    env: dict[str, str], drops: bool
+) -> None:
+    assert drops_unsampled_parents(sampler(env)) is drops
+
+
+@pytest.mark.parametrize(
+    ("headers", "attributes"),
+    [
+        ({"traceparent": UNSAMPLED_PARENT}, {}),
+        (CLOUD_UNSAMPLED, {}),
+        ({}, {"googclient_traceparent": UNSAMPLED_PARENT}),
+    ],
+    ids=["traceparent-00", "cloud-run-o=0", "message-attribute-00"],
+)
+async def test_a_decision_with_an_unsampled_parent_never_reaches_the_sdks_sampler(
+    rigs: list[Rig], tmp_path: Path, headers: dict[str, str], attributes: dict[str, str]
+) -> None:
+    counting = CountingParentBased(TraceIdRatioBased(1.0))  # every new trace sampled: the parent decides
+    rig = build(rigs, tmp_path, counting)
+    assert (await rig.push(envelope(message_id="1", attributes=attributes), **headers)).json()[
+        "decision"
+    ] == "forwarded"
+    r = await rig.push(envelope(message_id="2", attributes=attributes), **headers)
+    assert r.json()["decision"] == "suppressed"
+    assert (counting.calls, rig.finished()) == (0, [])
+
+
+@pytest.mark.parametrize(
+    ("headers", "attributes"),
+    [
+        ({"traceparent": UNSAMPLED_PARENT}, {}),
+        (CLOUD_UNSAMPLED, {}),
+        ({}, {"googclient_traceparent": UNSAMPLED_PARENT}),
+    ],
+    ids=["traceparent-00", "cloud-run-o=0", "message-attribute-00"],
+)
+async def test_a_forward_dropped_under_an_unsampled_parent_continues_its_trace_unsampled_under_a_span_id_of_its_own(
+    default_sampling: Rig, headers: dict[str, str], attributes: dict[str, str]
+) -> None:
+    """As the SDK's NonRecordingSpan for a dropped child: the parent's trace, a new span id, flags 00."""
+    await default_sampling.push(envelope(attributes=attributes), **headers)
+    [published] = default_sampling.publisher.published
+    version, trace_id, span_id, flags = published.attributes["googclient_traceparent"].split("-")
+    assert (version, trace_id, flags) == ("00", TRACE_ID, "00")
+    assert span_id not in (PARENT_SPAN, "0" * 16)
+    assert default_sampling.finished() == []
+
+
+async def test_a_forward_dropped_under_an_unsampled_parent_keeps_its_random_trace_id_flag_and_trace_state(
+    default_sampling: Rig,
+) -> None:
+    random_flag = f"00-{TRACE_ID}-{PARENT_SPAN}-02"  # not sampled, random trace id (W3C level 2)
+    await default_sampling.push(envelope(), traceparent=random_flag, tracestate="vendor=opaque")
+    [published] = default_sampling.publisher.published
+    assert published.attributes["googclient_traceparent"].split("-")[3] == "02"
+    assert published.attributes["googclient_tracestate"] == "vendor=opaque"
+
+
+async def test_two_forwards_dropped_under_one_unsampled_parent_pass_on_two_span_ids(default_sampling: Rig) -> None:
+    await default_sampling.push(envelope("2025-01-10", message_id="1"), traceparent=UNSAMPLED_PARENT)
+    await default_sampling.push(envelope("2025-01-11", message_id="2"), traceparent=UNSAMPLED_PARENT)
+    first, second = (p.attributes["googclient_traceparent"].split("-") for p in default_sampling.publisher.published)
+    assert first[1] == second[1] == TRACE_ID and first[2] != second[2]
+
+
+async def test_by_default_a_decision_under_cloud_runs_sampled_header_is_a_child_of_it_with_its_children(
+    default_sampling: Rig,
+) -> None:
+    await default_sampling.push(envelope(), **CLOUD_SAMPLED)
+    decision = default_sampling.decision_span()
+    assert decision.parent is not None and decision.parent.is_remote
+    assert (format(decision.context.trace_id, "032x"), format(decision.parent.span_id, "016x")) == (
+        TRACE_ID,
+        PARENT_SPAN,
+    )
+    names = [s.name for s in sorted(children_of(default_sampling, decision), key=lambda s: s.start_time or 0)]
+    assert names == ["store read", "store claim", "phase3 send", "store commit"]
+    [send] = [s for s in default_sampling.finished() if s.name == "phase3 send"]
+    [published] = default_sampling.publisher.published
+    assert published.attributes["googclient_traceparent"] == f"00-{TRACE_ID}-{send.context.span_id:016x}-01"
+
+
+async def test_by_default_a_decision_under_a_publishers_sampled_parent_is_its_child(default_sampling: Rig) -> None:
+    await default_sampling.push(envelope(attributes={"googclient_traceparent": SAMPLED_PARENT}))
+    decision = default_sampling.decision_span()
+    assert decision.parent is not None and decision.parent.is_remote
+    assert (format(decision.context.trace_id, "032x"), format(decision.parent.span_id, "016x")) == (
+        TRACE_ID,
+        PARENT_SPAN,
+    )
+    assert decision.attributes is not None and decision.attributes["pubsub_filter.decision"] == "forwarded"
+
+
+async def test_under_parentbased_always_on_a_decision_with_an_unsampled_parent_is_left_to_the_sdk(
+    rigs: list[Rig], tmp_path: Path
+) -> None:
+    """Only the ratio family is judged before the SDK (OTel's rules for other samplers stay the SDK's)."""
+    counting = CountingParentBased(ALWAYS_ON)
+    rig = build(rigs, tmp_path, counting)
+    await rig.push(envelope(), traceparent=UNSAMPLED_PARENT)
+    assert (counting.calls, rig.finished()) == (1, [])
+    [published] = rig.publisher.published
+    assert published.attributes["googclient_traceparent"].split("-")[1::2] == [TRACE_ID, "00"]
+
+
+async def test_under_traceidratio_an_unsampled_parents_child_is_judged_by_its_trace_id_as_the_sdk_does(
+    rigs: list[Rig], tmp_path: Path
+) -> None:
+    rig = build(rigs, tmp_path, sampler({"OTEL_TRACES_SAMPLER": "traceidratio"}))  # ratio 1: every trace id
+    await rig.push(envelope(), traceparent=UNSAMPLED_PARENT)
+    decision = rig.decision_span()
+    assert decision.parent is not None and format(decision.parent.span_id, "016x") == PARENT_SPAN
+
+
+async def test_an_unsampled_parent_on_one_message_changes_nothing_for_the_next(rigs: list[Rig], tmp_path: Path) -> None:
+    rig = build(rigs, tmp_path, ratio_sampling("1"))
+    await rig.push(envelope("2025-01-10", message_id="1", attributes={"googclient_traceparent": UNSAMPLED_PARENT}))
+    await rig.push(envelope("2025-01-11", message_id="2"))
+    decision = rig.decision_span()
+    assert decision.parent is None and format(decision.context.trace_id, "032x") != TRACE_ID
+    _, after = (p.attributes["googclient_traceparent"].split("-") for p in rig.publisher.published)
+    assert (after[1], after[3]) == (format(decision.context.trace_id, "032x"), "03")
+
+
 # --- logs ---------------------------------------------------------------------------------
 
 
@@ -581,6 +734,15 @@ async def test_the_decision_line_names_the_decision_span(rig: Rig, log_lines: io
     span = rig.decision_span()
     assert line[logsetup.SPAN_FIELD] == format(span.context.span_id, "016x")
     assert line[logsetup.TRACE_FIELD] == f"projects/p/traces/{TRACE_ID}"
+
+
+async def test_a_decision_dropped_under_cloud_runs_unsampled_header_logs_its_trace_and_no_span_id(
+    default_sampling: Rig, log_lines: io.StringIO
+) -> None:
+    await default_sampling.push(envelope(), **CLOUD_UNSAMPLED)
+    [line] = [json.loads(x) for x in log_lines.getvalue().splitlines() if '"decision"' in x]
+    assert line[logsetup.TRACE_FIELD] == f"projects/p/traces/{TRACE_ID}"
+    assert logsetup.SPAN_FIELD not in line
 
 
 async def test_without_a_span_the_decision_line_has_no_span_id(tmp_path: Path, log_lines: io.StringIO) -> None:
