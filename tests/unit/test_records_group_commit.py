@@ -1,6 +1,7 @@
 """The embedded default's decision records share a commit among the requests of one
 event-loop step, and every request is answered only once the commit holding its record is
-done: a record is never missing for an answered request, whatever else fails."""
+done: a record is never missing for an answered request, whatever else fails. A request
+alone is written as it is recorded, as before: sharing starts once requests arrive together."""
 
 from __future__ import annotations
 
@@ -91,8 +92,22 @@ async def close(engine: Engine) -> None:
     await engine.store.close()
 
 
-# refused by the push surface itself (`parse_envelope`), before the engine sees a message
-BAD_ENVELOPE = b'{"message": {"messageId": "bad-1", "data": "!!"}, "subscription": "s"}'
+def bad_envelope(message_id: str) -> bytes:
+    """Refused by the push surface itself (`parse_envelope`), before the engine sees a message."""
+    return b'{"message": {"messageId": "%s", "data": "!!"}, "subscription": "s"}' % message_id.encode()
+
+
+async def together(app: Any, *bodies: bytes) -> list[list[Message]]:
+    """The bodies pushed at once: their requests run in one event-loop step, as c connections' do."""
+    sent: list[list[Message]] = [[] for _ in bodies]
+    await asyncio.gather(*(post(app, body, out) for body, out in zip(bodies, sent, strict=True)))
+    return sent
+
+
+async def in_company(app: Any) -> None:
+    """Two requests in one step: from the next step on, its records share one commit from the first."""
+    for out in await together(app, bad_envelope("company-1"), bad_envelope("company-2")):
+        assert answer(out) == (400, "rejected")
 
 
 async def primed(config: Path) -> tuple[Engine, Any]:
@@ -105,26 +120,56 @@ async def primed(config: Path) -> tuple[Engine, Any]:
     return engine, app
 
 
-async def test_two_requests_decided_in_one_loop_step_share_one_commit_a_rejection_among_them(
+async def test_once_requests_arrive_together_the_records_of_one_step_share_one_commit_a_rejection_among_them(
     quick_start: Path,
 ) -> None:
     engine, app = await primed(quick_start)
     recorder = inline_recorder(engine)
     try:
+        await in_company(app)
         commits = recorder.commits
-        suppress: list[Message] = []
-        reject: list[Message] = []
-        await asyncio.gather(post(app, make_envelope(REPORT, "again"), suppress), post(app, BAD_ENVELOPE, reject))
+        suppress, reject = await together(app, make_envelope(REPORT, "again"), bad_envelope("bad-1"))
         assert answer(suppress) == (200, "suppressed")
         assert answer(reject) == (400, "rejected")
         assert recorder.commits == commits + 1
         assert stored(quick_start.parent / "filter-decisions.db") == [
             ("again", "suppressed"),
             ("bad-1", "rejected"),
+            ("company-1", "rejected"),
+            ("company-2", "rejected"),
             ("first", "forwarded"),
         ]
     finally:
         await close(engine)
+
+
+async def test_a_request_alone_is_written_as_it_is_recorded_without_waiting_a_loop_step(tmp_path: Path) -> None:
+    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(Kept()))
+    try:
+        recorder.record(a_record("a"))
+        assert stored(tmp_path / "d.db") == [("a", "suppressed")]
+        assert recorder.committing() is None
+    finally:
+        await recorder.close()
+
+
+async def test_after_a_step_alone_the_first_record_is_written_at_once_and_the_rest_of_its_step_share_a_commit(
+    tmp_path: Path,
+) -> None:
+    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(Kept()))
+    try:
+        for message_id in ("a", "b", "c"):
+            recorder.record(a_record(message_id))
+        assert stored(tmp_path / "d.db") == [("a", "suppressed")]
+        committing = recorder.committing()
+        assert committing is not None
+        await committing
+        assert (recorder.commits, stored(tmp_path / "d.db")) == (2, [(m, "suppressed") for m in "abc"])
+        recorder.record(a_record("d"))  # the step before had company: this one waits for its step's commit
+        assert stored(tmp_path / "d.db") == [(m, "suppressed") for m in "abc"]
+        assert recorder.committing() is not None
+    finally:
+        await recorder.close()
 
 
 async def test_no_answer_is_sent_before_the_commit_that_holds_its_record(
@@ -132,20 +177,29 @@ async def test_no_answer_is_sent_before_the_commit_that_holds_its_record(
 ) -> None:
     engine, app = await primed(quick_start)
     recorder = inline_recorder(engine)
-    suppress: list[Message] = []
-    reject: list[Message] = []
-    seen_at_commit: list[tuple[int, int, int]] = []
+    answers: dict[str, list[Message]] = {}
+    committed: list[list[tuple[str, int]]] = []  # per commit: (message id, messages its request had sent)
     insert_apart = recorder.sink.insert_apart
 
     def watched(rows: list[DecisionRecord]) -> list[tuple[DecisionRecord, Exception]]:
-        seen_at_commit.append((len(rows), len(suppress), len(reject)))
+        committed.append([(r.message_id, len(answers[r.message_id])) for r in rows])
         return insert_apart(rows)
+
+    async def push(body: bytes, message_id: str) -> None:
+        await post(app, body, answers.setdefault(message_id, []))
 
     monkeypatch.setattr(recorder.sink, "insert_apart", watched)
     try:
-        await asyncio.gather(post(app, make_envelope(REPORT, "again"), suppress), post(app, BAD_ENVELOPE, reject))
-        assert seen_at_commit == [(2, 0, 0)]  # both records in the commit, neither request answered yet
-        assert (answer(suppress), answer(reject)) == ((200, "suppressed"), (400, "rejected"))
+        for step in ("1", "2"):  # a step after one alone (the priming), then a step after one with company
+            ids = (f"s{step}a", f"s{step}b", f"r{step}")
+            bodies = (make_envelope(REPORT, ids[0]), make_envelope(REPORT, ids[1]), bad_envelope(ids[2]))
+            await asyncio.gather(*(push(body, mid) for body, mid in zip(bodies, ids, strict=True)))
+            assert [answer(answers[mid]) for mid in ids] == [(200, "suppressed")] * 2 + [(400, "rejected")]
+        assert committed == [
+            [("s1a", 0)],  # alone so far: written at once
+            [("s1b", 0), ("r1", 0)],
+            [("s2a", 0), ("s2b", 0), ("r2", 0)],
+        ]
     finally:
         await close(engine)
 
@@ -164,14 +218,17 @@ def test_a_crash_between_record_and_commit_answers_nothing_and_the_redelivery_is
         record(rec)
         loop.stop()  # this loop step is the last: the commit scheduled for the next never runs
 
+    app = create_app(engine)
+    loop.run_until_complete(in_company(app))  # so the forward's record waits for its step's commit
     recorder.record = record_then_die  # type: ignore[method-assign]
     sent: list[Message] = []
     body = make_envelope(REPORT, "first")
-    task = loop.create_task(post(create_app(engine), body, sent))
+    task = loop.create_task(post(app, body, sent))
     loop.run_forever()
+    db = quick_start.parent / "filter-decisions.db"
     try:
         assert sent == []  # no answer: Pub/Sub redelivers
-        assert stored(quick_start.parent / "filter-decisions.db") == []
+        assert stored(db) == [("company-1", "rejected"), ("company-2", "rejected")]
         assert len(read_outbox(quick_start.parent / "outbox.jsonl").messages) == 1  # the forward landed
 
         async def restarted() -> list[Message]:
@@ -185,7 +242,7 @@ def test_a_crash_between_record_and_commit_answers_nothing_and_the_redelivery_is
 
         assert answer(asyncio.run(restarted())) == (200, "duplicate")
         assert len(read_outbox(quick_start.parent / "outbox.jsonl").messages) == 1
-        assert stored(quick_start.parent / "filter-decisions.db") == [("first", "duplicate")]
+        assert stored(db) == [("company-1", "rejected"), ("company-2", "rejected"), ("first", "duplicate")]
     finally:
         recorder.record = record  # type: ignore[method-assign]
         loop.run_until_complete(task)  # the dead process's step, let run out so the test leaves nothing open
@@ -201,9 +258,7 @@ async def test_a_failed_commit_answers_as_before_and_hands_every_row_to_the_fall
     holder = sqlite3.connect(db_path, isolation_level=None)
     holder.execute("BEGIN IMMEDIATE")  # another writer holds the file's write lock
     try:
-        suppress: list[Message] = []
-        reject: list[Message] = []
-        await asyncio.gather(post(app, make_envelope(REPORT, "again"), suppress), post(app, BAD_ENVELOPE, reject))
+        suppress, reject = await together(app, make_envelope(REPORT, "again"), bad_envelope("bad-1"))
         assert (answer(suppress), answer(reject)) == ((200, "suppressed"), (400, "rejected"))
         assert (recorder.deferred, recorder.fallback.pending) == (2, 2)
         holder.execute("ROLLBACK")
@@ -235,20 +290,31 @@ def a_record(message_id: str, **fields: Any) -> DecisionRecord:
     )
 
 
+async def recorded_in_company(recorder: InlineSqliteRecorder) -> None:
+    """Two records in one step: from the next step on, its records share one commit from the first."""
+    recorder.record(a_record("company-1"))
+    recorder.record(a_record("company-2"))
+    committing = recorder.committing()
+    assert committing is not None
+    await committing
+
+
 async def test_a_record_that_cannot_be_stored_costs_only_itself_not_the_records_it_shared_a_commit_with(
     tmp_path: Path,
 ) -> None:
     kept = Kept()
     recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(kept))
     try:
+        await recorded_in_company(recorder)
+        commits, written = recorder.commits, recorder.written
         unbindable = a_record("bad", reason=object())  # no such value reaches a record today
         for rec in (a_record("a"), unbindable, a_record("b")):
             recorder.record(rec)
         committing = recorder.committing()
         assert committing is not None
         await committing
-        assert (recorder.commits, recorder.written, recorder.deferred) == (1, 2, 1)
-        assert stored(tmp_path / "d.db") == [("a", "suppressed"), ("b", "suppressed")]
+        assert (recorder.commits, recorder.written, recorder.deferred) == (commits + 1, written + 2, 1)
+        assert stored(tmp_path / "d.db")[:2] == [("a", "suppressed"), ("b", "suppressed")]
         await recorder.flush()
         assert kept.rows == [unbindable]
     finally:
@@ -265,12 +331,13 @@ async def test_a_waiter_cancelled_does_not_cancel_the_commit_the_others_wait_for
         await committing
 
     try:
+        await recorded_in_company(recorder)
         first, second = asyncio.create_task(decided("a")), asyncio.create_task(decided("b"))
         await asyncio.sleep(0)  # both record and wait, in one step, before their commit runs
         first.cancel()  # e.g. its client went away
         await second
         assert first.cancelled()
-        assert stored(tmp_path / "d.db") == [("a", "suppressed"), ("b", "suppressed")]
+        assert stored(tmp_path / "d.db")[:2] == [("a", "suppressed"), ("b", "suppressed")]
     finally:
         await recorder.close()
 
@@ -287,17 +354,20 @@ def test_a_record_made_outside_an_event_loop_is_written_at_once(tmp_path: Path) 
 
 async def test_close_writes_the_records_whose_commit_has_not_run_yet(tmp_path: Path) -> None:
     recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(Kept()))
+    await recorded_in_company(recorder)
     recorder.record(a_record("a"))
+    assert recorder.committing() is not None  # its step's commit is still to run
     await recorder.close()
-    assert stored(tmp_path / "d.db") == [("a", "suppressed")]
+    assert stored(tmp_path / "d.db")[0] == ("a", "suppressed")
 
 
 async def test_engine_handle_returns_once_its_record_is_committed(quick_start: Path) -> None:
     """Pull, replay and the in-process API answer from `Engine.handle`: the row is there when it returns."""
     engine = make_engine(load(str(quick_start)))
     try:
+        await recorded_in_company(inline_recorder(engine))
         rec = await engine.handle(ROUTE, parse_envelope(make_envelope(REPORT, "first")))
         assert rec.decision is Decision.FORWARDED
-        assert stored(quick_start.parent / "filter-decisions.db") == [("first", "forwarded")]
+        assert ("first", "forwarded") in stored(quick_start.parent / "filter-decisions.db")
     finally:
         await close(engine)
