@@ -92,6 +92,10 @@ async def main():
     first = "forwarded" if app_name != "bare" else None
     await post(make_envelope(payload, "prime"), first)
     then = "suppressed" if app_name != "bare" else None
+    if together == 1:  # one after the other, in this task: the counts recorded before --together existed
+        for i in range(n):
+            await post(make_envelope(payload, f"m{i}"), then)
+        return
     for start in range(0, n, together):  # `together` requests ready in one event-loop step, as c connections
         batch = range(start, min(n, start + together))
         await asyncio.gather(*(post(make_envelope(payload, f"m{i}"), then) for i in batch))
