@@ -464,6 +464,9 @@ def serve_variant(variant: str, argv: list[str]) -> int:
             def record(self, record: Any) -> None:
                 pass
 
+            def committing(self) -> None:
+                return None
+
             async def flush(self) -> None:
                 pass
 

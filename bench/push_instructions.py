@@ -17,10 +17,13 @@ HTTP parsing and the socket are not in it (both apps pay them alike), so filter 
 is larger than through uvicorn; compare it between versions, not with the goal.
 
     .venv/bin/python bench/push_instructions.py [--requests 300] [--apps bare,filter,filter-warn] [--tree DIR]
+        [--together 16]
 
 `--tree DIR` also counts the filter apps with the `filter` package found in DIR (for
 instance an earlier commit's, from `git archive COMMIT filter | tar -x -C DIR`): before and
-after in one run. Needs valgrind (Debian's package).
+after in one run. `--together N` starts N requests at once (`asyncio.gather`), so their
+tasks run in one event-loop step as those of N connections read in one poll do: what the
+records' shared commit saves at c=16. Needs valgrind (Debian's package).
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ from filter.observability import logsetup
 from filter.core.envelope import make_envelope
 from tests.support.payloads import injury_report
 
-app_name, n, tmp = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+app_name, n, tmp, together = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[5])
 payload = json.dumps(injury_report(1)).encode()
 import push as bench_push
 if app_name == "bare":
@@ -89,21 +92,26 @@ async def main():
     first = "forwarded" if app_name != "bare" else None
     await post(make_envelope(payload, "prime"), first)
     then = "suppressed" if app_name != "bare" else None
-    for i in range(n):
-        await post(make_envelope(payload, f"m{i}"), then)
+    if together == 1:  # one after the other, in this task: the counts recorded before --together existed
+        for i in range(n):
+            await post(make_envelope(payload, f"m{i}"), then)
+        return
+    for start in range(0, n, together):  # `together` requests ready in one event-loop step, as c connections
+        batch = range(start, min(n, start + together))
+        await asyncio.gather(*(post(make_envelope(payload, f"m{i}"), then) for i in batch))
 
 asyncio.run(main())
 """
 
 
-def instructions(app: str, requests: int, tree: Path) -> int:
+def instructions(app: str, requests: int, tree: Path, together: int) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         # cwd not ROOT: `python -c` puts the working directory first on sys.path
-        return callgrind.instructions(CHILD, [app, str(requests), tmp, str(ROOT)], tree, cwd=tmp)
+        return callgrind.instructions(CHILD, [app, str(requests), tmp, str(ROOT), str(together)], tree, cwd=tmp)
 
 
-def per_request(app: str, requests: int, tree: Path) -> float:
-    return (instructions(app, requests, tree) - instructions(app, 0, tree)) / requests
+def per_request(app: str, requests: int, tree: Path, together: int) -> float:
+    return (instructions(app, requests, tree, together) - instructions(app, 0, tree, together)) / requests
 
 
 def main() -> None:
@@ -111,18 +119,26 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=300, help="suppressed requests per count (default 300)")
     parser.add_argument("--apps", default="bare,filter,filter-warn", help="comma-separated: bare, filter, filter-warn")
     parser.add_argument("--tree", type=Path, help="also count the filter apps with the filter package in this dir")
+    parser.add_argument(
+        "--together",
+        type=int,
+        default=1,
+        help="requests started at once, so they run in one event-loop step as c connections' do (default 1)",
+    )
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind: apt-get install valgrind")
     apps = [a for a in args.apps.split(",") if a]
-    print(f"instructions per request, in process, {args.requests} requests, PYTHONHASHSEED=0")
+    print(
+        f"instructions per request, in process, {args.requests} requests, {args.together} at a time, PYTHONHASHSEED=0"
+    )
     counts: dict[str, float] = {}
     trees = [("", ROOT)] + ([(" (--tree)", args.tree.resolve())] if args.tree else [])
     for suffix, tree in trees:
         for app in apps:
             if app == "bare" and suffix:
                 continue
-            counts[app + suffix] = per_request(app, args.requests, tree)
+            counts[app + suffix] = per_request(app, args.requests, tree, args.together)
             line = f"  {app + suffix:<22} {counts[app + suffix]:12,.0f}"
             if "bare" in counts and app != "bare":
                 line += f"   bare / this {counts['bare'] / counts[app + suffix]:.3f}"

@@ -136,7 +136,11 @@ class Engine:
     ) -> DecisionRecord:
         """Decide `msg` and act on it: publish, or with `act`, run the caller's work in its place."""
         with self.telemetry.decision(route_name, msg):  # telemetry: the decision's span
-            return await self._handle(route_name, msg, trace, act)
+            rec = await self._handle(route_name, msg, trace, act)
+            # Nothing ran since `_finish` recorded it: this is the commit that holds our record.
+            if (committing := self.recorder.committing()) is not None:
+                await committing
+            return rec
 
     async def _handle(self, route_name: str, msg: Message, trace: str | None, act: Act | None) -> DecisionRecord:
         started = time.perf_counter()

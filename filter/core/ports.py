@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Literal, Protocol, TypedDict
 
@@ -68,6 +68,11 @@ class Publisher(Protocol):
 class DecisionRecorder(Protocol):
     def record(self, record: DecisionRecord) -> None:
         """Accept a record without blocking the request; writing happens elsewhere."""
+
+    def committing(self) -> Awaitable[None] | None:
+        """What to await before answering for the records recorded so far: None when the
+        recorder promises no more than that they will be written (batches, later), else the
+        commit that will hold them (`InlineSqliteRecorder`: one per event-loop step)."""
 
     async def flush(self) -> None: ...
 

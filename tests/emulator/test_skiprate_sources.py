@@ -223,6 +223,9 @@ class FanOut:
         for r in self.recorders:
             r.record(record)
 
+    def committing(self) -> None:
+        return None
+
     async def flush(self) -> None:
         for r in self.recorders:
             await r.flush()

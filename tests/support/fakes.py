@@ -113,6 +113,9 @@ class MemoryRecorder:
     def record(self, record: DecisionRecord) -> None:
         self.records.append(record)
 
+    def committing(self) -> None:
+        return None
+
     @property
     def decisions(self) -> list[Decision]:
         return [r.decision for r in self.records]

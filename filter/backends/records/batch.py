@@ -106,6 +106,10 @@ class BatchingRecorder:
     def pending(self) -> int:
         return len(self._buffer)
 
+    def committing(self) -> None:
+        """Nothing to wait for: a batch is written later, off the request path, by design."""
+        return None
+
     def record(self, record: DecisionRecord) -> None:
         """Queue one record; never blocks, never raises."""
         try:

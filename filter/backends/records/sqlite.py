@@ -77,6 +77,26 @@ class SqliteSink:
             self._db.execute("BEGIN")
             self._db.executemany(_INSERT, values)
 
+    def insert_apart(self, rows: list[DecisionRecord]) -> list[tuple[DecisionRecord, Exception]]:
+        """Write rows now in one commit, each row its own INSERT: a row that cannot be bound
+        or stored is left out and returned with why, so it costs only itself (the inline
+        recorder's group of records from different requests). Raises, having stored none,
+        when the transaction itself fails (the file locked past the timeout, the disk full)."""
+        if len(rows) == 1:
+            self.insert(rows)  # one request at a time: its own transaction, no BEGIN and COMMIT
+            return []
+        refused: list[tuple[DecisionRecord, Exception]] = []
+        with self._db:  # COMMIT at the end; ROLLBACK when an OperationalError leaves it
+            self._db.execute("BEGIN")
+            for r in rows:
+                try:
+                    self._db.execute(*_insert_present(_values(r)))
+                except sqlite3.OperationalError:
+                    raise  # the file, not the row: none of them is stored
+                except Exception as exc:
+                    refused.append((r, exc))  # the statement failed alone; the transaction goes on
+        return refused
+
     async def write(self, rows: list[DecisionRecord]) -> None:
         await asyncio.to_thread(self.insert, rows)
 
