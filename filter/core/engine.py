@@ -351,7 +351,7 @@ class Engine:
             return rec
         rec = await self._forward_unleased(d, Decision.FAIL_OPEN)
         if rec.decision is Decision.FAIL_OPEN:
-            self.failed_open.remember(route.name, d.key, d.fp, self.clock.now())
+            self.failed_open.remember(route.name, d.key, d.fp, d.msg.publish_time, self.clock.now())
         return rec
 
     def _retention(self, route: Route) -> float:

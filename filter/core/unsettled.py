@@ -5,7 +5,8 @@ nothing: the state keeps the content before it. A later message equal to that st
 would then be suppressed, and the destination would stay on the fail-open content. So until a
 claim of ours on the key lands (the claim writes the content downstream as unknown:
 `transitions.claimed`), this instance decides the key as if what the destination holds were
-unknown, and forwards its next message.
+unknown, and forwards its next message; and it holds that message's publish time as the
+newest forwarded, so a redelivered older message is still stale.
 
 This is one process's memory: another instance, or this one after a restart, does not know
 (README: "Fail-open"). It is bounded: past `limit` keys the oldest entry is dropped, and its
@@ -16,6 +17,7 @@ a flood of keys costs extra forwards, never a lost change.
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import replace
 
 import structlog
 
@@ -30,29 +32,40 @@ LIMIT = 100_000
 class FailedOpen:
     def __init__(self, limit: int = LIMIT) -> None:
         self.limit = limit
-        self._keys: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()
+        self._keys: OrderedDict[tuple[str, str], tuple[str, float | None, float]] = OrderedDict()
         self._horizon: dict[str, float] = {}  # route -> the newest fail-open dropped from memory
 
     def __len__(self) -> int:
         return len(self._keys)
 
-    def remember(self, route: str, key: str, fingerprint: str, now: float) -> None:
-        """A fail-open forward of content `fingerprint` went out for (route, key) at `now`."""
-        self._keys[(route, key)] = (fingerprint, now)
+    def remember(self, route: str, key: str, fingerprint: str, published: float | None, now: float) -> None:
+        """A fail-open forward of content `fingerprint` (a message published at `published`)
+        went out for (route, key) at `now`."""
+        known = self._keys.get((route, key))
+        if known is not None and _newer(known[1], published):
+            published = known[1]  # an older message failed open after a newer one: keep the newer time
+        self._keys[(route, key)] = (fingerprint, published, now)
         self._keys.move_to_end((route, key))
         if len(self._keys) > self.limit:
-            (old_route, old_key), (_, at) = self._keys.popitem(last=False)
+            (old_route, old_key), (_, _, at) = self._keys.popitem(last=False)
             if at > self._horizon.get(old_route, float("-inf")):
                 self._horizon[old_route] = at
             log.warning("fail_open_memory_full", route=old_route, key=old_key, limit=self.limit)
 
     def view(self, route: str, key: str, state: KeyState | None) -> KeyState | None:
         """`state` as this instance must decide on it: unknown downstream after a fail-open of other content."""
-        if state is None or state.fingerprint is None or not (self._keys or self._horizon):
+        if state is None or not (self._keys or self._horizon):
             return state
         sent = self._keys.get((route, key))
         if sent is not None:
-            return state if sent[0] == state.fingerprint else state.unknown_downstream()
+            fingerprint, published, _ = sent
+            if _newer(published, state.publish_time):
+                state = replace(state, publish_time=published)
+            if state.fingerprint is None or fingerprint == state.fingerprint:
+                return state
+            return state.unknown_downstream()
+        if state.fingerprint is None:
+            return state
         horizon = self._horizon.get(route)
         if horizon is not None and state.forwarded_at is not None and state.forwarded_at <= horizon:
             return state.unknown_downstream()
@@ -62,3 +75,7 @@ class FailedOpen:
         """A claim of ours on the key landed: the store now carries what this memory held."""
         if self._keys:
             self._keys.pop((route, key), None)
+
+
+def _newer(a: float | None, b: float | None) -> bool:
+    return a is not None and (b is None or a > b)

@@ -164,16 +164,21 @@ class ReferenceModel:
 
     def __init__(self) -> None:
         self.keys: dict[tuple[str, str], MKey] = {}
-        self.failed_open: dict[int, dict[tuple[str, str], int]] = {0: {}, 1: {}}
+        self.failed_open: dict[int, dict[tuple[str, str], tuple[int, float]]] = {0: {}, 1: {}}
 
-    def fail_open(self, engine: int, route: str, key: str, content: int) -> None:
-        self.failed_open[engine][(route, key)] = content
+    def fail_open(self, engine: int, route: str, key: str, content: int, publish_time: float) -> None:
+        known = self.failed_open[engine].get((route, key))
+        self.failed_open[engine][(route, key)] = (content, max(publish_time, known[1]) if known else publish_time)
 
-    def content(self, engine: int, route: str, key: str, now: float) -> int | None:
-        """The stored content as `engine` decides on it: None after its fail-open of other content."""
+    def view(self, engine: int, route: str, key: str, now: float) -> tuple[int | None, float | None]:
+        """The stored content and publish time as `engine` decides on them: after its fail-open,
+        the fail-open's publish time if newer, and content None (unknown) if it was other content."""
         k = self.state(route, key, now)
         sent = self.failed_open[engine].get((route, key))
-        return None if sent is not None and k.content is not None and sent != k.content else k.content
+        if sent is None:
+            return k.content, k.publish_time
+        publish_time = k.publish_time if k.publish_time is not None and k.publish_time >= sent[1] else sent[1]
+        return (None if k.content is not None and sent[0] != k.content else k.content), publish_time
 
     def state(self, route: str, key: str, now: float) -> MKey:
         k = self.keys.get((route, key))
@@ -184,7 +189,7 @@ class ReferenceModel:
         return k
 
     def judge(self, route: str, m: Sent, now: float, engine: int) -> Decision:
-        content = self.content(engine, route, m.key, now)
+        content, publish_time = self.view(engine, route, m.key, now)
         k = self.state(route, m.key, now)
         if m.id in k.recent:
             return Decision.DUPLICATE
@@ -196,7 +201,7 @@ class ReferenceModel:
             return Decision.FORWARDED
         if content is None and k.forwarded_at is None:
             return Decision.FORWARDED
-        older = k.publish_time is not None and m.publish_time < k.publish_time
+        older = publish_time is not None and m.publish_time < publish_time
         # A holder whose lease lapsed may have published its content: the destination may not
         # hold what the state says, so equal content is no reason to suppress.
         dead_other = k.lease is not None and k.lease.content != content
@@ -212,8 +217,9 @@ class ReferenceModel:
         return Decision.FORWARDED
 
     def claim(self, route: str, m: Sent, now: float, engine: int) -> int:
-        content = self.content(engine, route, m.key, now)
+        content, publish_time = self.view(engine, route, m.key, now)
         k = self.state(route, m.key, now)
+        k.publish_time = publish_time
         # Taking over a lease of other content (or after our fail-open): downstream is unknown.
         k.content = None if k.lease is not None and k.lease.content != content else content
         self.failed_open[engine].pop((route, m.key), None)
@@ -371,7 +377,7 @@ class EngineMachine(RuleBasedStateMachine):
                 return Decision.FAILED, None
             if self.publisher.fail_next:
                 return Decision.FAILED, None
-            self.model.fail_open(engine, route, sent.key, sent.content)
+            self.model.fail_open(engine, route, sent.key, sent.content, sent.publish_time)
             return Decision.FAIL_OPEN, None
         verdict = self.model.judge(route, sent, now, engine)
         if verdict is not Decision.FORWARDED:

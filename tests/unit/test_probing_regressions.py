@@ -401,6 +401,20 @@ async def test_a_fail_open_forward_that_failed_to_publish_is_not_remembered(worl
     assert (await world.send("reports", report("out"))).decision is Decision.SUPPRESSED
 
 
+async def test_an_older_message_redelivered_after_a_newer_fail_open_forward_is_stale(world: World) -> None:
+    # Found by the engine model test: the fail-open memory made the older message a forward,
+    # and the destination ended on it instead of the newer content forwarded fail-open.
+    store = world.engine.store
+    await world.send("live", {"game_id": "g", "v": "A"}, publish_time=100.0)
+    world.engine.store = DownStore()  # type: ignore[assignment]
+    await world.send("live", {"game_id": "g", "v": "A"}, message_id="a2", publish_time=110.0)
+    await world.send("live", {"game_id": "g", "v": "B"}, publish_time=120.0)
+    world.engine.store = store
+    again = await world.send("live", {"game_id": "g", "v": "A"}, message_id="a2", publish_time=110.0)
+    assert again.decision is Decision.STALE
+    assert _published(world) == ["A", "A", "B"]
+
+
 async def test_another_instance_does_not_know_of_a_fail_open_forward(world: World) -> None:
     # README "Fail-open": the memory is the failing-open instance's own.
     await world.send("reports", report("out"))
