@@ -4,7 +4,6 @@ push has answered (the README's quick start runs a curl, then skip-rate, at once
 from __future__ import annotations
 
 import json
-import shutil
 import sqlite3
 from pathlib import Path
 
@@ -18,15 +17,6 @@ from filter.push.app import create_app
 from filter.runtime.wiring import make_engine
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture
-def quick_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The README's quick start: examples/filter.yaml, every file in the working directory."""
-    shutil.copy(ROOT / "examples" / "filter.yaml", tmp_path / "filter.yaml")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("PUBSUB_FILTER_CONFIG", raising=False)
-    return tmp_path / "filter.yaml"
 
 
 async def test_a_decision_is_in_skip_rate_as_soon_as_the_push_answered(

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -30,15 +29,6 @@ ROOT = Path(__file__).resolve().parents[2]
 ROUTE = "injury-report"
 REPORT = (ROOT / "examples" / "injury-report.json").read_bytes()
 Message = dict[str, Any]
-
-
-@pytest.fixture
-def quick_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """The README's quick start: examples/filter.yaml, every file in the working directory."""
-    shutil.copy(ROOT / "examples" / "filter.yaml", tmp_path / "filter.yaml")
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.delenv("PUBSUB_FILTER_CONFIG", raising=False)
-    return tmp_path / "filter.yaml"
 
 
 def inline_recorder(engine: Engine) -> InlineSqliteRecorder:
