@@ -125,12 +125,11 @@ _FIELDS = (
 
 
 def changes(route: str, key: str, stored: KeyState, new: KeyState) -> dict[str, Any]:
-    """The fields to update for the document holding `stored` to hold `new`.
+    """The fields to update for the document holding `stored` to hold `new` (a commit).
 
-    A claim or a commit writes under a precondition on `stored`'s version, so a field equal in
-    both is already stored and is left out: above all the row state (~54 KB at 450 rows), which
-    a claim carries over. A blank value (None, no recent ids) is written all the same: a claim's
-    `seen` may be expired state as the decision sees it (`KeyState.forgotten`), not as stored.
+    A commit writes under a precondition on `stored`'s lease, so a field equal in both is
+    already stored and is left out: above all the row state (~54 KB at 450 rows). A blank
+    value (None, no recent ids) is written all the same.
     """
     doc = to_document(route, key, new)
     out = {}
@@ -139,6 +138,18 @@ def changes(route: str, key: str, stored: KeyState, new: KeyState) -> dict[str, 
         if value is None or value == () or value != getattr(stored, attr):
             out[name] = doc[name]
     return out
+
+
+def claim_changes(route: str, key: str, seen: KeyState, new: KeyState) -> dict[str, Any]:
+    """The fields a claim updates: all of `new`'s, but row state equal to `seen`'s.
+
+    The precondition is on the version `seen` was read at, but `seen` is the state the decision
+    judged, which the engine may have changed from what it read: expired state forgotten
+    (`KeyState.forgotten`), a fail-open's content and newer publish time (`FailedOpen.view`).
+    Only the row state is never changed but blanked, so only it can be left out as stored.
+    """
+    doc = to_document(route, key, new)
+    return {name: doc[name] for _, name in _FIELDS if name != "rows" or new.rows is None or new.rows != seen.rows}
 
 
 def from_document(data: Mapping[str, Any], version: Any) -> KeyState:
@@ -327,7 +338,7 @@ class FirestoreStore(FirestoreCollection):
                 return replace(new, version=result.update_time)
             if seen.version is None:  # not a state this store returned: nothing to compare with
                 return None
-            fields = changes(route, key, seen, new)
+            fields = claim_changes(route, key, seen, new)
             return replace(new, version=await self._update("claim", route, key, fields, seen.version))
         except _LOST:
             return None
