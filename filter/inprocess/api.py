@@ -195,6 +195,7 @@ class SyncFilter:
         self.engine = self.filter.engine
 
     def _call(self, coro: Awaitable[T]) -> T:
+        """`coro` run on the filter's loop (its stores and records are that loop's), waited for here."""
         return asyncio.run_coroutine_threadsafe(_awaited(coro), self._loop).result()
 
     def process(

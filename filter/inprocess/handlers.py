@@ -99,13 +99,17 @@ def _payload_of(forward: Forward) -> Any:
 # --- the decorators --------------------------------------------------------------------
 
 
-def _message_or_nack(engine: Engine, route: str, to_message: ToMessage, args: Any, kw: Any) -> Message:
-    try:
-        return to_message(*args, **kw)
-    except (EnvelopeError, TypeError, msgspec.EncodeError) as exc:
-        # Recorded and logged as the sidecar records a body it cannot read.
-        rec = engine.reject(route, None, str(exc), message_id=getattr(exc, "message_id", None))
-        raise Nack(Outcome(rec)) from exc
+_UNREADABLE = (EnvelopeError, TypeError, msgspec.EncodeError)
+
+
+async def _rejected(engine: Engine, route: str, exc: Exception) -> Outcome[Any]:
+    """Recorded and logged as the sidecar records a body it cannot read, and, as there, the
+    answer (the Nack) waits for the commit that holds the record. Runs on the filter's loop:
+    the records' connection is the loop's, and a commit of its may be open."""
+    rec = engine.reject(route, None, str(exc), message_id=getattr(exc, "message_id", None))
+    if (committing := engine.recorder.committing()) is not None:
+        await committing
+    return Outcome(rec)
 
 
 def _acked(outcome: Outcome[T]) -> Outcome[T]:
@@ -125,14 +129,21 @@ def _decorator(f: Filter | SyncFilter, route: str, to_message: ToMessage, gives_
 
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kw: Any) -> Outcome[Any]:
-                msg = _message_or_nack(engine, route, to_message, args, kw)
+                try:
+                    msg = to_message(*args, **kw)
+                except _UNREADABLE as exc:
+                    raise Nack(await _rejected(engine, route, exc)) from exc
                 return _acked(await f.process(route, msg, lambda fwd: fn(body_args(fwd, args))))
 
             return async_wrapper
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kw: Any) -> Outcome[Any]:
-            msg = _message_or_nack(engine, route, to_message, args, kw)
+            assert isinstance(f, SyncFilter)
+            try:
+                msg = to_message(*args, **kw)
+            except _UNREADABLE as exc:
+                raise Nack(f._call(_rejected(engine, route, exc))) from exc
             return _acked(f.process(route, msg, lambda fwd: fn(body_args(fwd, args))))
 
         return wrapper

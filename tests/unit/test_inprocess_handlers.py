@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
+import sqlite3
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from filter.backends.records.inline import InlineSqliteRecorder
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import Config, parse
 from filter.core.engine import Engine
@@ -242,3 +244,61 @@ def test_a_handler_on_a_route_the_config_lacks_is_a_nack_with_a_404(sync: SyncFi
     with pytest.raises(Nack, match="unknown route") as caught:
         handle(report("out"))
     assert caught.value.status == 404
+
+
+def committed_decisions(path: Path) -> list[tuple[str, str]]:
+    """(message_id, decision) of the committed records, read as `skip-rate` reads: another connection."""
+    db = sqlite3.connect(path)
+    try:
+        return sorted(db.execute("SELECT message_id, decision FROM decisions").fetchall())
+    finally:
+        db.close()
+
+
+async def test_an_async_handler_raises_its_nack_for_an_unreadable_body_only_once_the_rejection_is_committed(
+    config: Config,
+) -> None:
+    async with Filter.open(config) as f:
+        recorder = f.engine.recorder
+        assert isinstance(recorder, InlineSqliteRecorder)
+        # Two records in one step: the recorder then expects company, and the next record waits for its step's commit.
+        f.engine.reject(ROUTE, None, "company", message_id="company-1")
+        f.engine.reject(ROUTE, None, "company", message_id="company-2")
+        waiting = recorder.committing()
+        assert waiting is not None
+        await waiting
+
+        @on_push(f, ROUTE)
+        async def handle(envelope: Any) -> None:
+            raise AssertionError("the body must not run")
+
+        with pytest.raises(Nack):
+            await handle(b'{"message": {"messageId": "bad-1", "data": "!!"}}')
+        # Nothing awaited since the Nack: what is committed now is what a crash here would leave.
+        assert ("bad-1", "rejected") in committed_decisions(config.records.path)
+
+
+def test_a_sync_handler_records_its_rejection_on_the_filters_loop_thread_not_the_callers(
+    sync: SyncFilter, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The records' connection is the loop's: a write from the caller's thread could land inside a
+    commit the loop has open, and go with it when that commit is rolled back."""
+    recorder = sync.engine.recorder
+    assert isinstance(recorder, InlineSqliteRecorder)
+    writers: list[str] = []
+    insert_apart = recorder.sink.insert_apart
+
+    def noted(rows: list[Any]) -> Any:
+        writers.append(threading.current_thread().name)
+        return insert_apart(rows)
+
+    monkeypatch.setattr(recorder.sink, "insert_apart", noted)
+
+    @on_push(sync, ROUTE)
+    def handle(envelope: Any) -> None:
+        raise AssertionError("the body must not run")
+
+    with pytest.raises(Nack):
+        handle(b'{"message": {"messageId": "bad-1", "data": "!!"}}')
+    assert writers == ["pubsub-filter"]
+    assert ("bad-1", "rejected") in committed_decisions(sync.engine.config.records.path)
