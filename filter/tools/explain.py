@@ -98,8 +98,10 @@ def render(result: dict[str, Any]) -> str:
     if stored is None:
         lines.append("stored:       nothing for this key yet")
     else:
+        # No fingerprint after a forward: what the destination holds is unknown (`KeyState.unsettled`).
+        content = stored["fingerprint"] or ("unknown downstream" if stored["forwarded_at"] else "nothing forwarded")
         lines.append(
-            f"stored:       {stored['fingerprint']}  forwarded {stored['forwarded_at']} "
+            f"stored:       {content}  forwarded {stored['forwarded_at']} "
             f"from message {stored['source_message_id']} (fence {stored['fence']})"
         )
         if "lease" in stored:

@@ -15,7 +15,8 @@ from filter.backends.stores.sqlite import SqliteStore
 from filter.cli import main
 from filter.core.config import load
 from filter.core.engine import Engine
-from filter.core.model import Message
+from filter.core.model import Lease, Message
+from filter.core.transitions import claimed
 from filter.runtime.wiring import make_store
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
@@ -147,3 +148,31 @@ def test_explain_says_noise_only_where_the_noise_audit_would_whatever_its_sampli
         "noise_only",
         "unchanged, but fields outside the selection changed",
     )
+
+
+async def unknown_downstream(db: Path) -> None:
+    """What a claim over a lapsed forward of other content (or a fail-open's) leaves once released."""
+    store = SqliteStore(db)
+    try:
+        seen = await store.read("injury", "2025-01-10")
+        assert seen is not None
+        seen = seen.unknown_downstream()
+        lease = Lease("other/1", seen.fence + 1, seen.forwarded_at or 0.0, "sha256:" + "9" * 64, "m2")
+        held = await store.claim("injury", "2025-01-10", seen, claimed(seen, lease, seen.expires_at or 0.0))
+        assert held is not None
+        await store.release("injury", "2025-01-10", held)
+    finally:
+        await store.close()
+
+
+def test_explain_says_what_the_destination_holds_is_unknown_rather_than_printing_none(
+    setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, report = setup
+    asyncio.run(forward(path, report))
+    asyncio.run(unknown_downstream(tmp_path / "state.db"))
+    file = tmp_path / "payload.json"
+    file.write_text(json.dumps(report))
+    assert main(["explain", "--config", str(path), "--route", "injury", str(file)]) == 0
+    stored = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("stored:"))
+    assert "None" not in stored and "unknown" in stored
