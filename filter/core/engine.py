@@ -139,7 +139,7 @@ class Engine:
             rec = await self._handle(route_name, msg, trace, act)
             # Nothing ran since `_finish` recorded it: this is the commit that holds our record.
             if (committing := self.recorder.committing()) is not None:
-                await committing
+                await _through_a_cancel(committing)
             return rec
 
     async def _handle(self, route_name: str, msg: Message, trace: str | None, act: Act | None) -> DecisionRecord:
@@ -367,6 +367,24 @@ class Engine:
         self.telemetry.decided(rec)  # telemetry: count it, describe it on its span
         _log_decision(rec)
         return rec
+
+
+async def _through_a_cancel(committing: Awaitable[None]) -> None:
+    """Wait for the commit holding a decision's record, even when cancelled meanwhile.
+
+    The decision has been acted on: a shutdown's cancel landing here would nack a message
+    already published, and a shadow or fail-open forward (no state written) would be published
+    again on redelivery. The commit is at most one loop step away, so it is waited for and the
+    cancel taken back; a second cancel in that step goes through.
+    """
+    commit = asyncio.ensure_future(committing)
+    try:
+        await asyncio.shield(commit)
+    except asyncio.CancelledError:
+        if commit.cancelled() or (task := asyncio.current_task()) is None:
+            raise
+        task.uncancel()
+        await commit
 
 
 def _failed(rec: DecisionRecord, exc: PublishFailed, after: str | None = None) -> DecisionRecord:

@@ -361,3 +361,32 @@ async def test_engine_handle_returns_once_its_record_is_committed(quick_start: P
         assert ("first", "forwarded") in stored(quick_start.parent / "filter-decisions.db")
     finally:
         await close(engine)
+
+
+async def test_a_cancel_while_a_shadow_forward_waits_for_its_records_commit_still_answers_it(
+    quick_start: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A shutdown past its grace cancels what is in flight, and a cancelled decision is nacked. A
+    shadow (or fail-open) forward has already published and writes no state, so a nack then would
+    have its redelivery published again: the cancel must not land in the wait for the record."""
+    engine = make_engine(load(str(quick_start)))
+    recorder = inline_recorder(engine)
+    try:
+        await recorded_in_company(recorder)
+        waiting_for = recorder.committing
+        handling: list[asyncio.Task[DecisionRecord]] = []
+
+        def cancelled_while_committing() -> Any:
+            committing = waiting_for()
+            handling[0].cancel()  # the shutdown's cancel, as the request starts to wait for its commit
+            return committing
+
+        monkeypatch.setattr(recorder, "committing", cancelled_while_committing)
+        score = b'{"game_id": "g1", "game_status": "Final", "home": 101, "away": 99}'
+        handling.append(asyncio.create_task(engine.handle("scoreboard", parse_envelope(make_envelope(score, "s1")))))
+        rec = await handling[0]
+        assert rec.decision is Decision.FORWARDED and rec.acked
+        assert len(read_outbox(quick_start.parent / "outbox.jsonl").messages) == 1
+        assert ("s1", "forwarded") in stored(quick_start.parent / "filter-decisions.db")
+    finally:
+        await close(engine)
