@@ -23,6 +23,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import TypeVar
 
 import structlog
 
@@ -55,6 +56,8 @@ CLAIM_ATTEMPTS = 3
 #: The caller's own work in place of the publish (the in-process API): it gets what a forward
 #: would publish (data and attributes) and returns what the record shows as `published_id`.
 Act = Callable[[bytes, Mapping[str, str]], Awaitable[str]]
+
+T = TypeVar("T")
 
 
 class WorkFailed(PublishFailed):
@@ -139,7 +142,7 @@ class Engine:
             rec = await self._handle(route_name, msg, trace, act)
             # Nothing ran since `_finish` recorded it: this is the commit that holds our record.
             if (committing := self.recorder.committing()) is not None:
-                await _through_a_cancel(committing)
+                await _despite_one_cancel(committing)
             return rec
 
     async def _handle(self, route_name: str, msg: Message, trace: str | None, act: Act | None) -> DecisionRecord:
@@ -273,6 +276,11 @@ class Engine:
         return Claimed(held)
 
     async def _publish_and_commit(self, d: Delivery, decided: Decided, held: KeyState) -> DecisionRecord:
+        # Once the publish is handed over it may land whatever we do, so a shutdown's cancel
+        # waits for its outcome and the commit: abandoned, the nacked copy is published again.
+        return await _despite_one_cancel(self._publish_and_commit_now(d, decided, held))
+
+    async def _publish_and_commit_now(self, d: Delivery, decided: Decided, held: KeyState) -> DecisionRecord:
         route, key, msg, rec, out = d.route, d.key, d.msg, d.rec, decided.out
         heartbeat = Heartbeat(self.store, route.name, key, held, self.config.lease, self.clock)
         out.attributes.update(fence_attributes(key, held.fence))
@@ -283,8 +291,8 @@ class Engine:
             await self._release(d, heartbeat.held)
             return _failed(rec, exc)
         except asyncio.CancelledError:
-            # Shutting down mid-publish: the message will be redelivered, so free the key now
-            # rather than make the redelivery wait out the lease.
+            # Cancelled twice (a shutdown that will not wait): the message will be redelivered,
+            # so free the key now rather than make the redelivery wait out the lease.
             await asyncio.shield(self._release(d, heartbeat.held))
             raise
         rec.decision = Decision.FORWARDED
@@ -335,7 +343,8 @@ class Engine:
     async def _forward_unleased(self, d: Delivery, decision: Decision) -> DecisionRecord:
         """Publish with no lease and no commit (shadow mode, fail-open): record `decision` once it went out."""
         try:
-            d.rec.published_id = await self._publish(d)
+            # as in `_publish_and_commit`: nothing but the ack would stop this copy's redelivery
+            d.rec.published_id = await _despite_one_cancel(self._publish(d))
         except PublishFailed as exc:
             return _failed(d.rec, exc, after=d.rec.reason)
         d.rec.decision = decision
@@ -369,22 +378,24 @@ class Engine:
         return rec
 
 
-async def _through_a_cancel(committing: Awaitable[None]) -> None:
-    """Wait for the commit holding a decision's record, even when cancelled meanwhile.
+async def _despite_one_cancel(work: Awaitable[T]) -> T:
+    """`work`'s result, even when cancelled meanwhile: the first cancel is taken back and `work`
+    waited for; a second cancel goes through to `work`.
 
-    The decision has been acted on: a shutdown's cancel landing here would nack a message
-    already published, and a shadow or fail-open forward (no state written) would be published
-    again on redelivery. The commit is at most one loop step away, so it is waited for and the
-    cancel taken back; a second cancel in that step goes through.
+    For what has been acted on, or is being: a publish handed to the publisher (it may land
+    after a cancel; the publisher's close flushes it), the commit that records it, the commit
+    holding a decision's record. A shutdown's cancel landing there would nack a message whose
+    copy is published, or published again on redelivery. Each is bounded by its own timeout
+    (the publisher's, the store's), so the wait ends; a shutdown that cannot wait cancels twice.
     """
-    commit = asyncio.ensure_future(committing)
+    task = asyncio.ensure_future(work)
     try:
-        await asyncio.shield(commit)
+        return await asyncio.shield(task)
     except asyncio.CancelledError:
-        if commit.cancelled() or (task := asyncio.current_task()) is None:
+        if task.cancelled() or (current := asyncio.current_task()) is None:
             raise
-        task.uncancel()
-        await commit
+        current.uncancel()
+        return await task
 
 
 def _failed(rec: DecisionRecord, exc: PublishFailed, after: str | None = None) -> DecisionRecord:

@@ -18,7 +18,8 @@ subscriptions a retry policy (`pubsub-filter provision` sets 10 s to 600 s), or 
 
 SIGTERM or SIGINT: stop pulling (the streaming-pull futures are cancelled), wait up to
 `server.shutdown_grace` for the messages in flight, cancel what is still running (the
-engine then releases its lease) and nack it, ack/nack what finished, flush the decision
+engine releases its lease and the message is nacked, except that a publish already handed
+over is waited for and recorded, then acked), ack/nack what finished, flush the decision
 records, exit 0. A second signal skips the wait. After the streams are cancelled the
 client library no longer sends acks, so the last acks and nacks go out as unary
 `Acknowledge` / `ModifyAckDeadline(0)` calls on the same client.
@@ -287,7 +288,7 @@ class PullWorker:
             if left:
                 log.warning("cancelling_in_flight", count=len(left), grace_s=self.grace)
                 for t in left:
-                    t.cancel()  # the engine releases its lease; the message is nacked
+                    t.cancel()  # the engine releases its lease (nack), or finishes a publish under way
                 await asyncio.wait(left, timeout=5.0)
         await asyncio.sleep(0)  # let the last done-callbacks run
         await asyncio.to_thread(self._send_late)

@@ -281,7 +281,8 @@ async def test_expired_lease_of_a_dead_holder_is_taken_over(world: World) -> Non
     world.clock.advance(world.config.lease.duration + 1)
     rec = await world.send("reports", report("in"))
     assert (rec.decision, rec.fence) == (Decision.FORWARDED, 2)
-    stuck.cancel()
+    dead.publisher.gate.set()  # type: ignore[attr-defined]
+    await stuck
 
 
 async def test_late_holder_with_an_old_fence_cannot_overwrite(world: World) -> None:

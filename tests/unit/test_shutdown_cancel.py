@@ -1,0 +1,159 @@
+"""A shutdown past its grace cancels what is still running. Once a publish is handed over it
+may land whatever we do (the publisher's close flushes it), so the first cancel waits for the
+publish's outcome and for the commit that records it; a second cancel abandons the forward and
+frees the key. Before, the first cancel released the lease and nacked: the copy published
+anyway, and the redelivery was published a second time."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from filter.backends.stores.guard import GuardedStore
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core.config import Config, parse
+from filter.core.engine import Engine
+from filter.core.model import Decision, KeyState, Message
+from tests.support.clock import ManualClock
+from tests.support.fakes import MemoryPublisher, MemoryRecorder, SwitchStore
+
+ROUTES: list[dict[str, Any]] = [
+    {"name": "reports", "destination": "phase3", "key": ["payload.game_date"]},
+    {"name": "shadow", "destination": "phase3", "key": ["payload.game_date"], "mode": "shadow"},
+]
+
+
+class GatedCommits(SwitchStore):
+    """Commits wait for `gate` once it is set to an Event; `committing` says one is waiting."""
+
+    def __init__(self, inner: SqliteStore) -> None:
+        super().__init__(inner)
+        self.gate: asyncio.Event | None = None
+        self.committing = asyncio.Event()
+
+    async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
+        if self.gate is not None:
+            self.committing.set()
+            await self.gate.wait()
+        return await super().commit(route, key, held, new)
+
+
+class Rig:
+    def __init__(self, tmp_path: Path) -> None:
+        self.config: Config = parse({"routes": ROUTES})
+        self.sqlite = SqliteStore(tmp_path / "state.db")
+        self.store = GatedCommits(self.sqlite)
+        self.publisher = MemoryPublisher()
+        self.recorder = MemoryRecorder()
+        self.engine = Engine(
+            self.config,
+            GuardedStore(self.store, self.config.store_errors),
+            self.publisher,
+            self.recorder,
+            ManualClock(),
+            "one",
+        )
+
+    def message(self, content: str, message_id: str) -> Message:
+        data = json.dumps({"game_date": "2025-01-10", "status": content}).encode()
+        return Message(data=data, attributes={}, message_id=message_id)
+
+    def start(self, route: str, content: str, message_id: str) -> asyncio.Task[Any]:
+        return asyncio.create_task(self.engine.handle(route, self.message(content, message_id)))
+
+    async def held_in_publish(self, route: str, content: str, message_id: str) -> asyncio.Task[Any]:
+        self.publisher.gate = asyncio.Event()
+        self.publisher.started.clear()
+        task = self.start(route, content, message_id)
+        await self.publisher.started.wait()
+        return task
+
+    async def state(self) -> KeyState | None:
+        return await self.sqlite.read("reports", "2025-01-10")
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> Any:
+    r = Rig(tmp_path)
+    yield r
+    await r.sqlite.close()
+
+
+async def test_a_cancel_while_the_publish_is_in_flight_waits_for_its_outcome_and_commits_it(rig: Rig) -> None:
+    task = await rig.held_in_publish("reports", "out", "m1")
+    task.cancel()
+    assert rig.publisher.gate is not None
+    rig.publisher.gate.set()
+    rec = await task
+    assert (rec.decision, rec.acked, rec.extra.get("committed", True)) == (Decision.FORWARDED, True, True)
+    state = await rig.state()
+    assert state is not None and state.fingerprint == rec.fingerprint and state.lease is None
+
+
+async def test_the_redelivery_of_a_forward_finished_through_a_cancel_is_not_published_again(rig: Rig) -> None:
+    task = await rig.held_in_publish("reports", "out", "m1")
+    task.cancel()
+    assert rig.publisher.gate is not None
+    rig.publisher.gate.set()
+    await asyncio.gather(task, return_exceptions=True)  # whatever the surface answered
+    again = await rig.engine.handle("reports", rig.message("out", "m1"))
+    assert again.decision is Decision.DUPLICATE and len(rig.publisher.published) == 1
+
+
+async def test_a_cancel_while_the_commit_is_in_flight_waits_for_the_commit(rig: Rig) -> None:
+    rig.store.gate = asyncio.Event()
+    task = rig.start("reports", "out", "m1")
+    await rig.store.committing.wait()
+    task.cancel()
+    rig.store.gate.set()
+    rec = await task
+    assert (rec.decision, rec.extra.get("committed", True)) == (Decision.FORWARDED, True)
+    state = await rig.state()
+    assert state is not None and state.fingerprint == rec.fingerprint
+
+
+async def test_a_publish_that_fails_after_a_cancel_is_nacked_and_frees_the_key(rig: Rig) -> None:
+    task = await rig.held_in_publish("reports", "out", "m1")
+    task.cancel()
+    rig.publisher.fail = True
+    assert rig.publisher.gate is not None
+    rig.publisher.gate.set()
+    rec = await task
+    assert (rec.decision, rec.acked) == (Decision.FAILED, False)
+    state = await rig.state()
+    assert state is not None and state.lease is None and state.fingerprint is None
+
+
+async def test_a_second_cancel_abandons_the_forward_and_frees_the_key(rig: Rig) -> None:
+    task = await rig.held_in_publish("reports", "out", "m1")
+    task.cancel()
+    await asyncio.sleep(0)  # one loop step: the first cancel lands and is taken back
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    state = await rig.state()
+    assert state is not None and state.lease is None and state.fingerprint is None
+
+
+async def test_a_cancel_while_a_shadow_forward_publishes_still_answers_it(rig: Rig) -> None:
+    await rig.engine.handle("shadow", rig.message("out", "m1"))
+    task = await rig.held_in_publish("shadow", "out", "m2")  # enforce would suppress; shadow publishes
+    task.cancel()
+    assert rig.publisher.gate is not None
+    rig.publisher.gate.set()
+    rec = await task
+    assert (rec.decision, rec.acked, len(rig.publisher.published)) == (Decision.SUPPRESSED, True, 2)
+
+
+async def test_a_cancel_while_a_fail_open_forward_publishes_still_answers_it(rig: Rig) -> None:
+    rig.store.down = True
+    task = await rig.held_in_publish("reports", "out", "m1")
+    task.cancel()
+    assert rig.publisher.gate is not None
+    rig.publisher.gate.set()
+    rec = await task
+    assert (rec.decision, rec.acked, len(rig.publisher.published)) == (Decision.FAIL_OPEN, True, 1)
