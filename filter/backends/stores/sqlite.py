@@ -94,8 +94,21 @@ _READ = (
 )
 _INSERT = (
     f"INSERT INTO key_state (route, key, version, {', '.join(_WRITTEN)}) "
-    f"VALUES (?, ?, 1, {', '.join('?' * len(_WRITTEN))}) ON CONFLICT (route, key) DO NOTHING"
+    f"VALUES (?, ?, ?, {', '.join('?' * len(_WRITTEN))}) ON CONFLICT (route, key) DO NOTHING"
 )
+
+
+def _first_version() -> int:
+    """A new key's first version: the microseconds since the epoch, not 1.
+
+    A purge deletes a key and a claim may create it again; a claim conditional on a version
+    read before the purge must not find that version on the new key (it would take over a
+    live lease). A key's version grows by one a write, so a deleted key's last version is its
+    creation time plus its writes, below any later creation's (keys live `state_ttl` at least).
+    """
+    return time.time_ns() // 1000
+
+
 _CLAIM = f"UPDATE key_state SET version = version + 1, {_SET} WHERE route = ? AND key = ? AND version = ?"
 _COMMIT = (
     f"UPDATE key_state SET version = version + 1, {_SET} "
@@ -245,8 +258,8 @@ class SqliteStore:
         self.ops["write"] += 1
         self.ops["claim"] += 1
         if seen is None:
-            won = self._write(_INSERT, (route, key, *_values(new)), route, key, new.rows)
-            version = 1
+            version = _first_version()
+            won = self._write(_INSERT, (route, key, version, *_values(new)), route, key, new.rows)
         else:
             # A forward's claim carries the row state it read over (the engine's `claimed`): the
             # update is conditional on that read's version, so the stored rows are that very value.
