@@ -177,8 +177,12 @@ def _callgrind(command: str, pid: int) -> None:
     subprocess.run(["callgrind_control", command, str(pid)], check=True, capture_output=True, timeout=120)
 
 
-def server_per_request(mode: str, messages: int, warmup: int, settle: float, sink: str) -> float:
-    """Instructions per suppressed push request, the whole `serve` process (all threads)."""
+def server_per_request(
+    mode: str, messages: int, warmup: int, settle: float, sink: str, keep: Path | None = None
+) -> float:
+    """Instructions per suppressed push request, the whole `serve` process (all threads). With
+    `keep`, the measured window's callgrind dump is copied there as `MODE.callgrind` (for
+    `callgrind_annotate`: where each mode's instructions go, function by function)."""
     push = json.loads((ROOT / "examples/push-injury.json").read_text())["message"]
     data, attributes = base64.b64decode(push["data"]), push.get("attributes") or {}
     port = _free_port()
@@ -193,7 +197,8 @@ def server_per_request(mode: str, messages: int, warmup: int, settle: float, sin
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT), **extra}
     with tempfile.TemporaryDirectory(prefix="telemetry-cost-") as tmp:
         out = Path(tmp) / "callgrind.out"
-        argv = ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}", sys.executable, "-c", SERVE]
+        argv = ["valgrind", "--tool=callgrind", "--dump-instr=no", f"--callgrind-out-file={out}"]
+        argv += [sys.executable, "-c", SERVE]
         argv += ["serve", "--config", str(ROOT / "examples/filter.yaml"), "--host", "127.0.0.1", "--port", str(port)]
         with open(Path(tmp) / "stderr", "wb") as err:
             proc = subprocess.Popen(
@@ -221,6 +226,13 @@ def server_per_request(mode: str, messages: int, warmup: int, settle: float, sin
                 proc.kill()
                 proc.wait()
         [dump] = [p for p in Path(tmp).glob("callgrind.out.*") if p.suffix == ".1"]
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            name, n = mode, 1
+            while (keep / f"{name}.callgrind").exists():  # a mode named twice (the A/A): keep both
+                n += 1
+                name = f"{mode}#{n}"
+            shutil.copy(dump, keep / f"{name}.callgrind")
         m = re.search(r"^totals: (\d+)", dump.read_text(), re.M)
         if m is None:
             raise SystemExit(f"no totals in {dump}")
@@ -254,6 +266,7 @@ def main() -> None:
     )
     parser.add_argument("--warmup", type=int, default=50, help="server path: suppressions before counting")
     parser.add_argument("--settle", type=float, default=7.0, help="server path: idle seconds before zero and dump")
+    parser.add_argument("--keep", type=Path, help="server path: copy each mode's callgrind dump into this directory")
     args = parser.parse_args()
     if shutil.which("valgrind") is None:
         raise SystemExit("needs valgrind: apt-get install valgrind")
@@ -273,7 +286,7 @@ def main() -> None:
             counts: dict[str, float] = {}
             for mode in args.modes.split(","):  # a mode named twice is an A/A check: the second is "mode#2"
                 label = mode if mode not in counts else f"{mode}#{sum(k.split('#')[0] == mode for k in counts) + 1}"
-                counts[label] = server_per_request(mode, args.messages, args.warmup, args.settle, url)
+                counts[label] = server_per_request(mode, args.messages, args.warmup, args.settle, url, args.keep)
         finally:
             sink.shutdown()
             sink.server_close()

@@ -16,7 +16,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from filter.core.model import KeyState
 from filter.core.ports import Publisher, StateStore
 from filter.observability.telemetry import Telemetry
-from filter.observability.tracing import SYSTEM, short_name
+from filter.observability.tracing import PUBLISH_SPAN, SYSTEM, short_name
 
 T = TypeVar("T")
 
@@ -36,7 +36,8 @@ class InstrumentedStore:
         t = self.telemetry
         started = time.perf_counter()
         outcome = _ERROR[operation]
-        span = t.store_span(operation, route) if t.tracing else None
+        # PUBLISH_SPAN is set only in a decision that entered the SDK: a dropped one asks no further
+        span = t.store_span(operation, route) if t.tracing and PUBLISH_SPAN.get() is not None else None
         try:
             result = await call()
             outcome = _OK[operation]

@@ -45,6 +45,7 @@ from filter.observability.otlp import otlp_endpoint, otlp_metric_reader, otlp_sp
 from filter.observability.prometheus_text import PrometheusText
 from filter.observability.tracing import (
     ATTRIBUTES_SET,
+    MESSAGE_TRACEPARENT,
     PUBLISH_SPAN,
     REQUEST_PARENT,
     SYSTEM,
@@ -198,29 +199,40 @@ class Telemetry:
         if not self.tracing:
             yield None
             return
-        current = None
-        parent = REQUEST_PARENT.get()
-        if parent is None:
-            current = trace.get_current_span().get_span_context()
-            parent = current if current.is_valid else message_parent(msg.attributes)
         early = self._early
-        if early is not None:
-            # Dropped here: no span, nothing made current; only a forward reads the trace (`inject`).
-            if parent is None:
-                if dropped := early.dropped():
-                    token = UNSAMPLED_ROOT.set(dropped)
+        current = parent = None
+        request = REQUEST_PARENT.get()
+        if request is not None:
+            # Dropped under the request's unsampled parent: nothing set, `inject` reads the request's.
+            if early is not None and early.parents and not request.sampled:
+                yield None
+                return
+            parent = request.span_context()
+        else:
+            # An empty context (no surface made anything current: the push path) has no span to read.
+            if otel_context.get_current():
+                current = trace.get_current_span().get_span_context()
+            if current is not None and current.is_valid:
+                parent = current
+            elif MESSAGE_TRACEPARENT in msg.attributes:
+                parent = message_parent(msg.attributes)
+            if early is not None:
+                # Dropped here: no span, nothing made current; only a forward reads the trace (`inject`).
+                if parent is None:
+                    if dropped := early.dropped():
+                        token = UNSAMPLED_ROOT.set(dropped)
+                        try:
+                            yield None
+                        finally:
+                            UNSAMPLED_ROOT.reset(token)
+                        return
+                elif early.parents and not parent.trace_flags.sampled:
+                    token_parent = UNSAMPLED_PARENT.set(parent)
                     try:
                         yield None
                     finally:
-                        UNSAMPLED_ROOT.reset(token)
+                        UNSAMPLED_PARENT.reset(token_parent)
                     return
-            elif early.parents and not parent.trace_flags.sampled:
-                token_parent = UNSAMPLED_PARENT.set(parent)
-                try:
-                    yield None
-                finally:
-                    UNSAMPLED_PARENT.reset(token_parent)
-                return
         subscription = short_name(msg.subscription)
         # What a surface made current is current already; a request's or a message's parent is
         # handed to the SDK, alone in its context as a propagator extracts it.
@@ -319,6 +331,9 @@ class Telemetry:
             W3C.inject(attributes, context=early.context(dropped), setter=ATTRIBUTES_SET)
         elif early is not None and (parent := UNSAMPLED_PARENT.get()) is not None:
             W3C.inject(attributes, context=early.context_under(parent), setter=ATTRIBUTES_SET)
+        elif early is not None and early.parents and (request := REQUEST_PARENT.get()) and not request.sampled:
+            # the decision was dropped under the push request's parent (`decision`)
+            W3C.inject(attributes, context=early.context_under(request.span_context()), setter=ATTRIBUTES_SET)
         elif trace.get_current_span().get_span_context().is_valid:
             W3C.inject(attributes, setter=ATTRIBUTES_SET)
 

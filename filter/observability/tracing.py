@@ -79,7 +79,34 @@ _TRACESTATE_MAX = 8192
 _CLOUD_HEADER = re.compile(r"(?P<trace_id>[0-9a-f]{32})\/(?P<span_id>[\d]{1,20})(;o=(?P<trace_flags>\d+))?")
 
 
-def request_parent(headers: Mapping[bytes, str]) -> SpanContext | None:
+_SPAN_ID_MAX = (1 << 64) - 1
+
+
+class RequestParent:
+    """The parent a push request's trace header names, read only as far as a decision's verdict
+    needs: whether it is sampled. On Cloud Run nearly every push request names an unsampled
+    parent and its decision is dropped (`EarlySampling`); only a forward of such a decision, a
+    sampled parent, or a sampler that reads the parent needs its `SpanContext`, built then from
+    the header's fields exactly as the propagators build it (converting the ids, the flags, the
+    trace state and the SpanContext itself cost more than the rest of a dropped decision)."""
+
+    __slots__ = ("_flags", "_span_id", "_state", "_trace_id", "sampled")
+
+    def __init__(self, trace_id: str, span_id: int | str, flags: int, state: str | None = None) -> None:
+        self.sampled = bool(flags & TraceFlags.SAMPLED)
+        self._trace_id = trace_id  # 32 hex digits, not all zero
+        self._span_id = span_id  # an int (Cloud's decimal, checked in range) or 16 hex digits, not all zero
+        self._flags = flags
+        self._state = state
+
+    def span_context(self) -> SpanContext:
+        span_id = self._span_id if isinstance(self._span_id, int) else int(self._span_id, 16)
+        state = self._state
+        trace_state = None if state is None or len(state) > _TRACESTATE_MAX else TraceState.from_header([state])
+        return SpanContext(int(self._trace_id, 16), span_id, True, TraceFlags(self._flags), trace_state)
+
+
+def request_parent_of(headers: Mapping[bytes, str]) -> RequestParent | None:
     """The parent a push request names: W3C `traceparent` (and `tracestate`), else
     `X-Cloud-Trace-Context`; None when neither names a valid one. `headers`: the push app's
     `headers_of`.
@@ -87,30 +114,31 @@ def request_parent(headers: Mapping[bytes, str]) -> SpanContext | None:
     What the two propagators extract, without their extract: on Cloud Run every push request
     carries a trace header and most decisions are dropped, and a propagator's extract (the
     getter, a context and a span built around the span context, ~40,000 instructions) cost
-    more than the rest of a dropped decision's telemetry together. `request_context` is the
-    propagators' reading, kept for the test that holds this one to it."""
+    more than the rest of a dropped decision's telemetry together. The checks here are the
+    ones that decide validity (a SpanContext of 32 and 16 hex digits, not all zero, is always
+    valid); `request_context` is the propagators' reading, kept for the test that holds this
+    one to it."""
     value = headers.get(b"traceparent")
     if value is not None and len(value) <= _TRACEPARENT_MAX and (m := _TRACEPARENT.search(value)):
         version, trace_id, span_id, flags, rest = m.groups()
-        if trace_id != "0" * 32 and span_id != "0" * 16 and version != "ff" and not (version == "00" and rest):
-            state = headers.get(b"tracestate")
-            parent = SpanContext(
-                int(trace_id, 16),
-                int(span_id, 16),
-                True,
-                TraceFlags(int(flags, 16)),
-                None if state is None or len(state) > _TRACESTATE_MAX else TraceState.from_header([state]),
-            )
-            if parent.is_valid:
-                return parent
+        if trace_id != _ZERO_TRACE and span_id != _ZERO_SPAN and version != "ff" and not (version == "00" and rest):
+            return RequestParent(trace_id, span_id, int(flags, 16), headers.get(b"tracestate"))
     value = headers.get(b"x-cloud-trace-context")
     if value is not None and (m := _CLOUD_HEADER.fullmatch(value)):
         trace_id, span_id, flags = m.group("trace_id", "span_id", "trace_flags")
-        if trace_id != "0" * 32 and int(span_id) != 0:
-            parent = SpanContext(int(trace_id, 16), int(span_id), True, TraceFlags(flags or "0"))
-            if parent.is_valid:
-                return parent
+        if trace_id != _ZERO_TRACE and 0 < (span := int(span_id)) <= _SPAN_ID_MAX:
+            return RequestParent(trace_id, span, int(flags or "0"))
     return None
+
+
+_ZERO_TRACE = "0" * 32
+_ZERO_SPAN = "0" * 16
+
+
+def request_parent(headers: Mapping[bytes, str]) -> SpanContext | None:
+    """`request_parent_of`'s parent as a SpanContext."""
+    parent = request_parent_of(headers)
+    return None if parent is None else parent.span_context()
 
 
 def request_context(headers: Mapping[bytes, str]) -> otel_context.Context | None:
@@ -124,13 +152,17 @@ def request_context(headers: Mapping[bytes, str]) -> otel_context.Context | None
     return None
 
 
-#: The parent the push request names, while its decision runs (set by the push app).
-REQUEST_PARENT: ContextVar[SpanContext | None] = ContextVar("pubsub_filter_request_parent", default=None)
+#: The parent the push request names, while its decision runs (set by the push app). A decision
+#: dropped under it (unsampled) sets nothing of its own: a forward reads the parent from here.
+REQUEST_PARENT: ContextVar[RequestParent | None] = ContextVar("pubsub_filter_request_parent", default=None)
+
+#: Where a traced publisher leaves its trace context in a message's attributes.
+MESSAGE_TRACEPARENT = ATTRIBUTE_PREFIX + "traceparent"
 
 
 def message_parent(attributes: Mapping[str, str]) -> SpanContext | None:
     """The parent a traced publisher left in the message's attributes (`googclient_traceparent`)."""
-    if ATTRIBUTE_PREFIX + "traceparent" not in attributes:
+    if MESSAGE_TRACEPARENT not in attributes:
         return None
     parent = trace.get_current_span(W3C.extract(attributes, getter=ATTRIBUTES_GET)).get_span_context()
     return parent if parent.is_valid else None

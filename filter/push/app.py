@@ -24,7 +24,7 @@ from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError, parse_envelope
 from filter.core.model import Decision, DecisionRecord
 from filter.observability.probes import backend_problems, metrics_routes, telemetry_of
-from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, request_parent
+from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, request_parent_of
 
 log = structlog.get_logger("pubsub_filter.push")
 
@@ -147,7 +147,7 @@ def create_app(
             rec = engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
             await _committed(engine)
             return _json({"decision": "rejected", "reason": rec.reason}, 400)
-        if tracing and (parent := request_parent(headers)) is not None:
+        if tracing and (parent := request_parent_of(headers)) is not None:
             token = REQUEST_PARENT.set(parent)  # the decision's parent: the push request's trace
             try:
                 rec = await engine.handle(route, msg, trace)

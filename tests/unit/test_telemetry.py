@@ -22,12 +22,13 @@ from typing import Any
 import httpx
 import pytest
 import structlog
+from opentelemetry import context as otel_context
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, SamplingResult, TraceIdRatioBased
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import SpanContext, SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
 from filter.backends.stores.guard import GuardedStore
@@ -39,7 +40,7 @@ from filter.observability import logsetup
 from filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
 from filter.observability.prometheus_text import PrometheusText
 from filter.observability.telemetry import Telemetry, from_config
-from filter.observability.tracing import drops_unsampled_parents, root_bound, sampler
+from filter.observability.tracing import RequestParent, drops_unsampled_parents, root_bound, sampler
 from filter.push.app import create_app
 from filter.runtime.operational import Failure
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
@@ -645,6 +646,47 @@ async def test_a_forward_dropped_under_an_unsampled_parent_keeps_its_random_trac
     [published] = default_sampling.publisher.published
     assert published.attributes["googclient_traceparent"].split("-")[3] == "02"
     assert published.attributes["googclient_tracestate"] == "vendor=opaque"
+
+
+@pytest.mark.parametrize(
+    "headers", [{"traceparent": UNSAMPLED_PARENT}, CLOUD_UNSAMPLED], ids=["traceparent-00", "cloud-run-o=0"]
+)
+async def test_a_suppression_dropped_under_an_unsampled_push_request_reads_no_more_of_its_parent_than_the_flag(
+    default_sampling: Rig, monkeypatch: pytest.MonkeyPatch, headers: dict[str, str]
+) -> None:
+    """On Cloud Run nearly every push request is this: the parent's SpanContext is built only for a forward."""
+    await default_sampling.push(envelope(message_id="1"), **headers)  # forwarded: its message carries the trace
+    built: list[SpanContext] = []
+    span_context = RequestParent.span_context
+
+    def counted(self: RequestParent) -> SpanContext:
+        built.append(span_context(self))
+        return built[-1]
+
+    monkeypatch.setattr(RequestParent, "span_context", counted)
+    r = await default_sampling.push(envelope(message_id="2"), **headers)
+    assert (r.json()["decision"], built, default_sampling.finished()) == ("suppressed", [], [])
+
+
+async def test_a_span_the_surface_made_current_is_the_parent_when_the_push_request_names_none(rig: Rig) -> None:
+    """The pull worker's and replay's way in: no request headers, the surface's span current."""
+    with rig.telemetry.tracer.start_as_current_span("surface") as surface:
+        await rig.engine.handle("reports", parse_envelope(envelope()))
+    decision = rig.decision_span()
+    assert decision.parent is not None and decision.parent.span_id == surface.get_span_context().span_id
+
+
+async def test_a_current_context_without_a_span_leaves_the_parent_to_the_message(rig: Rig) -> None:
+    """A surface may make baggage current and no span: the publisher's trace context is the parent then."""
+    token = otel_context.attach(otel_context.set_value("some-key", "v"))
+    try:
+        await rig.engine.handle(
+            "reports", parse_envelope(envelope(attributes={"googclient_traceparent": SAMPLED_PARENT}))
+        )
+    finally:
+        otel_context.detach(token)
+    decision = rig.decision_span()
+    assert decision.parent is not None and format(decision.parent.span_id, "016x") == PARENT_SPAN
 
 
 async def test_two_forwards_dropped_under_one_unsampled_parent_pass_on_two_span_ids(default_sampling: Rig) -> None:

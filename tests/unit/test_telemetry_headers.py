@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from opentelemetry import trace
 from opentelemetry.trace import SpanContext
 
-from filter.observability.tracing import request_context, request_parent
+from filter.observability.tracing import request_context, request_parent, request_parent_of
 
 HEX = "0123456789abcdef"
 TRACE_ID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -82,6 +82,36 @@ def test_the_push_requests_parent_is_what_the_propagators_extract(
         if value is not None
     }
     assert request_parent(headers) == propagators(headers)
+
+
+@given(
+    traceparent=st.one_of(st.none(), traceparents, st.text(max_size=60)),
+    tracestate=st.one_of(st.none(), tracestates),
+    cloud=st.one_of(st.none(), cloud_headers, st.text(max_size=60)),
+)
+@example(traceparent=None, tracestate=None, cloud=f"{TRACE_ID}/123;o=0")
+@example(traceparent=None, tracestate=None, cloud=f"{TRACE_ID}/123;o=13")  # odd options: sampled
+@example(traceparent=None, tracestate=None, cloud=f"{TRACE_ID}/123")  # no options: not sampled
+@example(traceparent=f"00-{TRACE_ID}-00f067aa0ba902b7-03", tracestate=None, cloud=None)
+@example(traceparent=f"00-{TRACE_ID}-00f067aa0ba902b7-02", tracestate=None, cloud=f"{TRACE_ID}/123;o=1")
+def test_whether_the_push_requests_parent_is_sampled_is_read_as_the_propagators_read_it(
+    traceparent: str | None, tracestate: str | None, cloud: str | None
+) -> None:
+    """The verdict on most decisions is taken from this flag alone, before the parent's SpanContext is built."""
+    headers = {
+        name: value
+        for name, value in (
+            (b"traceparent", traceparent),
+            (b"tracestate", tracestate),
+            (b"x-cloud-trace-context", cloud),
+        )
+        if value is not None
+    }
+    parent, extracted = request_parent_of(headers), propagators(headers)
+    assert (parent is None, parent and parent.sampled) == (
+        extracted is None,
+        extracted and extracted.trace_flags.sampled,
+    )
 
 
 def test_without_trace_headers_a_push_request_names_no_parent() -> None:
