@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import structlog
 
@@ -116,13 +116,19 @@ class Engine:
         self.random = random.Random()
         self.in_flight = 0
         self.failed_open = FailedOpen()  # keys whose destination a fail-open forward of ours moved
+        self._finishing: set[asyncio.Task[Any]] = set()  # decisions finishing through a cancel
         self.telemetry = telemetry or UNOBSERVED  # telemetry: metrics and the decision's span
 
     async def close(self, deadline: float | None = None) -> None:
-        """The one close sequence, for every surface: the records still waiting (for at most
-        `deadline` seconds, by default the shutdown grace), then the publisher, the store and
-        the last telemetry batches. Each step runs even when one before it failed."""
+        """The one close sequence, for every surface: the decisions a cancel found past their
+        publish, then the records still waiting (each for at most `deadline` seconds, by default
+        the shutdown grace), then the publisher, the store and the last telemetry batches.
+        Each step runs even when one before it failed."""
         grace = self.config.server.shutdown_grace if deadline is None else deadline
+        if self._finishing:
+            # Cancelled by the shutdown but past their publish: their commits and records come
+            # first (a surface closes the engine right after cancelling what still runs).
+            await asyncio.wait(set(self._finishing), timeout=grace)
         try:
             await self.recorder.close(deadline=grace)
         finally:
@@ -142,7 +148,7 @@ class Engine:
             rec = await self._handle(route_name, msg, trace, act)
             # Nothing ran since `_finish` recorded it: this is the commit that holds our record.
             if (committing := self.recorder.committing()) is not None:
-                await _despite_one_cancel(committing)
+                await self._despite_one_cancel(committing)
             return rec
 
     async def _handle(self, route_name: str, msg: Message, trace: str | None, act: Act | None) -> DecisionRecord:
@@ -278,7 +284,7 @@ class Engine:
     async def _publish_and_commit(self, d: Delivery, decided: Decided, held: KeyState) -> DecisionRecord:
         # Once the publish is handed over it may land whatever we do, so a shutdown's cancel
         # waits for its outcome and the commit: abandoned, the nacked copy is published again.
-        return await _despite_one_cancel(self._publish_and_commit_now(d, decided, held))
+        return await self._despite_one_cancel(self._publish_and_commit_now(d, decided, held))
 
     async def _publish_and_commit_now(self, d: Delivery, decided: Decided, held: KeyState) -> DecisionRecord:
         route, key, msg, rec, out = d.route, d.key, d.msg, d.rec, decided.out
@@ -344,7 +350,7 @@ class Engine:
         """Publish with no lease and no commit (shadow mode, fail-open): record `decision` once it went out."""
         try:
             # as in `_publish_and_commit`: nothing but the ack would stop this copy's redelivery
-            d.rec.published_id = await _despite_one_cancel(self._publish(d))
+            d.rec.published_id = await self._despite_one_cancel(self._publish(d))
         except PublishFailed as exc:
             return _failed(d.rec, exc, after=d.rec.reason)
         d.rec.decision = decision
@@ -363,6 +369,28 @@ class Engine:
             self.failed_open.remember(route.name, d.key, d.fp, d.msg.publish_time, self.clock.now())
         return rec
 
+    async def _despite_one_cancel(self, work: Awaitable[T]) -> T:
+        """`work`'s result, even when cancelled meanwhile: the first cancel is taken back and
+        `work` waited for; a second cancel goes through to `work`.
+
+        For what has been acted on, or is being: a publish handed to the publisher (it may land
+        after a cancel; the publisher's close flushes it), the commit that records it, the
+        commit holding a decision's record. A shutdown's cancel landing there would nack a
+        message whose copy is published, or published again on redelivery. Each is bounded by
+        its own timeout (the publisher's, the store's), so the wait ends; a shutdown that cannot
+        wait cancels twice. `close` waits for such decisions before it closes anything.
+        """
+        task = asyncio.ensure_future(work)
+        try:
+            return await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if task.cancelled() or (current := asyncio.current_task()) is None:
+                raise
+            current.uncancel()
+            self._finishing.add(current)
+            current.add_done_callback(self._finishing.discard)
+            return await task
+
     def _retention(self, route: Route) -> float:
         return max(self.config.state_ttl, route.window or 0.0)
 
@@ -376,26 +404,6 @@ class Engine:
         self.telemetry.decided(rec)  # telemetry: count it, describe it on its span
         _log_decision(rec)
         return rec
-
-
-async def _despite_one_cancel(work: Awaitable[T]) -> T:
-    """`work`'s result, even when cancelled meanwhile: the first cancel is taken back and `work`
-    waited for; a second cancel goes through to `work`.
-
-    For what has been acted on, or is being: a publish handed to the publisher (it may land
-    after a cancel; the publisher's close flushes it), the commit that records it, the commit
-    holding a decision's record. A shutdown's cancel landing there would nack a message whose
-    copy is published, or published again on redelivery. Each is bounded by its own timeout
-    (the publisher's, the store's), so the wait ends; a shutdown that cannot wait cancels twice.
-    """
-    task = asyncio.ensure_future(work)
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        if task.cancelled() or (current := asyncio.current_task()) is None:
-            raise
-        current.uncancel()
-        return await task
 
 
 def _failed(rec: DecisionRecord, exc: PublishFailed, after: str | None = None) -> DecisionRecord:

@@ -157,3 +157,21 @@ async def test_a_cancel_while_a_fail_open_forward_publishes_still_answers_it(rig
     rig.publisher.gate.set()
     rec = await task
     assert (rec.decision, rec.acked, len(rig.publisher.published)) == (Decision.FAIL_OPEN, True, 1)
+
+
+async def test_closing_right_after_the_cancel_lets_the_forward_commit_and_record_first(rig: Rig) -> None:
+    """What uvicorn does past the grace: cancel the request, then run the lifespan's close at once."""
+    task = await rig.held_in_publish("reports", "out", "m1")
+    task.cancel()
+    await asyncio.sleep(0)  # one loop step: the cancel lands and is taken back
+    closing = asyncio.create_task(rig.engine.close())
+    await asyncio.sleep(0)  # the close starts while the publish is still in flight
+    assert rig.publisher.gate is not None
+    rig.publisher.gate.set()
+    rec, _ = await asyncio.gather(task, closing)
+    assert (rec.decision, rec.extra.get("committed", True)) == (Decision.FORWARDED, True)
+    assert rig.recorder.decisions == [Decision.FORWARDED]
+    reopened = SqliteStore(rig.sqlite.path)
+    state = await reopened.read("reports", "2025-01-10")
+    await reopened.close()
+    assert state is not None and state.fingerprint == rec.fingerprint and state.lease is None
