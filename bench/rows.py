@@ -1,6 +1,8 @@
 """Row-level change detection: what `rows_mode: changed` costs and saves next to `rows_mode: whole`.
 
     .venv/bin/python bench/rows.py [--rows 450] [--changed 5] [--forwards 100] [--rounds 5] [--firestore]
+    .venv/bin/python bench/rows.py --instructions [--forwards 20] [--warmup 2]
+    .venv/bin/python bench/rows.py --profile [--forwards 100]
 
 One key, an NBA.com injury report of `--rows` players (tests/support/payloads.py, ~290 KB
 at 450 rows), through the real `Engine` over `GuardedStore` over the embedded SQLite store
@@ -25,6 +27,22 @@ Reported per mode (medians over rounds of per-round medians): µs per forwarded 
 suppressed decision (wall and process CPU), bytes published per forward, the stored row
 state (bytes), and changed/whole ratios taken within each round. Row work happens on
 forwards only, so the suppress path should cost the same in both modes.
+
+`--instructions` counts CPU instructions instead of seconds (callgrind, `bench/callgrind.py`;
+needs valgrind), which do not move with the machine's load. Per mode, one child process
+after another, each under callgrind with PYTHONHASHSEED fixed, on the same stream (built
+here once, pickled, loaded by every child, so building it costs every child the same):
+the warm-up and the first report (`prime`); then `--forwards` forwards only (`forwards`);
+then the forward/suppress pairs as above (`pairs`); then each pair followed by a second
+rescrape of the same statuses (`pairs+again`). Instructions per forward =
+(forwards - prime) / K; per suppress = (pairs - forwards) / K, a suppress after a forward
+as in the stream above; per suppress after a suppress = (pairs+again - pairs) / K, the
+check that the subtraction holds (a forward costs the same after a suppress as after a
+forward, or the two suppress figures part). Every decision is checked in the child.
+
+`--profile` runs `changed` and the route without row state in process (not under
+callgrind) with cProfile on around each forward only and prints the top functions by own
+time: where a row-tracked forward's extra work goes.
 """
 
 from __future__ import annotations
@@ -32,11 +50,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import cProfile
 import datetime as dt
 import json
 import logging
 import os
+import pickle
 import platform
+import pstats
+import shutil
 import statistics
 import sys
 import tempfile
@@ -51,6 +73,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+import callgrind  # noqa: E402  # bench/callgrind.py: this script's directory is on sys.path
 import structlog  # noqa: E402
 
 from filter.backends.stores.guard import GuardedStore  # noqa: E402
@@ -177,6 +200,179 @@ def check(run: Run, forwards: int, changed: int, rows: int) -> list[str]:
     if any(n != want for n in run.published_rows):
         problems.append(f"{run.mode}: forwards published {sorted(set(run.published_rows))} rows, expected {want}")
     return problems
+
+
+# --- instructions (callgrind) and the forward's profile -----------------------------------
+
+PHASES = ("prime", "forwards", "pairs", "pairs+again")
+
+# The child: load the pickled stream, play one phase of it on fresh SQLite state, exit.
+# Every child loads the same file and warms up the same way, so start-up, imports, the
+# stream's bytes and the warm-up cancel out between two children's counts.
+CHILD = r"""
+import asyncio, pickle, sys, tempfile
+from pathlib import Path
+sys.path.insert(0, sys.argv[4])
+import rows
+rows.quiet()
+mode, phase = sys.argv[1], sys.argv[2]
+with open(sys.argv[3], "rb") as f:
+    stream = pickle.load(f)
+with tempfile.TemporaryDirectory(prefix="bench-rows-i-") as tmp:
+    asyncio.run(rows.play(mode, phase, Path(tmp) / "state.db", *stream))
+"""
+
+
+def rescrapes(steps: list[Step], rows: int, game_date: str = KEY) -> list[Message]:
+    """Per step, a second rescrape of its suppress: the same statuses under other scrape metadata.
+    Seeds and ids of their own, so the stream rows.py times is untouched."""
+    out = []
+    for i, step in enumerate(steps):
+        statuses = [r["injury_status"] for r in json.loads(step.suppress.data)["players"]]
+        rep = injury_report(rows, seed=1_000_001 + i, game_date=game_date)
+        for row, status in zip(rep["players"], statuses, strict=True):
+            row["injury_status"] = status
+        t = step.suppress.publish_time
+        out.append(Message(json.dumps(rep).encode(), {}, f"again{i}", publish_time=None if t is None else t + 0.5))
+    return out
+
+
+async def play(
+    mode: str,
+    phase: str,
+    db: Path,
+    first: Message,
+    pairs: list[tuple[Message, Message]],
+    again: list[Message],
+    warm: list[Message],
+) -> None:
+    """One child's stream: warm-up on another key, the first report, then `phase`'s part of the
+    (forward, suppress) pairs. Raises if any decision is not the one the stream is built for.
+    Plain tuples, not `Step`s: the child unpickles them without this script as `__main__`."""
+    from filter.backends.stores.sqlite import SqliteStore
+
+    async def expect(msg: Message, want: Decision) -> None:
+        got = (await engine.handle(ROUTE, msg)).decision
+        if got is not want:
+            raise SystemExit(f"{mode} {phase}: {msg.message_id} was {got}, expected {want}")
+
+    cfg = config(mode)
+    store = SqliteStore(db)
+    try:
+        engine = Engine(cfg, GuardedStore(store, cfg.store_errors), MemoryPublisher(), MemoryRecorder(), instance=mode)
+        for i, msg in enumerate(warm):  # the first report, then forward/suppress pairs
+            await expect(msg, Decision.SUPPRESSED if i and i % 2 == 0 else Decision.FORWARDED)
+        await expect(first, Decision.FORWARDED)
+        if phase == "prime":
+            return
+        for (forward, suppress), extra in zip(pairs, again, strict=True):
+            await expect(forward, Decision.FORWARDED)
+            if phase == "forwards":
+                continue
+            await expect(suppress, Decision.SUPPRESSED)
+            if phase == "pairs+again":
+                await expect(extra, Decision.SUPPRESSED)
+    finally:
+        await store.close()
+
+
+def quiet() -> None:
+    # Decisions are logged at info; keep the bench about the engine and the store.
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+
+
+def instructions_main(args: argparse.Namespace) -> int:
+    if shutil.which("valgrind") is None:
+        print("--instructions needs valgrind (Debian's package)", file=sys.stderr)
+        return 2
+    k = args.forwards
+    first, steps = messages(args.rows, args.changed, k)
+    warm_first, warm_steps = messages(args.rows, args.changed, args.warmup, "2025-12-31")
+    stream = (
+        first,
+        [(s.forward, s.suppress) for s in steps],
+        rescrapes(steps, args.rows),
+        [warm_first, *(m for s in warm_steps for m in (s.forward, s.suppress))],
+    )
+    print(machine())
+    print(
+        f"{args.rows}-row injury report, {args.changed} rows changed per forward, K = {k}, warm-up {args.warmup} "
+        "pairs; instructions per decision under callgrind, PYTHONHASHSEED=0, SQLite store"
+    )
+    per: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-rows-i-") as tmp:
+        path = Path(tmp) / "stream.pickle"
+        path.write_bytes(pickle.dumps(stream))
+        for mode in MODES:  # one child at a time: the machine is shared
+            count: dict[str, int] = {}
+            for phase in PHASES:
+                t0, l0 = time.monotonic(), os.getloadavg()[0]
+                count[phase] = callgrind.instructions(CHILD, [mode, phase, str(path), str(ROOT / "bench")], ROOT, tmp)
+                print(
+                    f"  {mode:<8} {phase:<12} {count[phase]:>15,} instructions  "
+                    f"({time.monotonic() - t0:.0f} s, load {l0:.1f})",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            per[mode] = {
+                "fwd": (count["forwards"] - count["prime"]) / k,
+                "sup": (count["pairs"] - count["forwards"]) / k,
+                "sup_again": (count["pairs+again"] - count["pairs"]) / k,
+            }
+    print()
+    print("| rows_mode | instructions / forward | / suppress (after a forward) | / suppress (after a suppress) |")
+    print("| --- | ---: | ---: | ---: |")
+    for mode, p in per.items():
+        name = mode if mode != "no-rows" else "whole, no row_key (ref)"
+        print(f"| {name} | {p['fwd']:,.0f} | {p['sup']:,.0f} | {p['sup_again']:,.0f} |")
+    print()
+    ref = per["no-rows"]
+    for mode in ("changed", "whole"):
+        p = per[mode]
+        p5, p5b, again = p["fwd"] / ref["fwd"], p["sup"] / ref["sup"], p["sup_again"] / ref["sup_again"]
+        print(f"P5 {mode}: {p5:.3f}x (goal <= 2)   P5b {mode}: {p5b:.3f}x (goal <= 1.1, after a suppress {again:.3f}x)")
+    return 0
+
+
+def profile_main(args: argparse.Namespace) -> int:
+    """cProfile around the forwards only, in process: `changed`, then the route without row state."""
+    first, steps = messages(args.rows, args.changed, args.forwards)
+    warm = messages(args.rows, args.changed, args.warmup, game_date="2025-12-31")
+    print(machine())
+
+    async def one(mode: str, db: Path) -> None:
+        from filter.backends.stores.sqlite import SqliteStore
+
+        cfg = config(mode)
+        store = SqliteStore(db)
+        prof = cProfile.Profile()
+        try:
+            engine = Engine(
+                cfg, GuardedStore(store, cfg.store_errors), MemoryPublisher(), MemoryRecorder(), instance=mode
+            )
+            for msg in [warm[0], *(m for s in warm[1] for m in (s.forward, s.suppress)), first]:
+                await engine.handle(ROUTE, msg)
+            for step in steps:
+                prof.enable()
+                rec = await engine.handle(ROUTE, step.forward)
+                prof.disable()
+                assert rec.decision is Decision.FORWARDED, rec.decision
+                await engine.handle(ROUTE, step.suppress)
+        finally:
+            await store.close()
+        stats = pstats.Stats(prof)
+        total = stats.total_tt  # type: ignore[attr-defined]
+        print(f"\n{mode}: {args.forwards} forwards, {total / args.forwards * 1e6:,.0f} µs per forward under cProfile")
+        print(f"{'own µs/fwd':>10} {'share':>6} {'calls/fwd':>9}  function")
+        rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])  # type: ignore[attr-defined]
+        for (file, line, name), (_cc, nc, tt, _ct, _callers) in rows[: args.top]:
+            where = f"{Path(file).name}:{line}({name})" if line else name
+            print(f"{tt / args.forwards * 1e6:10,.0f} {tt / total:6.1%} {nc / args.forwards:9,.1f}  {where}")
+
+    with tempfile.TemporaryDirectory(prefix="bench-rows-p-") as tmp:
+        for mode in ("changed", "no-rows"):
+            asyncio.run(one(mode, Path(tmp) / f"{mode}.db"))
+    return 0
 
 
 # --- the run ------------------------------------------------------------------------------
@@ -345,11 +541,19 @@ def main() -> int:
     ap.add_argument(
         "--firestore", action="store_true", help="also on the Firestore emulator (started and stopped here)"
     )
+    ap.add_argument(
+        "--instructions", action="store_true", help="count instructions per decision under callgrind (SQLite)"
+    )
+    ap.add_argument("--profile", action="store_true", help="cProfile of the forwards, changed and no row state")
+    ap.add_argument("--top", type=int, default=25, help="--profile: functions shown per mode")
     args = ap.parse_args()
     if not 0 < args.changed <= args.rows:
         ap.error("--changed must be between 1 and --rows")
-    # Decisions are logged at info; keep the bench about the engine and the store.
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    quiet()
+    if args.instructions:
+        return instructions_main(args)
+    if args.profile:
+        return profile_main(args)
     try:
         return asyncio.run(main_async(args))
     except KeyboardInterrupt:  # the emulator, if any, was stopped by the finally above
