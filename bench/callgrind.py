@@ -10,11 +10,15 @@ import sys
 from pathlib import Path
 
 
-def instructions(code: str, args: list[str], pythonpath: Path | str, cwd: Path | str | None = None) -> int:
-    """Run `python -c code *args` under callgrind (hash seed fixed) and return the instruction count."""
+def instructions(
+    code: str, args: list[str], pythonpath: Path | str, cwd: Path | str | None = None, only: str | None = None
+) -> int:
+    """Run `python -c code *args` under callgrind (hash seed fixed) and return the instruction count.
+    `only`: count only inside that function (callgrind's name for it, `--toggle-collect`)."""
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(pythonpath)}
+    toggle = [f"--toggle-collect={only}"] if only else []
     proc = subprocess.run(
-        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", sys.executable, "-c", code, *args],
+        ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *toggle, sys.executable, "-c", code, *args],
         capture_output=True,
         text=True,
         env=env,

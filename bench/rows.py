@@ -298,6 +298,7 @@ def instructions_main(args: argparse.Namespace) -> int:
     print(
         f"{args.rows}-row injury report, {args.changed} rows changed per forward, K = {k}, warm-up {args.warmup} "
         "pairs; instructions per decision under callgrind, PYTHONHASHSEED=0, SQLite store"
+        + (f"; only inside {args.only}" if args.only else "")
     )
     per: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-rows-i-") as tmp:
@@ -307,7 +308,8 @@ def instructions_main(args: argparse.Namespace) -> int:
             count: dict[str, int] = {}
             for phase in PHASES:
                 t0, l0 = time.monotonic(), os.getloadavg()[0]
-                count[phase] = callgrind.instructions(CHILD, [mode, phase, str(path), str(ROOT / "bench")], ROOT, tmp)
+                argv = [mode, phase, str(path), str(ROOT / "bench")]
+                count[phase] = callgrind.instructions(CHILD, argv, ROOT, tmp, only=args.only)
                 print(
                     f"  {mode:<8} {phase:<12} {count[phase]:>15,} instructions  "
                     f"({time.monotonic() - t0:.0f} s, load {l0:.1f})",
@@ -565,6 +567,12 @@ def main() -> int:
     )
     ap.add_argument(
         "--instructions", action="store_true", help="count instructions per decision under callgrind (SQLite)"
+    )
+    ap.add_argument(
+        "--only",
+        metavar="FUNCTION",
+        help="--instructions: count only inside this function (callgrind's name, e.g. the SHA-256 block of a stripped "
+        "libcrypto, 0x000000000029ad80 in Debian 12's libssl3 3.0.19; see bench/README.md)",
     )
     ap.add_argument("--profile", action="store_true", help="cProfile of the forwards, changed and no row state")
     ap.add_argument("--top", type=int, default=25, help="--profile: functions shown per mode")
