@@ -80,6 +80,7 @@ _CLOUD_HEADER = re.compile(r"(?P<trace_id>[0-9a-f]{32})\/(?P<span_id>[\d]{1,20})
 
 
 _SPAN_ID_MAX = (1 << 64) - 1
+_SAMPLED = TraceFlags.SAMPLED
 
 
 class RequestParent:
@@ -93,7 +94,7 @@ class RequestParent:
     __slots__ = ("_flags", "_span_id", "_state", "_trace_id", "sampled")
 
     def __init__(self, trace_id: str, span_id: int | str, flags: int, state: str | None = None) -> None:
-        self.sampled = bool(flags & TraceFlags.SAMPLED)
+        self.sampled = flags & _SAMPLED != 0
         self._trace_id = trace_id  # 32 hex digits, not all zero
         self._span_id = span_id  # an int (Cloud's decimal, checked in range) or 16 hex digits, not all zero
         self._flags = flags
@@ -125,10 +126,45 @@ def request_parent_of(headers: Mapping[bytes, str]) -> RequestParent | None:
             return RequestParent(trace_id, span_id, int(flags, 16), headers.get(b"tracestate"))
     value = headers.get(b"x-cloud-trace-context")
     if value is not None and (m := _CLOUD_HEADER.fullmatch(value)):
-        trace_id, span_id, flags = m.group("trace_id", "span_id", "trace_flags")
-        if trace_id != _ZERO_TRACE and 0 < (span := int(span_id)) <= _SPAN_ID_MAX:
-            return RequestParent(trace_id, span, int(flags or "0"))
+        return _cloud_parent(m)
     return None
+
+
+def _cloud_parent(header: re.Match[str]) -> RequestParent | None:
+    """The parent a well-formed `X-Cloud-Trace-Context` names, None when not valid."""
+    trace_id, span_id, flags = header.group("trace_id", "span_id", "trace_flags")
+    if trace_id != _ZERO_TRACE and 0 < (span := int(span_id)) <= _SPAN_ID_MAX:
+        return RequestParent(trace_id, span, int(flags or "0"))
+    return None
+
+
+#: The log line's trace: the id `X-Cloud-Trace-Context` starts with, else `traceparent`'s.
+_LOG_TRACE = re.compile(r"^([0-9a-fA-F]{32})")
+_LOG_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-")
+
+
+def trace_of(headers: Mapping[bytes, str]) -> str | None:
+    """The trace a push request's log line names (`logging.googleapis.com/trace`). Laxer than
+    `request_parent_of`, and the other way round: `X-Cloud-Trace-Context` first, as Cloud
+    Logging joins a request's lines by it."""
+    header = headers.get(b"x-cloud-trace-context")
+    if header and (m := _LOG_TRACE.match(header)):
+        return m.group(1)
+    header = headers.get(b"traceparent")
+    if header and (m := _LOG_TRACEPARENT.match(header)):
+        return m.group(1)
+    return None
+
+
+def request_trace(headers: Mapping[bytes, str]) -> tuple[str | None, RequestParent | None]:
+    """`trace_of` and `request_parent_of` in one reading. Cloud Run's front end sends
+    `X-Cloud-Trace-Context` alone on every request: a well-formed one is parsed once, its trace
+    id being what `trace_of` reads (the header starts with it) and its parent what
+    `request_parent_of` reads (no `traceparent` comes first). Anything else: the two readings."""
+    cloud = headers.get(b"x-cloud-trace-context")
+    if cloud is not None and b"traceparent" not in headers and (m := _CLOUD_HEADER.fullmatch(cloud)):
+        return m.group("trace_id"), _cloud_parent(m)
+    return trace_of(headers), request_parent_of(headers)
 
 
 _ZERO_TRACE = "0" * 32
