@@ -30,6 +30,8 @@ from opentelemetry.sdk.metrics.export import Histogram as HistogramData
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
+_bisect_left = bisect.bisect_left  # a global, not a module attribute: twice a message
+
 
 class Series:
     """One attribute set's counts in a histogram. A caller that records under the same attributes
@@ -55,7 +57,7 @@ class Series:
             if not self.count:
                 # collected in the order of first records, however early a caller took the series
                 self._recorded.append(self)
-            self.counts[bisect.bisect_left(self._bounds, value)] += 1
+            self.counts[_bisect_left(self._bounds, value)] += 1
             self.total += value
             self.count += 1
             # comparisons, not min()/max(): this runs twice a message, and a call costs more

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import os
 import random
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from contextvars import ContextVar, Token
 from typing import Any, TypeVar
@@ -88,16 +87,15 @@ class Telemetry:
         self.tracer = tracer_provider.get_tracer(SCOPE) if tracer_provider is not None else trace.NoOpTracer()
         # the SDK's ids come from the random module too
         self._early = EarlySampling.of(self.tracer, (ids or random).getrandbits) if self.tracing else None
-        # per (route, decision, enforced), built once (routes and decisions are few): the count's
-        # attribute set and the latency's series
-        self._labels: dict[tuple[str, Decision, bool], tuple[dict[str, str], Series]] = {}
+        # per (route, decision, enforced), built once (routes and decisions are few): its count,
+        # the count's attribute set and the latency's series
+        self._decisions: dict[tuple[str, Decision, bool], _Decided] = {}
         self._watched: list[Callable[[], Iterable[tuple[str, Mapping[str, str], float]]]] = []
         if meter_provider is None:
             return
         m = meter_provider.get_meter(SCOPE)
-        # Every decision counts, the suppress path's included: a dict increment here, summed by
-        # the SDK at collection time. A synchronous counter's add() costs ~10 µs a call.
-        self._decision_counts: Counter[tuple[str, Decision, bool]] = Counter()
+        # Every decision counts, the suppress path's included: an increment here (`_Decided`), read
+        # by the SDK at collection time. A synchronous counter's add() costs ~10 µs a call.
         m.create_observable_counter(
             "pubsub_filter_decisions",
             callbacks=[self._observe_decisions],
@@ -170,8 +168,9 @@ class Telemetry:
     def _observe_decisions(self, _options: Any) -> Iterable[Any]:
         from opentelemetry.metrics import Observation
 
-        for labels, count in list(self._decision_counts.items()):  # one C-level copy: safe beside the loop
-            yield Observation(count, self._labels[labels][0])
+        for decided in list(self._decisions.values()):  # one C-level copy: safe beside the loop
+            if decided.count:
+                yield Observation(decided.count, decided.attributes)
 
     def _observe(self, metric: str) -> Callable[[Any], Iterable[Any]]:
         from opentelemetry.metrics import Observation
@@ -257,14 +256,14 @@ class Telemetry:
         """Count a finished decision (every one, rejected included) and describe it on its span."""
         if self.metrics:
             which = (rec.route, rec.decision, rec.enforced)
-            labels = self._labels.get(which)
-            if labels is None:
+            decided = self._decisions.get(which)
+            if decided is None:
                 counted, timed = _labels(rec)
-                labels = self._labels.setdefault(which, (counted, self._latency.series(timed)))
-            self._decision_counts[which] += 1
+                decided = self._decisions.setdefault(which, _Decided(counted, self._latency.series(timed)))
+            decided.count += 1
             if rec.latency_ms is not None:
-                labels[1].record(rec.latency_ms / 1000)
-            if rec.decision is Decision.FAIL_OPEN:
+                decided.latency.record(rec.latency_ms / 1000)
+            if rec.decision is _FAIL_OPEN:
                 self._fail_open.add(1, {"route": rec.route})
         if self.tracing and PUBLISH_SPAN.get() is not None:  # in a decision that entered the SDK
             span = trace.get_current_span()
@@ -380,6 +379,21 @@ def _record_counts(recorder: Any) -> list[tuple[str, Mapping[str, str], float]]:
             totals[outcome] += int(getattr(node, outcome, 0) or 0)
         node = getattr(node, "fallback", None)
     return [("records", {"outcome": k}, float(v)) for k, v in totals.items()]
+
+
+class _Decided:
+    """One (route, decision, enforced): how many so far, and where their latencies go."""
+
+    __slots__ = ("attributes", "count", "latency")
+
+    def __init__(self, attributes: dict[str, str], latency: Series) -> None:
+        self.attributes = attributes
+        self.latency = latency
+        self.count = 0
+
+
+#: read on every decision: a module constant, not the enum class's attribute lookup (~5x dearer)
+_FAIL_OPEN = Decision.FAIL_OPEN
 
 
 class _Nothing(contextlib.AbstractContextManager[None]):

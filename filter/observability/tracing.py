@@ -165,9 +165,9 @@ def request_trace(headers: Mapping[bytes, str]) -> tuple[str | None, RequestPare
     cloud = headers.get(b"x-cloud-trace-context")
     if cloud is not None and b"traceparent" not in headers and (m := _CLOUD_HEADER.fullmatch(cloud)):
         # `request_parent_of`'s Cloud reading, in line: this runs on every Cloud Run push request
-        trace_id, span_id, flags = m.group("trace_id", "span_id", "trace_flags")
+        trace_id, span_id, flags = m.group(1, 2, 4)  # trace_id, span_id, trace_flags
         if trace_id != _ZERO_TRACE and 0 < (span := int(span_id)) <= _SPAN_ID_MAX:
-            bits = int(flags or "0")
+            bits = 0 if flags == "0" else int(flags or "0")  # "0": Cloud Run's usual, without the int()
             return trace_id, _parent(RequestParent, (bits & _SAMPLED != 0, trace_id, span, bits, None))
         return trace_id, None
     if cloud is None and b"traceparent" not in headers:
