@@ -16,7 +16,9 @@ Starlette are in it; `server` runs `pubsub-filter serve` itself under callgrind 
 httptools, the socket, the log line and every thread of the process: the SDK's, the records
 flush) and posts the requests over one keep-alive connection, one at a time, counting
 instructions between `callgrind_control --zero` and `--dump` around the measured requests,
-so start-up, priming and warm-up are left out. Before each of the two, the process idles
+so start-up, priming and warm-up are left out. The warm-up ends with one request under a
+sampled `traceparent`, so that a sampled decision and its export (a lazily built exporter,
+its connection) have run once before the window in every mode. Before each of the two, the process idles
 `--settle` seconds so that work a timer defers (a span batch's export) falls inside the
 window it belongs to. Modes: `off` (`OTEL_SDK_DISABLED=true`), `on` (the default: metrics, no
 spans) and, on the server path, `traced` (`OTEL_TRACES_SAMPLER=parentbased_always_on`: every span
@@ -26,7 +28,10 @@ exporter: the default when an endpoint is set) and `always_off` (the same export
 decision dropped: what a decision the sampler drops costs). A server mode with `+parent`
 (`off+parent`, `sampled+parent`...) sends every request with an unsampled parent, as Cloud
 Run's front end does (`X-Cloud-Trace-Context: TRACE/SPAN;o=0`, a trace of its own per
-request); its ratio is to `off+parent`, the same requests with telemetry off.
+request); its ratio is to `off+parent`, the same requests with telemetry off. When `off`,
+`always_off` and `traced` are all run, the expected cost of `sampled` is printed beside it
+(`always_off` + 0.01 * (`traced` - `always_off`)): the mean that `sampled`'s own count, ~3
+traced decisions in 300, only estimates.
 
     .venv/bin/python bench/telemetry_cost.py [--messages 500] [--paths engine,request,server]
 
@@ -131,6 +136,7 @@ SERVER_MODES = {
         "OTEL_TRACES_SAMPLER": "always_off",
     },
 }
+RATIO = float(SERVER_MODES["sampled"]["OTEL_TRACES_SAMPLER_ARG"])
 SERVE = "import sys; from filter.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
@@ -157,6 +163,13 @@ def _parent(i: int) -> dict[str, str]:
     """Cloud Run's header for request `i`: a trace of its own, not sampled (the common case)."""
     ids = random.Random(i)  # the same ids every run: the parse costs the same
     return {"X-Cloud-Trace-Context": f"{ids.getrandbits(128):032x}/{ids.getrandbits(63) + 1};o=0"}
+
+
+def _sampled_parent() -> dict[str, str]:
+    """A sampled W3C parent: the warm-up's one decision that every sampler records and exports,
+    so a lazily built exporter, its connection and the span code's first run are out of the window."""
+    ids = random.Random(-1)
+    return {"traceparent": f"00-{ids.getrandbits(128) | 1:032x}-{ids.getrandbits(64) | 1:016x}-01"}
 
 
 def _envelope(data: bytes, message_id: str, attributes: dict[str, str]) -> bytes:
@@ -209,6 +222,7 @@ def server_per_request(
             assert _post(conn, _envelope(data, "prime", attributes), headers(-1)) == "forwarded"
             for i in range(warmup):
                 assert _post(conn, _envelope(data, f"w{i}", attributes), headers(-2 - i)) == "suppressed"
+            assert _post(conn, _envelope(data, "w-sampled", attributes), _sampled_parent()) == "suppressed"
             conn.close()
             time.sleep(settle)
             _callgrind("--zero", proc.pid)
@@ -295,6 +309,22 @@ def main() -> None:
             base = counts.get(baseline)
             ratio = f"   / {baseline} {count / base:.3f}x" if base else ""
             print(f"  server   {mode:18} {count:11,.0f}{ratio}", flush=True)
+        expected = expected_at_ratio(counts)
+        if expected is not None:
+            print(
+                f"  server   {'sampled, expected':18} {expected:11,.0f}   / off {expected / counts['off']:.3f}x"
+                f"   (always_off + {RATIO} x (traced - always_off))",
+                flush=True,
+            )
+
+
+def expected_at_ratio(counts: dict[str, float]) -> float | None:
+    """What `sampled` costs on average: with 300 requests at 1 % its own count rests on ~3
+    traced decisions (Poisson, ±1.7), so the mean comes from the dropped and the always-traced
+    costs, each measured on every request. None unless off, always_off and traced were run."""
+    if not all(m in counts for m in ("off", "always_off", "traced")):
+        return None
+    return counts["always_off"] + RATIO * (counts["traced"] - counts["always_off"])
 
 
 if __name__ == "__main__":

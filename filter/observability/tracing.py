@@ -10,6 +10,7 @@ import re
 import threading
 from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
+from typing import NamedTuple
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
@@ -80,30 +81,34 @@ _CLOUD_HEADER = re.compile(r"(?P<trace_id>[0-9a-f]{32})\/(?P<span_id>[\d]{1,20})
 
 
 _SPAN_ID_MAX = (1 << 64) - 1
+_SAMPLED = TraceFlags.SAMPLED
 
 
-class RequestParent:
+class RequestParent(NamedTuple):
     """The parent a push request's trace header names, read only as far as a decision's verdict
     needs: whether it is sampled. On Cloud Run nearly every push request names an unsampled
     parent and its decision is dropped (`EarlySampling`); only a forward of such a decision, a
     sampled parent, or a sampler that reads the parent needs its `SpanContext`, built then from
     the header's fields exactly as the propagators build it (converting the ids, the flags, the
-    trace state and the SpanContext itself cost more than the rest of a dropped decision)."""
+    trace state and the SpanContext itself cost more than the rest of a dropped decision).
 
-    __slots__ = ("_flags", "_span_id", "_state", "_trace_id", "sampled")
+    A tuple, built by `_parent` with `tuple.__new__` (C, no Python frame as NamedTuple's own
+    `__new__` or an `__init__` costs: one a push request), its fields read by C descriptors."""
 
-    def __init__(self, trace_id: str, span_id: int | str, flags: int, state: str | None = None) -> None:
-        self.sampled = bool(flags & TraceFlags.SAMPLED)
-        self._trace_id = trace_id  # 32 hex digits, not all zero
-        self._span_id = span_id  # an int (Cloud's decimal, checked in range) or 16 hex digits, not all zero
-        self._flags = flags
-        self._state = state
+    sampled: bool
+    trace_id: str  # 32 hex digits, not all zero
+    span_id: int | str  # an int (Cloud's decimal, checked in range) or 16 hex digits, not all zero
+    flags: int
+    state: str | None
 
     def span_context(self) -> SpanContext:
-        span_id = self._span_id if isinstance(self._span_id, int) else int(self._span_id, 16)
-        state = self._state
+        span_id = self.span_id if isinstance(self.span_id, int) else int(self.span_id, 16)
+        state = self.state
         trace_state = None if state is None or len(state) > _TRACESTATE_MAX else TraceState.from_header([state])
-        return SpanContext(int(self._trace_id, 16), span_id, True, TraceFlags(self._flags), trace_state)
+        return SpanContext(int(self.trace_id, 16), span_id, True, TraceFlags(self.flags), trace_state)
+
+
+_parent = tuple.__new__
 
 
 def request_parent_of(headers: Mapping[bytes, str]) -> RequestParent | None:
@@ -122,13 +127,52 @@ def request_parent_of(headers: Mapping[bytes, str]) -> RequestParent | None:
     if value is not None and len(value) <= _TRACEPARENT_MAX and (m := _TRACEPARENT.search(value)):
         version, trace_id, span_id, flags, rest = m.groups()
         if trace_id != _ZERO_TRACE and span_id != _ZERO_SPAN and version != "ff" and not (version == "00" and rest):
-            return RequestParent(trace_id, span_id, int(flags, 16), headers.get(b"tracestate"))
+            bits = int(flags, 16)
+            return _parent(RequestParent, (bits & _SAMPLED != 0, trace_id, span_id, bits, headers.get(b"tracestate")))
     value = headers.get(b"x-cloud-trace-context")
     if value is not None and (m := _CLOUD_HEADER.fullmatch(value)):
         trace_id, span_id, flags = m.group("trace_id", "span_id", "trace_flags")
         if trace_id != _ZERO_TRACE and 0 < (span := int(span_id)) <= _SPAN_ID_MAX:
-            return RequestParent(trace_id, span, int(flags or "0"))
+            bits = int(flags or "0")
+            return _parent(RequestParent, (bits & _SAMPLED != 0, trace_id, span, bits, None))
     return None
+
+
+#: The log line's trace: the id `X-Cloud-Trace-Context` starts with, else `traceparent`'s.
+_LOG_TRACE = re.compile(r"^([0-9a-fA-F]{32})")
+_LOG_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-")
+
+
+def trace_of(headers: Mapping[bytes, str]) -> str | None:
+    """The trace a push request's log line names (`logging.googleapis.com/trace`). Laxer than
+    `request_parent_of`, and the other way round: `X-Cloud-Trace-Context` first, as Cloud
+    Logging joins a request's lines by it."""
+    header = headers.get(b"x-cloud-trace-context")
+    if header and (m := _LOG_TRACE.match(header)):
+        return m.group(1)
+    header = headers.get(b"traceparent")
+    if header and (m := _LOG_TRACEPARENT.match(header)):
+        return m.group(1)
+    return None
+
+
+def request_trace(headers: Mapping[bytes, str]) -> tuple[str | None, RequestParent | None]:
+    """`trace_of` and `request_parent_of` in one reading. Cloud Run's front end sends
+    `X-Cloud-Trace-Context` alone on every request: a well-formed one is parsed once, its trace
+    id being what `trace_of` reads (the header starts with it) and its parent what
+    `request_parent_of` reads (no `traceparent` comes first). No trace header: neither reads
+    anything. Anything else: the two readings."""
+    cloud = headers.get(b"x-cloud-trace-context")
+    if cloud is not None and b"traceparent" not in headers and (m := _CLOUD_HEADER.fullmatch(cloud)):
+        # `request_parent_of`'s Cloud reading, in line: this runs on every Cloud Run push request
+        trace_id, span_id, flags = m.group(1, 2, 4)  # trace_id, span_id, trace_flags
+        if trace_id != _ZERO_TRACE and 0 < (span := int(span_id)) <= _SPAN_ID_MAX:
+            bits = 0 if flags == "0" else int(flags or "0")  # "0": Cloud Run's usual, without the int()
+            return trace_id, _parent(RequestParent, (bits & _SAMPLED != 0, trace_id, span, bits, None))
+        return trace_id, None
+    if cloud is None and b"traceparent" not in headers:
+        return None, None  # no trace header: nothing for either reading
+    return trace_of(headers), request_parent_of(headers)
 
 
 _ZERO_TRACE = "0" * 32

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import re
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,12 +23,9 @@ from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError, parse_envelope
 from filter.core.model import Decision, DecisionRecord
 from filter.observability.probes import backend_problems, metrics_routes, telemetry_of
-from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, request_parent_of
+from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, request_trace, trace_of
 
 log = structlog.get_logger("pubsub_filter.push")
-
-_TRACE = re.compile(r"^([0-9a-fA-F]{32})")
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-")
 
 
 class _TooLarge(Exception):
@@ -63,16 +59,6 @@ def headers_of(request: Request) -> dict[bytes, str]:
         if name in _READ_HEADERS and name not in found:
             found[name] = value.decode("latin-1")
     return found
-
-
-def trace_of(headers: dict[bytes, str]) -> str | None:
-    header = headers.get(b"x-cloud-trace-context")
-    if header and (m := _TRACE.match(header)):
-        return m.group(1)
-    header = headers.get(b"traceparent")
-    if header and (m := _TRACEPARENT.match(header)):
-        return m.group(1)
-    return None
 
 
 async def _body(request: Request, limit: int, declared: str | None) -> bytes:
@@ -116,7 +102,8 @@ def create_app(
                 log.warning("push_unauthorized", route=route, status=exc.status, reason=exc.reason)
                 return _json({"error": exc.reason}, exc.status)
         headers = headers_of(request)
-        trace = trace_of(headers)
+        # the log line's trace, and the decision's parent (`tracing.request_trace`: one parse)
+        trace, parent = request_trace(headers) if tracing else (trace_of(headers), None)
         if trace:
             # Lifecycle lines (lease taken over, heartbeat failed...) then carry the request's trace too.
             structlog.contextvars.bind_contextvars(trace=trace)
@@ -147,7 +134,7 @@ def create_app(
             rec = engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
             await _committed(engine)
             return _json({"decision": "rejected", "reason": rec.reason}, 400)
-        if tracing and (parent := request_parent_of(headers)) is not None:
+        if parent is not None:
             token = REQUEST_PARENT.set(parent)  # the decision's parent: the push request's trace
             try:
                 rec = await engine.handle(route, msg, trace)
