@@ -595,7 +595,8 @@ def test_a_sampler_drops_every_unsampled_parents_child_when_parentbased_with_its
     assert drops_unsampled_parents(sampler(env)) is drops
 
 
-@pytest.mark.parametrize(
+#: Every way a decision's parent can be unsampled: the push request's two headers, the message's attribute.
+UNSAMPLED_PARENTS = pytest.mark.parametrize(
     ("headers", "attributes"),
     [
         ({"traceparent": UNSAMPLED_PARENT}, {}),
@@ -604,6 +605,9 @@ def test_a_sampler_drops_every_unsampled_parents_child_when_parentbased_with_its
     ],
     ids=["traceparent-00", "cloud-run-o=0", "message-attribute-00"],
 )
+
+
+@UNSAMPLED_PARENTS
 async def test_a_decision_with_an_unsampled_parent_never_reaches_the_sdks_sampler(
     rigs: list[Rig], tmp_path: Path, headers: dict[str, str], attributes: dict[str, str]
 ) -> None:
@@ -617,15 +621,7 @@ async def test_a_decision_with_an_unsampled_parent_never_reaches_the_sdks_sample
     assert (counting.calls, rig.finished()) == (0, [])
 
 
-@pytest.mark.parametrize(
-    ("headers", "attributes"),
-    [
-        ({"traceparent": UNSAMPLED_PARENT}, {}),
-        (CLOUD_UNSAMPLED, {}),
-        ({}, {"googclient_traceparent": UNSAMPLED_PARENT}),
-    ],
-    ids=["traceparent-00", "cloud-run-o=0", "message-attribute-00"],
-)
+@UNSAMPLED_PARENTS
 async def test_a_forward_dropped_under_an_unsampled_parent_continues_its_trace_unsampled_under_a_span_id_of_its_own(
     default_sampling: Rig, headers: dict[str, str], attributes: dict[str, str]
 ) -> None:

@@ -47,6 +47,14 @@ cloud_headers = st.builds(
     st.one_of(st.integers(0, 2**64 + 5).map(str), st.text("0123456789x", max_size=21)),
     st.sampled_from(["", ";o=0", ";o=1", ";o=2", ";o=13", ";o=", ";o=x", "; o=1", ";o=1;x"]),
 )
+
+
+def push_headers(traceparent: str | None, tracestate: str | None, cloud: str | None) -> dict[bytes, str]:
+    """A push request's trace headers as the push app's `headers_of` gives them (absent when None)."""
+    named = ((b"traceparent", traceparent), (b"tracestate", tracestate), (b"x-cloud-trace-context", cloud))
+    return {name: value for name, value in named if value is not None}
+
+
 tracestates = st.one_of(
     st.sampled_from(["vendor=opaque", "a=1,b=2", "", "bad", "x" * 9000, "a=1,,b=2"]),
     st.text(max_size=30),
@@ -72,15 +80,7 @@ tracestates = st.one_of(
 def test_the_push_requests_parent_is_what_the_propagators_extract(
     traceparent: str | None, tracestate: str | None, cloud: str | None
 ) -> None:
-    headers = {
-        name: value
-        for name, value in (
-            (b"traceparent", traceparent),
-            (b"tracestate", tracestate),
-            (b"x-cloud-trace-context", cloud),
-        )
-        if value is not None
-    }
+    headers = push_headers(traceparent, tracestate, cloud)
     assert request_parent(headers) == propagators(headers)
 
 
@@ -98,15 +98,7 @@ def test_whether_the_push_requests_parent_is_sampled_is_read_as_the_propagators_
     traceparent: str | None, tracestate: str | None, cloud: str | None
 ) -> None:
     """The verdict on most decisions is taken from this flag alone, before the parent's SpanContext is built."""
-    headers = {
-        name: value
-        for name, value in (
-            (b"traceparent", traceparent),
-            (b"tracestate", tracestate),
-            (b"x-cloud-trace-context", cloud),
-        )
-        if value is not None
-    }
+    headers = push_headers(traceparent, tracestate, cloud)
     parent, extracted = request_parent_of(headers), propagators(headers)
     assert (parent is None, parent and parent.sampled) == (
         extracted is None,

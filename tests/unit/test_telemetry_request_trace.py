@@ -13,7 +13,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from filter.observability.tracing import RequestParent, request_parent_of, request_trace
-from tests.unit.test_telemetry_headers import TRACE_ID, cloud_headers, traceparents, tracestates
+from tests.unit.test_telemetry_headers import TRACE_ID, cloud_headers, push_headers, traceparents, tracestates
 
 _TRACE = re.compile(r"^([0-9a-fA-F]{32})")
 _TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-")
@@ -57,15 +57,7 @@ cloud_like = st.builds(
 def test_one_reading_of_the_trace_headers_gives_the_log_trace_and_the_parent_the_two_readings_gave(
     traceparent: str | None, tracestate: str | None, cloud: str | None
 ) -> None:
-    headers = {
-        name: value
-        for name, value in (
-            (b"traceparent", traceparent),
-            (b"tracestate", tracestate),
-            (b"x-cloud-trace-context", cloud),
-        )
-        if value is not None
-    }
+    headers = push_headers(traceparent, tracestate, cloud)
     trace, parent = request_trace(headers)
     assert trace == trace_before(headers)
     assert fields(parent) == fields(request_parent_of(headers))
