@@ -31,7 +31,7 @@ ATTRIBUTE_PREFIX = "googclient_"
 W3C = TraceContextTextMapPropagator()
 _CLOUD = CloudTraceFormatPropagator()
 _REQUEST_PROPAGATORS = ((b"traceparent", W3C), (b"x-cloud-trace-context", _CLOUD))
-#: The headers `request_parent` reads (the push app collects them in its one pass).
+#: The headers `request_parent_of` reads (the push app collects them in its one pass).
 REQUEST_HEADERS = (b"traceparent", b"tracestate", b"x-cloud-trace-context")
 
 
@@ -81,6 +81,8 @@ _CLOUD_HEADER = re.compile(r"(?P<trace_id>[0-9a-f]{32})\/(?P<span_id>[\d]{1,20})
 
 
 _SPAN_ID_MAX = (1 << 64) - 1
+_ZERO_TRACE = "0" * 32
+_ZERO_SPAN = "0" * 16
 _SAMPLED = TraceFlags.SAMPLED
 
 
@@ -131,10 +133,16 @@ def request_parent_of(headers: Mapping[bytes, str]) -> RequestParent | None:
             return _parent(RequestParent, (bits & _SAMPLED != 0, trace_id, span_id, bits, headers.get(b"tracestate")))
     value = headers.get(b"x-cloud-trace-context")
     if value is not None and (m := _CLOUD_HEADER.fullmatch(value)):
-        trace_id, span_id, flags = m.group("trace_id", "span_id", "trace_flags")
-        if trace_id != _ZERO_TRACE and 0 < (span := int(span_id)) <= _SPAN_ID_MAX:
-            bits = int(flags or "0")
-            return _parent(RequestParent, (bits & _SAMPLED != 0, trace_id, span, bits, None))
+        return _cloud_parent(m)
+    return None
+
+
+def _cloud_parent(m: re.Match[str]) -> RequestParent | None:
+    """The parent an `X-Cloud-Trace-Context` header `_CLOUD_HEADER` matched names; None when invalid."""
+    trace_id, span_id, flags = m.group(1, 2, 4)  # trace_id, span_id, trace_flags
+    if trace_id != _ZERO_TRACE and 0 < (span := int(span_id)) <= _SPAN_ID_MAX:
+        bits = 0 if flags == "0" else int(flags or "0")  # "0": Cloud Run's usual, without the int()
+        return _parent(RequestParent, (bits & _SAMPLED != 0, trace_id, span, bits, None))
     return None
 
 
@@ -164,19 +172,10 @@ def request_trace(headers: Mapping[bytes, str]) -> tuple[str | None, RequestPare
     anything. Anything else: the two readings."""
     cloud = headers.get(b"x-cloud-trace-context")
     if cloud is not None and b"traceparent" not in headers and (m := _CLOUD_HEADER.fullmatch(cloud)):
-        # `request_parent_of`'s Cloud reading, in line: this runs on every Cloud Run push request
-        trace_id, span_id, flags = m.group(1, 2, 4)  # trace_id, span_id, trace_flags
-        if trace_id != _ZERO_TRACE and 0 < (span := int(span_id)) <= _SPAN_ID_MAX:
-            bits = 0 if flags == "0" else int(flags or "0")  # "0": Cloud Run's usual, without the int()
-            return trace_id, _parent(RequestParent, (bits & _SAMPLED != 0, trace_id, span, bits, None))
-        return trace_id, None
+        return m.group(1), _cloud_parent(m)
     if cloud is None and b"traceparent" not in headers:
         return None, None  # no trace header: nothing for either reading
     return trace_of(headers), request_parent_of(headers)
-
-
-_ZERO_TRACE = "0" * 32
-_ZERO_SPAN = "0" * 16
 
 
 def request_parent(headers: Mapping[bytes, str]) -> SpanContext | None:
