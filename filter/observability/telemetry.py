@@ -396,19 +396,8 @@ class _Decided:
 _FAIL_OPEN = Decision.FAIL_OPEN
 
 
-class _Nothing(contextlib.AbstractContextManager[None]):
-    """A decision's context when it records nothing and sets nothing (shared: it has no state)."""
-
-    __slots__ = ()
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *_: object) -> None:
-        return None
-
-
-_NOTHING = _Nothing()
+#: A decision's context when it records nothing and sets nothing (shared: it has no state).
+_NOTHING: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
 
 
 class _Setting(contextlib.AbstractContextManager[None]):
