@@ -239,6 +239,24 @@ class SqliteStore:
             raise
         return won
 
+    def _write_state(
+        self,
+        sql: str,
+        sql_no_rows: str,
+        params: tuple[Any, ...],
+        route: str,
+        key: str,
+        rows: bytes | None,
+        stored_rows: bytes | None,
+    ) -> bool:
+        """A claim's or commit's conditional write (`sql`), the row state included as needed: none
+        clears it (`sql_no_rows`), rows equal to `stored_rows` (what the condition guarantees is
+        stored) are left as they are, other rows are written too."""
+        if rows is None:
+            return self._write(sql_no_rows, params, route, key, None)
+        unchanged = rows is stored_rows or rows == stored_rows
+        return self._write(sql, params, route, key, None if unchanged else rows)
+
     def _rollback(self) -> None:
         # After some errors (SQLITE_FULL, IOERR, ...) SQLite has already rolled back by itself.
         if self._db.in_transaction:
@@ -264,12 +282,7 @@ class SqliteStore:
             # A forward's claim carries the row state it read over (the engine's `claimed`): the
             # update is conditional on that read's version, so the stored rows are that very value.
             params = (*_values(new), route, key, seen.version)
-            if new.rows is None:
-                won = self._write(_CLAIM_NO_ROWS, params, route, key, None)
-            elif new.rows is seen.rows or new.rows == seen.rows:
-                won = self._write(_CLAIM, params, route, key, None)
-            else:
-                won = self._write(_CLAIM, params, route, key, new.rows)
+            won = self._write_state(_CLAIM, _CLAIM_NO_ROWS, params, route, key, new.rows, seen.rows)
             version = seen.version + 1
         return replace(new, version=version) if won else None
 
@@ -294,13 +307,7 @@ class SqliteStore:
         # `held` is what is stored while its lease is (only its own extensions move the version), and
         # the update is conditional on that lease: rows equal to held's are the stored ones.
         params = (*_values(new), route, key, held.lease.fence, held.lease.holder)
-        if new.rows is None:
-            won = self._write(_COMMIT_NO_ROWS, params, route, key, None)
-        elif new.rows is held.rows or new.rows == held.rows:
-            won = self._write(_COMMIT, params, route, key, None)
-        else:
-            won = self._write(_COMMIT, params, route, key, new.rows)
-        if won:
+        if self._write_state(_COMMIT, _COMMIT_NO_ROWS, params, route, key, new.rows, held.rows):
             return True
         current = self._get(route, key)
         return current is not None and current.holds_commit_of(new)
