@@ -146,10 +146,15 @@ class Engine:
         """Decide `msg` and act on it: publish, or with `act`, run the caller's work in its place."""
         with self.telemetry.decision(route_name, msg):  # telemetry: the decision's span
             rec = await self._handle(route_name, msg, trace, act)
-            # Nothing ran since `_finish` recorded it: this is the commit that holds our record.
-            if (committing := self.recorder.committing()) is not None:
-                await self._despite_one_cancel(committing)
+            await self.recorded()  # nothing ran since `_finish` recorded it
             return rec
+
+    async def recorded(self) -> None:
+        """Wait for the commit that holds the record just made (by `handle`, or by `reject`, which
+        is synchronous: call this right after it, with nothing awaited in between). An answer
+        goes out only once its decision is recorded."""
+        if (committing := self.recorder.committing()) is not None:
+            await self._despite_one_cancel(committing)
 
     async def _handle(self, route_name: str, msg: Message, trace: str | None, act: Act | None) -> DecisionRecord:
         started = time.perf_counter()

@@ -107,8 +107,7 @@ async def _rejected(engine: Engine, route: str, exc: Exception) -> Outcome[Any]:
     answer (the Nack) waits for the commit that holds the record. Runs on the filter's loop:
     the records' connection is the loop's, and a commit of its may be open."""
     rec = engine.reject(route, None, str(exc), message_id=getattr(exc, "message_id", None))
-    if (committing := engine.recorder.committing()) is not None:
-        await committing
+    await engine.recorded()
     return Outcome(rec)
 
 

@@ -74,13 +74,6 @@ async def _body(request: Request, limit: int, declared: str | None) -> bytes:
     return b"".join(chunks)
 
 
-async def _committed(engine: Engine) -> None:
-    """Wait for the commit that holds the record `engine.reject` (synchronous) just made:
-    a rejection is answered only once it is recorded, as a decision is (`Engine.handle`)."""
-    if (committing := engine.recorder.committing()) is not None:
-        await committing
-
-
 def create_app(
     engine: Engine, authenticator: Any = None, lifespan: Any = None, body_timeout: float | None = None
 ) -> Starlette:
@@ -109,18 +102,18 @@ def create_app(
             structlog.contextvars.bind_contextvars(trace=trace)
         if route not in engine.rules:
             rec = engine.reject(route, None, f"unknown route {route!r}", trace=trace, cause="unknown_route")
-            await _committed(engine)
+            await engine.recorded()
             return _json({"decision": "rejected", "reason": rec.reason}, 404)
         try:
             async with asyncio.timeout(body_timeout):
                 body = await _body(request, max_body, headers.get(b"content-length"))
         except _TooLarge:
             rec = engine.reject(route, None, f"body larger than {max_body} bytes", trace=trace)
-            await _committed(engine)
+            await engine.recorded()
             return _json({"decision": "rejected", "reason": rec.reason}, 413)
         except TimeoutError:
             rec = engine.reject(route, None, f"body not received in full within {body_timeout:g}s", trace=trace)
-            await _committed(engine)
+            await engine.recorded()
             # the rest of the body may still arrive: it must not be read as the next request
             return _json({"decision": "rejected", "reason": rec.reason}, 408, {"Connection": "close"})
         except ClientDisconnect:
@@ -132,7 +125,7 @@ def create_app(
             msg = parse_envelope(body)
         except EnvelopeError as exc:
             rec = engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
-            await _committed(engine)
+            await engine.recorded()
             return _json({"decision": "rejected", "reason": rec.reason}, 400)
         if parent is not None:
             token = REQUEST_PARENT.set(parent)  # the decision's parent: the push request's trace
