@@ -18,6 +18,7 @@ import yaml
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from filter.core import yamlfile
+from filter.core.config_errors import describe, where
 from filter.core.config_rules import rules
 from filter.core.config_sections import (
     STATE_TTL,
@@ -198,56 +199,23 @@ class ConfigError(Exception):
         super().__init__("\n".join(f"{source}: {p}" for p in problems))
 
 
-def _where(loc: tuple[Any, ...], raw: Any) -> str:
-    """Turn pydantic's location into `route 'injury-report': key[1]`."""
-    parts = [p for p in loc if not (isinstance(p, str) and p in ("function-after", "function-before"))]
-    # drop the union-member tags pydantic inserts (e.g. 'sqlite', 'firestore')
-    backends = ("sqlite", "firestore", "outbox", "pubsub", "bigquery")
-    if len(parts) >= 2 and parts[0] in ("store", "publisher", "records") and parts[1] in backends:
-        parts = [parts[0], *parts[2:]]
-    if len(parts) >= 2 and parts[0] == "routes" and isinstance(parts[1], int):
-        idx = parts[1]
-        name = None
-        if isinstance(raw, dict) and isinstance(raw.get("routes"), list) and idx < len(raw["routes"]):
-            entry = raw["routes"][idx]
-            if isinstance(entry, dict) and isinstance(entry.get("name"), str):
-                name = entry["name"]  # `route 5` would read as a position
-        head = f"route {name!r}" if name else f"routes[{idx}]"
-        rest = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts[2:]).lstrip(".")
-        return f"{head}: {rest}" if rest else head
-    text = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in parts).lstrip(".")
-    return text or "(top level)"
-
-
 def parse(raw: Any, source: str = "<config>") -> Config:
     """Validate a decoded config: every problem at once, field errors and rules across keys alike."""
     if raw is None:
         raise ConfigError(source, ["the file is empty: it needs at least a routes list"])
     if not isinstance(raw, dict):
         raise ConfigError(source, ["the top level must be a mapping with a routes list"])
-    problems = []
+    problems: list[str] = []
     config = None
     try:
         config = Config.model_validate(raw)
     except ValidationError as exc:
-        for err in exc.errors():
-            msg = err["msg"].removeprefix("Value error, ")
-            if err["type"] == "extra_forbidden":
-                msg = "unknown key (check the spelling against the config reference)" + _defaulted(raw, err["loc"])
-            problems.append(f"{_where(tuple(err['loc']), raw)}: {msg}")
+        problems += describe(exc.errors(), raw, Config)
     # Rules across keys run on whatever is readable, so they show up together with the field errors.
-    problems += [f"{_where(loc, raw)}: {msg}" for loc, msg in rules(raw)]
+    problems += [f"{where(loc, raw)}: {msg}" for loc, msg in rules(raw)]
     if problems or config is None:
         raise ConfigError(source, problems)
     return config
-
-
-def _defaulted(raw: dict[str, Any], loc: tuple[Any, ...]) -> str:
-    """A hint when an unknown key belongs to the backend that `backend:` was left out for."""
-    section = raw.get(loc[0]) if loc else None
-    if loc and loc[0] in _DEFAULT_BACKENDS and isinstance(section, dict) and "backend" not in section:
-        return f" for backend {_DEFAULT_BACKENDS[loc[0]]}, the default when backend is not set"
-    return ""
 
 
 def load(path: str | os.PathLike[str] | None = None) -> Config:

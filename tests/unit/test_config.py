@@ -74,7 +74,7 @@ def test_every_problem_is_reported_at_once(tmp_path: Path) -> None:
 
 def test_unknown_key_is_an_error_not_ignored(tmp_path: Path) -> None:
     found = problems(tmp_path, {"routes": [a_route(exlude=["processed_at"])]})
-    assert found == ["route 'injury-report': exlude: unknown key (check the spelling against the config reference)"]
+    assert found == ["route 'injury-report': exlude: unknown key; did you mean 'exclude'?"]
 
 
 def test_unknown_backend_is_named(tmp_path: Path) -> None:

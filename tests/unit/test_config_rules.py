@@ -45,8 +45,8 @@ def test_an_empty_section_is_its_defaults() -> None:
 
 def test_a_key_of_another_backend_says_which_backend_was_assumed() -> None:
     assert only({"store": {"collection": "c"}, "routes": [a_route()]}) == (
-        "store.collection: unknown key (check the spelling against the config reference) "
-        "for backend sqlite, the default when backend is not set"
+        "store.collection: unknown key for backend sqlite (the default when backend is not set); "
+        "collection belongs to backend firestore: write backend: firestore"
     )
 
 
@@ -178,7 +178,7 @@ def test_rules_across_keys_are_reported_together_with_field_errors() -> None:
     )
     assert sorted(found) == sorted(
         [
-            "route 'r': mode: Input should be 'enforce' or 'shadow'",
+            "route 'r': mode: 'loud' is not one of enforce, shadow",
             "route 'r': window: 'soon' is not a duration: write e.g. 90s, 15m, 24h or 7d",
             "route 'r': exclude: fields both included and excluded: ['a']",
             "route 'r': row_key: row_key is set but rows is not: row_key only orders rows",
@@ -194,4 +194,4 @@ def test_rules_across_keys_are_reported_together_with_field_errors() -> None:
 
 def test_a_route_whose_name_is_not_a_string_is_named_by_its_position() -> None:
     found = problems({"routes": [{"name": 5, "destination": "phase3", "key": None}]})
-    assert found == ["routes[0]: name: Input should be a valid string", "routes[0]: key: Input should be a valid list"]
+    assert found == ["routes[0]: name: 5 is not text", "routes[0]: key: must be a list, e.g. key: [a, b]"]
