@@ -138,7 +138,9 @@ def cmd_skip_rate(args: argparse.Namespace) -> int:
 def cmd_pull(args: argparse.Namespace) -> int:
     from filter.pull.command import run
 
-    return run(_config(args.config), args.route, health_port=args.health_port)
+    cfg = _config(args.config)
+    preflight.check(cfg, args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    return run(cfg, args.route, health_port=args.health_port)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

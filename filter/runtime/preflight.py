@@ -2,15 +2,18 @@
 
 The embedded backends open their files lazily or deep inside start-up: a missing
 directory showed up as a traceback, or (the outbox) as a 500 on the first forward.
-Nothing here creates or writes a file: an existing one is opened and closed, a new one
-needs a writable directory to be created in. Relative paths are taken from the
-current directory, as the service will.
+Nothing here writes a file the service uses: an existing one is opened and closed; for
+a new one, a nameless temporary file is created in its directory and removed at once,
+because permissions alone do not say whether a file can be created there (root passes
+them in /proc and on some read-only mounts). Relative paths are taken from the current
+directory, as the service will.
 """
 
 from __future__ import annotations
 
 import os
 import sqlite3
+import tempfile
 from pathlib import Path
 
 from filter.core.config import Config, ConfigError
@@ -42,6 +45,10 @@ def _creatable(key: str, path: Path) -> list[str]:
         return [f"{key}: cannot create {str(path)!r}: {str(parent)!r} is not a directory"]
     if not os.access(parent, os.W_OK | os.X_OK):
         return [f"{key}: cannot create {str(path)!r}: no permission to write in {str(parent)!r}"]
+    try:
+        tempfile.TemporaryFile(dir=parent).close()
+    except OSError as exc:
+        return [f"{key}: cannot create {str(path)!r}: no file can be created in {str(parent)!r} ({exc.strerror})"]
     return []
 
 

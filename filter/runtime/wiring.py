@@ -4,12 +4,13 @@ so the embedded default starts without loading their client libraries."""
 from __future__ import annotations
 
 import os
+import sqlite3
 
 from filter.backends.records.batch import BatchingRecorder
 from filter.backends.stores.guard import GuardedStore
 from filter.core.config import Config
 from filter.core.engine import Engine
-from filter.core.ports import DecisionRecorder, Publisher, RecordsReader, StateStore
+from filter.core.ports import DecisionRecorder, Failure, Publisher, RecordsReader, StateStore, StoreUnavailable
 from filter.observability.telemetry import Telemetry
 
 
@@ -23,7 +24,10 @@ def make_store(cfg: Config) -> StateStore:
     if s.backend == "sqlite":
         from filter.backends.stores.sqlite import PURGE_EVERY, SqliteStore
 
-        store = SqliteStore(s.path, purge_every=PURGE_EVERY)  # never suspends: the guard sets no timeout
+        try:
+            store = SqliteStore(s.path, purge_every=PURGE_EVERY)  # never suspends: the guard sets no timeout
+        except StoreUnavailable as exc:  # at start this is the file, not an outage to ride out
+            raise Failure(f"cannot open state file {s.path}: {exc.__cause__ or exc}") from exc
     else:
         from filter.backends.stores.firestore import FirestoreStore
 
@@ -49,7 +53,10 @@ def make_recorder(cfg: Config) -> DecisionRecorder:
         from filter.backends.records.sqlite import SqliteSink
 
         # Written before the push answers, so `skip-rate` run right after a curl sees it.
-        return InlineSqliteRecorder(SqliteSink(r.path), BatchingRecorder(SqliteSink(r.path), flush_interval=0.5))
+        try:
+            return InlineSqliteRecorder(SqliteSink(r.path), BatchingRecorder(SqliteSink(r.path), flush_interval=0.5))
+        except sqlite3.Error as exc:
+            raise Failure(f"cannot open records file {r.path}: {exc}") from exc
     from filter.backends.records.bigquery import bigquery_recorder
 
     return bigquery_recorder(r, project_of(cfg, r.project))

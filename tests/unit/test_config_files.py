@@ -119,3 +119,57 @@ def test_serve_with_an_unusable_store_exits_1_with_one_line_and_no_traceback(tmp
         f"{path}: store.path: cannot create {str(tmp_path / 'missing' / 'state.db')!r}: "
         f"the directory {str(tmp_path / 'missing')!r} does not exist"
     ]
+
+
+# --- a directory that exists but takes no new file (/proc, a read-only mount) ---------------
+
+NO_FILES_HERE = Path("/proc")
+needs_proc = pytest.mark.skipif(not (NO_FILES_HERE / "self").exists(), reason="needs Linux's /proc")
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PUBSUB_EMULATOR_HOST": f"127.0.0.1:{free_port()}"}
+    return subprocess.run([sys.executable, "-m", "filter", *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+@needs_proc
+@pytest.mark.parametrize("section", ["store", "records"])
+def test_check_reports_a_directory_where_no_file_can_be_created(
+    section: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # /proc passes os.access for root: only creating a file says that SQLite could not
+    code, err = check(config(tmp_path, **{section: {"path": "/proc/decisions.db"}}), capsys)
+    assert code == 1
+    assert f"{section}.path: cannot create '/proc/decisions.db': " in err
+
+
+@needs_proc
+@pytest.mark.parametrize("command", ["serve", "pull"])
+def test_serve_and_pull_with_records_where_no_file_can_be_created_exit_1_with_one_line(
+    command: str, tmp_path: Path
+) -> None:
+    path = config(tmp_path, project="p", records={"path": "/proc/decisions.db"})
+    raw = yaml.safe_load(path.read_text())
+    raw["routes"][0]["subscription"] = "raw-reports"  # pull's need
+    path.write_text(yaml.safe_dump(raw))
+    listen = ["--host", "127.0.0.1", "--port", str(free_port())] if command == "serve" else []
+    run = run_cli(command, "--config", str(path), *listen)
+    assert run.returncode == 1
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1 and "Traceback" not in run.stderr, run.stderr
+    assert lines[0].startswith(f"{path}: records.path: cannot create '/proc/decisions.db': ")
+
+
+@pytest.mark.parametrize(("section", "what"), [("store", "state"), ("records", "records")])
+def test_an_sqlite_file_that_cannot_be_opened_at_start_is_one_line_naming_the_file(
+    section: str, what: str, tmp_path: Path
+) -> None:
+    # what `check` cannot foresee (the file changed since): the engine's start says which file, in one line
+    from filter.core.config import parse
+    from filter.runtime.operational import Failure, describe
+    from filter.runtime.wiring import make_engine
+
+    cfg = parse(yaml.safe_load(config(tmp_path, **{section: {"path": str(tmp_path)}}).read_text()))
+    with pytest.raises(Failure) as exc:
+        make_engine(cfg)
+    assert describe(exc.value) == f"cannot open {what} file {tmp_path}: unable to open database file"
