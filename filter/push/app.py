@@ -91,6 +91,9 @@ def create_app(
             try:
                 await authenticator.verify(request.headers.get("authorization"))
             except AuthError as exc:
+                if exc.status == 503:  # Google's certificates out of reach: our outage, and Pub/Sub retries
+                    log.warning("push_auth_unavailable", route=route, reason=exc.reason)
+                    return _json({"error": exc.reason}, 503, {"Retry-After": "1"})
                 counts["auth_rejected"] += 1
                 log.warning("push_unauthorized", route=route, status=exc.status, reason=exc.reason)
                 return _json({"error": exc.reason}, exc.status)

@@ -38,12 +38,21 @@ _CANNOT_FETCH = "cannot fetch Google certificates"
 
 
 class AuthError(Exception):
-    """A push request that must not be processed: 401 (who are you?) or 403 (not you)."""
+    """A push request that must not be processed: 401 (who are you?), 403 (not you), or 503
+    (`CertsUnavailable`: we cannot tell now)."""
 
     def __init__(self, status: int, reason: str) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
+
+
+class CertsUnavailable(AuthError):
+    """Google's certificates could not be fetched, so no token can be checked: our outage, not
+    the caller's fault. 503 with Retry-After: Pub/Sub sends the message again."""
+
+    def __init__(self) -> None:
+        super().__init__(503, _CANNOT_FETCH)
 
 
 @dataclass(frozen=True)
@@ -134,7 +143,7 @@ class PushAuthenticator:
             self._inflight = asyncio.create_task(self._fetch_certs())
         # Shielded: one client hanging up must not cancel the fetch other requests wait on.
         if not await asyncio.shield(self._inflight):
-            raise AuthError(401, _CANNOT_FETCH)
+            raise CertsUnavailable
 
     async def _fetch_certs(self) -> bool:
         try:

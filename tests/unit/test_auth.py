@@ -7,12 +7,21 @@ import logging
 import secrets
 import time
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 import filter.push.auth as auth_module
-from filter.push.auth import AuthError, Principal, PushAuthenticator
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core.config import parse
+from filter.core.counters import counts
+from filter.core.engine import Engine
+from filter.core.envelope import make_envelope
+from filter.push.app import create_app
+from filter.push.auth import AuthError, CertsUnavailable, Principal, PushAuthenticator
+from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.oidc import LocalGoogleCerts, SigningKey, google_claims
 
 AUD = "https://filter.example.run.app/push"
@@ -320,19 +329,20 @@ def _fetch_raises(google: LocalGoogleCerts) -> PushAuthenticator:
 
 
 @pytest.mark.parametrize("down", [_refused, _http_503, _not_a_certs_document, _fetch_raises])
-async def test_certs_endpoint_down_is_401(
+async def test_certs_endpoint_down_is_our_outage_503_not_the_callers_fault(
     google: LocalGoogleCerts, down: Callable[[LocalGoogleCerts], PushAuthenticator]
 ) -> None:
     token = valid(google)
     auth = down(google)
     error = await rejection(auth, bearer(token))
-    assert (error.status, error.reason) == (401, "cannot fetch Google certificates")
+    assert isinstance(error, CertsUnavailable)
+    assert (error.status, error.reason) == (503, "cannot fetch Google certificates")
 
 
 async def test_certs_endpoint_recovering_is_picked_up(auth: PushAuthenticator, google: LocalGoogleCerts) -> None:
     token = valid(google)
     google.status = 503
-    assert (await rejection(auth, bearer(token))).status == 401
+    assert (await rejection(auth, bearer(token))).status == 503
     google.status = 200
     assert (await auth.verify(bearer(token))).email == SA
 
@@ -409,3 +419,39 @@ async def test_reason_and_logs_never_contain_the_token(
     for text in (error.reason, str(error), repr(error), caplog.text):
         for part in parts:
             assert part not in text
+
+
+# --- through the push endpoint: an outage of ours is 503, not an unauthorized caller ---------------
+
+
+async def push_with(auth: PushAuthenticator, token: str, tmp_path: Path) -> httpx.Response:
+    config = parse({"routes": [{"name": "reports", "destination": "phase3", "key": ["payload.game_date"]}]})
+    engine = Engine(config, SqliteStore(tmp_path / "state.db"), MemoryPublisher(), MemoryRecorder())
+    transport = httpx.ASGITransport(app=create_app(engine, auth))
+    async with httpx.AsyncClient(transport=transport, base_url="http://filter") as client:
+        body = make_envelope(b'{"game_date": "d1"}', "m1")
+        return await client.post("/push/reports", content=body, headers={"Authorization": bearer(token)})
+
+
+async def test_push_answers_503_with_retry_after_when_google_certificates_cannot_be_fetched(
+    google: LocalGoogleCerts, tmp_path: Path
+) -> None:
+    token = valid(google)
+    google.status = 503
+    before = counts["auth_rejected"]
+    auth = PushAuthenticator(audience=AUD, service_account=SA, certs_url=google.url)
+    response = await push_with(auth, token, tmp_path)
+    assert response.status_code == 503
+    assert response.headers["Retry-After"].isdigit()
+    assert response.json() == {"error": "cannot fetch Google certificates"}
+    assert counts["auth_rejected"] == before  # not counted as a caller refused
+
+
+async def test_push_still_answers_401_and_counts_a_token_for_another_audience(
+    google: LocalGoogleCerts, tmp_path: Path
+) -> None:
+    before = counts["auth_rejected"]
+    auth = PushAuthenticator(audience=AUD, service_account=SA, certs_url=google.url)
+    response = await push_with(auth, valid(google, aud="https://elsewhere.example/push"), tmp_path)
+    assert response.status_code == 401
+    assert counts["auth_rejected"] == before + 1
