@@ -20,7 +20,13 @@ Each resource is read first and only created or updated when it is missing or di
 one line per resource says `created`, `exists` or `updated` (with what changed), and a
 second run says `no changes`. `--dry-run` says what it would do and changes nothing. A
 subscription attached to another topic than the one wanted is reported, never deleted
-(a subscription's topic cannot change), and the command exits 1.
+(a subscription's topic cannot change), and the command exits 1. A resource Pub/Sub
+refuses to create or update is reported `FAILED` and the rest are still provisioned; the
+summary counts the failures and the command exits 1.
+
+A route's existing subscription without message ordering gets a WARNING: Pub/Sub cannot
+turn ordering on for an existing subscription, and which version of a key ends up last
+downstream depends on it (README, "Ordering"); the way out is a new subscription.
 
 On the real service (not `PUBSUB_EMULATOR_HOST`), dead-lettering also needs IAM for the
 Pub/Sub service agent; that is printed as a reminder, and infra/ grants it in production.
@@ -32,7 +38,9 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from filter.backends.gcp import NO_CREDENTIALS, pubsub_path, resolve_project
@@ -174,6 +182,53 @@ def plan(
 # --- applying it -----------------------------------------------------------------------------------
 
 
+def ordering_warning(spec: SubscriptionSpec, current: Any) -> str | None:
+    """The WARNING for a route's existing subscription that lacks the message ordering `spec` wants."""
+    if not spec.ordered or bool(current.enable_message_ordering):
+        return None
+    return (
+        f"WARNING: subscription {spec.path} (route {spec.route!r}) has message ordering off, and Pub/Sub "
+        "cannot turn it on for an existing subscription. Without it a key's versions can be delivered out of "
+        "order, so an older version can be forwarded after a newer one and be what downstream ends up with "
+        '(README, "Ordering"). What to do: create a new subscription with ordering (give the route a new '
+        "`subscription` in the config and run provision again), move the push endpoint or the pull consumers "
+        "to it, then delete this one."
+    )
+
+
+@dataclass(frozen=True)
+class Failed:
+    """A resource Pub/Sub refused to read, create or update."""
+
+    kind: str
+    path: str
+    reason: str
+
+
+def summary(
+    created: int, updated: int, conflicts: int, failed: list[Failed], warnings: list[str], dry_run: bool
+) -> tuple[list[str], list[str], int]:
+    """(stdout lines, stderr lines, exit code) closing a run: what changed, then what needs a person."""
+    out: list[str] = []
+    err: list[str] = []
+    verb = ("to create", "to update") if dry_run else ("created", "updated")
+    if created or updated:
+        out.append(f"{created} {verb[0]}, {updated} {verb[1]}" + (" (dry run: nothing changed)" if dry_run else ""))
+    elif not conflicts and not failed and warnings:
+        out.append("no changes that Pub/Sub can make: see the WARNING below")
+    elif not conflicts and not failed:
+        out.append("no changes: every resource exists as the config needs it")
+    if conflicts:
+        err.append(f"{conflicts} conflict(s): see CONFLICT above")
+    if failed:
+        err.append(
+            f"{len(failed)} failed (the others were still provisioned): "
+            + "; ".join(f"{f.kind} {f.path}: {f.reason}" for f in failed)
+        )
+    err += warnings
+    return out, err, 1 if conflicts or failed else 0
+
+
 class Provisioner:
     def __init__(self, publisher: Any, subscriber: Any, dry_run: bool = False, out: Any = None):
         self.publisher = publisher
@@ -183,6 +238,8 @@ class Provisioner:
         self.created = 0
         self.updated = 0
         self.conflicts = 0
+        self.failed: list[Failed] = []
+        self.warnings: list[str] = []
         self._subs: dict[str, Any] = {}
 
     def say(self, status: str, kind: str, path: str, detail: str = "") -> None:
@@ -251,6 +308,9 @@ class Provisioner:
                 "change; delete it or fix --source-topic",
             )
             return
+        warning = ordering_warning(spec, current)
+        if warning:
+            self.warnings.append(warning)
         diffs = spec.differences(current)
         if not diffs:
             self.say("exists", "subscription", spec.path, what)
@@ -264,10 +324,26 @@ class Provisioner:
         self.say("updated", "subscription", spec.path, "; ".join(d for _, d in diffs))
 
     def apply(self, p: Plan) -> None:
+        """Every resource, each on its own: one that Pub/Sub refuses does not stop the others."""
         for path, why in p.topics:
-            self.ensure_topic(path, why)
+            self._attempt("topic", path, partial(self.ensure_topic, path, why))
         for spec in p.subscriptions:  # each dead-letter subscription comes before its route's
-            self.ensure_subscription(spec)
+            self._attempt("subscription", spec.path, partial(self.ensure_subscription, spec))
+
+    def _attempt(self, kind: str, path: str, step: Callable[[], None]) -> None:
+        from google.api_core import exceptions as gexc
+
+        try:
+            step()
+        except gexc.GoogleAPICallError as exc:
+            self._failed(kind, path, f"{type(exc).__name__}: {exc.message}")
+        except gexc.RetryError as exc:
+            self._failed(kind, path, f"gave up after retrying: {exc.cause or exc}")
+
+    def _failed(self, kind: str, path: str, reason: str) -> None:
+        reason = " ".join(reason.split())
+        self.failed.append(Failed(kind, path, reason))
+        self.say("FAILED", kind, path, reason)
 
 
 def parse_source_topics(items: list[str]) -> dict[str, str]:
@@ -283,7 +359,6 @@ def parse_source_topics(items: list[str]) -> dict[str, str]:
 def run(cfg: Config, args: argparse.Namespace) -> int:
     """`pubsub-filter provision`: plan, apply (or only print with --dry-run), summarise."""
     import google.cloud.pubsub_v1 as pubsub_v1
-    from google.api_core import exceptions as gexc
     from google.auth.exceptions import DefaultCredentialsError
 
     prog = "pubsub-filter provision"
@@ -312,25 +387,17 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
         where = f"the emulator at {os.environ['PUBSUB_EMULATOR_HOST']}" if emulator else "Pub/Sub"
         dry = "dry run: " if args.dry_run else ""
         print(f"{dry}provisioning {len(cfg.routes)} route(s) in project {project} on {where}")
-        try:
-            prov.apply(wanted)
-        except gexc.GoogleAPICallError as exc:
-            print(f"{prog}: {type(exc).__name__}: {exc.message}", file=sys.stderr)
-            return 1
+        prov.apply(wanted)
     finally:
         publisher.stop()
         publisher.transport.close()
         subscriber.close()
-    verb = ("to create", "to update") if args.dry_run else ("created", "updated")
-    if prov.created or prov.updated:
-        print(
-            f"{prov.created} {verb[0]}, {prov.updated} {verb[1]}"
-            + (" (dry run: nothing changed)" if args.dry_run else "")
-        )
-    elif not prov.conflicts:
-        print("no changes: every resource exists as the config needs it")
-    if prov.conflicts:
-        print(f"{prov.conflicts} conflict(s): see CONFLICT above", file=sys.stderr)
+    out, err, code = summary(prov.created, prov.updated, prov.conflicts, prov.failed, prov.warnings, args.dry_run)
+    for line in out:
+        print(line)
+    sys.stdout.flush()  # the summary before the warnings when both go to one terminal
+    for line in err:
+        print(line, file=sys.stderr)
     if not emulator:
         dead_letter_topics = sorted({s.dead_letter_topic for s in wanted.subscriptions if s.dead_letter_topic})
         print(
@@ -339,4 +406,4 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
             f"{', '.join(dead_letter_topics)} and roles/pubsub.subscriber on each route's subscription. "
             "infra/ grants these in production; without them messages are never dead-lettered."
         )
-    return 1 if prov.conflicts else 0
+    return code

@@ -174,3 +174,31 @@ def test_provision_says_what_it_cannot_do(
     assert admin.subscriber.get_subscription(subscription=admin.subscription_path(names.orders_sub)).topic == (
         admin.topic_path(other)
     )
+
+
+def test_provision_goes_on_past_a_failure_and_warns_of_a_subscription_without_ordering(
+    admin: PubsubAdmin, names: Names, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = str(config(tmp_path, names, admin.project))
+    # made by hand: unordered (it cannot be changed now) and expiring (the emulator refuses that update)
+    admin.publisher.create_topic(name=admin.topic_path(names.orders_topic))
+    admin.subscriber.create_subscription(
+        request={
+            "name": admin.subscription_path(names.orders_sub),
+            "topic": admin.topic_path(names.orders_topic),
+            "expiration_policy": {"ttl": {"seconds": 2 * 86400}},
+        }
+    )
+    code, lines, err = provision(capsys, "--config", cfg, "--pull", f"--source-topic=odds={names.odds_topic}")
+    orders = admin.subscription_path(names.orders_sub)
+    assert code == 1
+    [failed] = [line for line in lines if line.startswith("FAILED")]
+    assert orders in failed and "InvalidArgument" in failed  # the emulator cannot update an expiration policy
+    # every resource after the failure was still provisioned, and the summary says what failed
+    for sub_id in (names.odds_sub, f"{names.odds_sub}-dlq-sub"):
+        assert admin.subscriber.get_subscription(subscription=admin.subscription_path(sub_id))
+    assert lines[-1] == "7 created, 0 updated"  # all but the source topic and subscription made by hand
+    summary, warning = err.splitlines()
+    assert summary.startswith(f"1 failed (the others were still provisioned): subscription {orders}: InvalidArgument")
+    assert warning.startswith(f"WARNING: subscription {orders} (route 'orders') has message ordering off")
+    assert "create a new subscription with ordering" in warning
