@@ -63,6 +63,10 @@ module "pubsub_filter" {
   contention_per_hour_threshold         = var.contention_per_hour_threshold
   heartbeat_failures_per_hour_threshold = var.heartbeat_failures_per_hour_threshold
   lease_takeovers_per_hour_threshold    = var.lease_takeovers_per_hour_threshold
+  dead_letter_backlog_threshold         = var.dead_letter_backlog_threshold
+  oldest_unacked_age_threshold_seconds  = var.oldest_unacked_age_threshold_seconds
+  publish_failures_threshold            = var.publish_failures_threshold
+  store_unavailable_threshold           = var.store_unavailable_threshold
 
   depends_on = [google_project_service.apis]
 }

@@ -144,3 +144,27 @@ variable "lease_takeovers_per_hour_threshold" {
   type        = number
   default     = 3
 }
+
+variable "dead_letter_backlog_threshold" {
+  description = "Alert when a route's dead-letter subscription holds more than this many messages (0 = any)."
+  type        = number
+  default     = 0
+}
+
+variable "oldest_unacked_age_threshold_seconds" {
+  description = "Alert when a route's source subscription has an unacked message older than this many seconds for 5 minutes."
+  type        = number
+  default     = 1800
+}
+
+variable "publish_failures_threshold" {
+  description = "Alert when a route has more unconfirmed publishes than this in 5 minutes."
+  type        = number
+  default     = 5
+}
+
+variable "store_unavailable_threshold" {
+  description = "Alert when a route logs more store_unavailable lines than this in 5 minutes."
+  type        = number
+  default     = 5
+}

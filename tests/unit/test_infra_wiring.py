@@ -352,6 +352,57 @@ def test_firestore_ttl_collection_and_database_come_from_the_config(tmp_path: Pa
     ]
 
 
+def fields_the_store_writes() -> set[str]:
+    """The top-level fields of a key's document, as the Firestore store writes it: a document
+    with every optional part present, plus the dotted field paths its updates name."""
+    from filter.backends.stores import firestore as store
+    from filter.core.model import KeyState, Lease
+
+    full = KeyState(
+        fingerprint="f",
+        forwarded_at=1.0,
+        message_id="m",
+        publish_time=1.0,
+        recent=(("m", "f"),),
+        fence=1,
+        lease=Lease(holder="h", fence=1, expires_at=2.0, fingerprint="f", message_id="m"),
+        expires_at=3.0,
+        rows=b"r",
+        full_fingerprint="g",
+    )
+    written = set(store.to_document("route", "key", full))
+    assert {name for _, name in store._FIELDS} <= written  # what commits and claims update
+    source = Path(store.__file__).read_text(encoding="utf-8")
+    dotted = {m.group(1) for m in re.finditer(r'"([a-z_]+)\.[a-z_.]+":', source)}  # e.g. "lease.expires_at"
+    return written | dotted
+
+
+def test_every_field_the_firestore_store_writes_is_exempt_from_indexing() -> None:
+    # Firestore indexes every field by default; the store reads by document id only, and an
+    # indexed monotonically increasing field caps a collection near 500 writes/s.
+    fields = resources()[("google_firestore_field", "unindexed")]
+    assert "local.store_unindexed_fields" in expr(fields["for_each"])
+    assert expr(fields["field"]) == "${each.key}"
+    assert expr(fields["collection"]) == "${local.store_collection}"
+    assert only(fields["index_config"]) == {}  # empty: no index at all
+    ttl = resources()[("google_firestore_field", "ttl")]
+    assert only(ttl["index_config"]) == {}
+    exempt = {*tf_locals()["store_unindexed_fields"], tf_locals()["ttl_field"]}
+    assert exempt == fields_the_store_writes()
+
+
+@needs_terraform
+@pytest.mark.parametrize("manage_ttl", [True, False])
+def test_the_ttl_field_is_exempt_whether_or_not_terraform_manages_its_policy(tmp_path: Path, manage_ttl: bool) -> None:
+    for_each = expr(resources()[("google_firestore_field", "unindexed")]["for_each"])
+    assert for_each.startswith("${") and for_each.endswith("}")
+    config = {**example_config(), "store": {"backend": "firestore"}}
+    exempt = set(evaluate(tmp_path, for_each[2:-1], config, manage_firestore_ttl=manage_ttl))
+    with_policy = {"expires_at"} if manage_ttl else set()  # the ttl resource's own index_config
+    assert exempt | with_policy == fields_the_store_writes()
+    assert evaluate(tmp_path, for_each[2:-1], {**example_config(), "store": {"backend": "sqlite"}}) == []
+
+
 def test_bigquery_table_is_partitioned_by_time_and_clustered_by_route_and_decision() -> None:
     table = resources()[("google_bigquery_table", "decisions")]
     partitioning = only(table["time_partitioning"])
@@ -482,3 +533,62 @@ def test_dashboard_latency_is_p50_and_p95_of_the_latency_distribution(tmp_path: 
         for d in tile["widget"]["xyChart"]["dataSets"]
     ]
     assert reducers == ["REDUCE_PERCENTILE_50", "REDUCE_PERCENTILE_95"]
+
+
+# --- alerts -------------------------------------------------------------------------------
+
+
+def alert(name: str) -> dict[str, Any]:
+    return resources()[("google_monitoring_alert_policy", name)]
+
+
+def condition(name: str) -> dict[str, Any]:
+    return only(only(alert(name)["conditions"])["condition_threshold"])
+
+
+def test_each_routes_dead_letter_backlog_is_alerted_on() -> None:
+    assert expr(alert("dead_letter_backlog")["for_each"]) == "${local.routes}"
+    c = condition("dead_letter_backlog")
+    assert "pubsub.googleapis.com/subscription/num_undelivered_messages" in c["filter"]
+    # the pull subscription on the dead-letter topic, `<subscription>-dlq-sub`
+    assert "${google_pubsub_subscription.dead_letter[each.key].name}" in c["filter"]
+    assert expr(c["threshold_value"]) == "${var.dead_letter_backlog_threshold}"
+    assert (
+        "pubsub-filter replay --config filter.yaml --route ${each.key}"
+        in only(alert("dead_letter_backlog")["documentation"])["content"]
+    )
+
+
+def test_each_source_subscriptions_oldest_unacked_message_age_is_alerted_on() -> None:
+    assert expr(alert("oldest_unacked_age")["for_each"]) == "${local.routes}"
+    c = condition("oldest_unacked_age")
+    assert "pubsub.googleapis.com/subscription/oldest_unacked_message_age" in c["filter"]
+    assert "${google_pubsub_subscription.push[each.key].name}" in c["filter"]
+    assert expr(c["threshold_value"]) == "${var.oldest_unacked_age_threshold_seconds}"
+
+
+@pytest.mark.parametrize(
+    ("name", "metric"), [("publish_failures", "publish_failures"), ("store_unavailable", "store_unavailable")]
+)
+def test_publish_failures_and_store_unavailability_are_alerted_on_their_log_based_metrics(
+    name: str, metric: str
+) -> None:
+    assert metric in tf_locals()["event_metrics"]
+    c = condition(name)
+    assert f'google_logging_metric.events["{metric}"].name' in c["filter"]
+    assert expr(c["threshold_value"]) == f"${{var.{name}_threshold}}"
+
+
+NEW_THRESHOLDS = [
+    "dead_letter_backlog_threshold",
+    "oldest_unacked_age_threshold_seconds",
+    "publish_failures_threshold",
+    "store_unavailable_threshold",
+]
+
+
+@pytest.mark.parametrize("name", NEW_THRESHOLDS)
+def test_alert_thresholds_are_variables_the_root_example_passes_on(name: str) -> None:
+    assert expr(variables(MODULE)[name]["type"]) in ("number", "${number}")  # as python-hcl2 versions write it
+    assert name in variables(INFRA)
+    assert expr(_blocks(INFRA, "module")[0]["pubsub_filter"][name]) == f"${{var.{name}}}"

@@ -445,3 +445,214 @@ resource "google_monitoring_alert_policy" "fail_open" {
     EOT
   }
 }
+
+# --- backlog, publishing and the store ---------------------------------------------------
+
+# Anything in a dead-letter subscription ran out of delivery attempts: it waits there for
+# `pubsub-filter replay` (the subscription keeps it for dead_letter_retention_duration).
+resource "google_monitoring_alert_policy" "dead_letter_backlog" {
+  for_each = local.routes
+
+  project      = var.project
+  display_name = "pubsub-filter ${var.name}: dead letters waiting for ${each.key}"
+  combiner     = "OR"
+  severity     = "ERROR"
+  user_labels  = var.labels
+
+  conditions {
+    display_name = "${each.value.dead_letter}-sub holds more than ${var.dead_letter_backlog_threshold} message(s)"
+
+    condition_threshold {
+      filter = join(" AND ", [
+        "metric.type=\"pubsub.googleapis.com/subscription/num_undelivered_messages\"",
+        "resource.type=\"pubsub_subscription\"",
+        "resource.label.subscription_id=\"${google_pubsub_subscription.dead_letter[each.key].name}\"",
+      ])
+      comparison      = "COMPARISON_GT"
+      threshold_value = var.dead_letter_backlog_threshold
+      duration        = "0s"
+
+      aggregations {
+        alignment_period   = "300s"
+        per_series_aligner = "ALIGN_MAX"
+      }
+
+      trigger {
+        count = 1
+      }
+    }
+  }
+
+  notification_channels = var.notification_channels
+
+  alert_strategy {
+    auto_close = var.alert_auto_close
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    subject   = "pubsub-filter: dead letters waiting for route ${each.key}"
+    content   = <<-EOT
+      Messages of route **${each.key}** ran out of delivery attempts and were moved to
+      `${each.value.dead_letter}`; they wait in `${each.value.dead_letter}-sub`. Find why
+      (the decision lines with decision `rejected` or `failed` for the route, the
+      `publish_failures` and `store_unavailable` metrics), fix it, then republish them:
+      `pubsub-filter replay --config filter.yaml --route ${each.key}` (add `--dry-run` to
+      look first; `--through-filter` to decide each one again instead of republishing to
+      the source topic).
+    EOT
+  }
+}
+
+# A source subscription whose oldest unacked message keeps ageing: the service is not
+# keeping up, or one message is retried over and over (with ordering on, it holds back
+# every later message of its key).
+resource "google_monitoring_alert_policy" "oldest_unacked_age" {
+  for_each = local.routes
+
+  project      = var.project
+  display_name = "pubsub-filter ${var.name}: ${each.key} backlog older than ${var.oldest_unacked_age_threshold_seconds}s"
+  combiner     = "OR"
+  severity     = "WARNING"
+  user_labels  = var.labels
+
+  conditions {
+    display_name = "${each.value.subscription}: oldest unacked message older than ${var.oldest_unacked_age_threshold_seconds}s for 5 minutes"
+
+    condition_threshold {
+      filter = join(" AND ", [
+        "metric.type=\"pubsub.googleapis.com/subscription/oldest_unacked_message_age\"",
+        "resource.type=\"pubsub_subscription\"",
+        "resource.label.subscription_id=\"${google_pubsub_subscription.push[each.key].name}\"",
+      ])
+      comparison      = "COMPARISON_GT"
+      threshold_value = var.oldest_unacked_age_threshold_seconds
+      duration        = "300s"
+
+      aggregations {
+        alignment_period   = "60s"
+        per_series_aligner = "ALIGN_MAX"
+      }
+
+      trigger {
+        count = 1
+      }
+    }
+  }
+
+  notification_channels = var.notification_channels
+
+  alert_strategy {
+    auto_close = var.alert_auto_close
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    subject   = "pubsub-filter: route ${each.key} is falling behind"
+    content   = <<-EOT
+      The oldest message not yet acked on `${each.value.subscription}` is older than
+      ${var.oldest_unacked_age_threshold_seconds}s. Either the service does not keep up
+      (Cloud Run at max_instances, slow publishes: see the decision latency tile) or
+      messages are answered 5xx again and again: `contended` (see the contention alert),
+      `failed` (publish failures, or the store down under on_store_error = retry). With
+      message ordering a message retried holds back the later ones of its key until it
+      is acked or dead-lettered.
+    EOT
+  }
+}
+
+resource "google_monitoring_alert_policy" "publish_failures" {
+  project      = var.project
+  display_name = "pubsub-filter ${var.name}: publishes failing"
+  combiner     = "OR"
+  severity     = "ERROR"
+  user_labels  = var.labels
+
+  conditions {
+    display_name = "unconfirmed publishes per route in 5 minutes > ${var.publish_failures_threshold}"
+
+    condition_threshold {
+      filter          = "metric.type=\"${local.user_metric_prefix}/${google_logging_metric.events["publish_failures"].name}\" AND resource.type=\"cloud_run_revision\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = var.publish_failures_threshold
+      duration        = "0s"
+
+      aggregations {
+        alignment_period     = "300s"
+        per_series_aligner   = "ALIGN_SUM"
+        cross_series_reducer = "REDUCE_SUM"
+        group_by_fields      = ["metric.label.route"]
+      }
+
+      trigger {
+        count = 1
+      }
+    }
+  }
+
+  notification_channels = var.notification_channels
+
+  alert_strategy {
+    auto_close = var.alert_auto_close
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    subject   = "pubsub-filter: publishes to destination topics failing"
+    content   = <<-EOT
+      Forwards to a destination topic were not confirmed within publisher.timeout. The
+      source message was answered 5xx, its lease released, and Pub/Sub retries it; once
+      its delivery attempts run out it is dead-lettered (see the dead-letter alert). Check
+      that the destination topic exists, that the service account may publish to it
+      (roles/pubsub.publisher), and Pub/Sub's status.
+    EOT
+  }
+}
+
+resource "google_monitoring_alert_policy" "store_unavailable" {
+  project      = var.project
+  display_name = "pubsub-filter ${var.name}: state store unavailable"
+  combiner     = "OR"
+  severity     = "ERROR"
+  user_labels  = var.labels
+
+  conditions {
+    display_name = "store_unavailable lines per route in 5 minutes > ${var.store_unavailable_threshold}"
+
+    condition_threshold {
+      filter          = "metric.type=\"${local.user_metric_prefix}/${google_logging_metric.events["store_unavailable"].name}\" AND resource.type=\"cloud_run_revision\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = var.store_unavailable_threshold
+      duration        = "0s"
+
+      aggregations {
+        alignment_period     = "300s"
+        per_series_aligner   = "ALIGN_SUM"
+        cross_series_reducer = "REDUCE_SUM"
+        group_by_fields      = ["metric.label.route"]
+      }
+
+      trigger {
+        count = 1
+      }
+    }
+  }
+
+  notification_channels = var.notification_channels
+
+  alert_strategy {
+    auto_close = var.alert_auto_close
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    subject   = "pubsub-filter: the state store does not answer"
+    content   = <<-EOT
+      Calls to the state store (Firestore) failed or took longer than store_errors.budget.
+      Routes with on_store_error = forward fail open (forward without dedup: see the
+      fail_open alert); routes with on_store_error = retry answer 503 and are retried, and
+      their backlog grows. Check Firestore's status, quota and latency, and that the
+      service account has roles/datastore.user on the store's project.
+    EOT
+  }
+}

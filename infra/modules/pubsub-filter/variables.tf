@@ -269,3 +269,27 @@ variable "enable_message_ordering" {
   type        = bool
   default     = true
 }
+
+variable "dead_letter_backlog_threshold" {
+  description = "Alert when a route's dead-letter subscription (<subscription>-dlq-sub) holds more than this many messages. 0 = any: each one ran out of delivery attempts and waits for `pubsub-filter replay`."
+  type        = number
+  default     = 0
+}
+
+variable "oldest_unacked_age_threshold_seconds" {
+  description = "Alert when the oldest unacked message on a route's source subscription has been older than this many seconds for 5 minutes (the service is not keeping up, or a message is retried again and again)."
+  type        = number
+  default     = 1800
+}
+
+variable "publish_failures_threshold" {
+  description = "Alert when a route has more than this many unconfirmed publishes to its destination topic in 5 minutes (log-based metric publish_failures)."
+  type        = number
+  default     = 5
+}
+
+variable "store_unavailable_threshold" {
+  description = "Alert when a route logs more than this many `store_unavailable` lines (store calls failed or over store_errors.budget) in 5 minutes."
+  type        = number
+  default     = 5
+}
