@@ -96,7 +96,7 @@ def _message(err: Any, loc: Loc, raw: dict[str, Any], root: type[BaseModel]) -> 
     if kind == "union_tag_invalid":
         return _not_one_of(ctx.get("tag", value), re.findall(r"'([^']*)'", str(ctx.get("expected_tags", ""))))
     if kind == "list_type":
-        return _not_a_list(loc, value)
+        return _not_a_list(loc, value, root)
     if kind == "too_short":
         return "must not be empty" + (": the config needs at least one route" if loc == ("routes",) else "")
     if kind == "string_pattern_mismatch":
@@ -114,19 +114,36 @@ def _message(err: Any, loc: Loc, raw: dict[str, Any], root: type[BaseModel]) -> 
 
 def _unknown_key(loc: Loc, raw: dict[str, Any], root: type[BaseModel]) -> str:
     key, parent = str(loc[-1]), loc[:-1]
-    allowed = _keys(_model_at(root, parent))
+    here = _model_at(root, parent)
+    allowed = _keys(here)
     guess = _closest(key, allowed)
     if guess:
         return f"unknown key; did you mean {guess!r}?"
     backend = _backend_written(parent, raw)
+    said = "unknown key"
     if backend:
         name, defaulted = backend
         said = f"unknown key for backend {name}" + (" (the default when backend is not set)" if defaulted else "")
         owner = next((_backend_of(m) for m in _candidates(root, parent[0]) if key in _keys(m)), None)
         if owner and owner != name:
             return f"{said}; {key} belongs to backend {owner}: write backend: {owner}"
-        return f"{said}; its keys are {', '.join(sorted(allowed))}"
-    return f"unknown key; the keys here are {', '.join(sorted(allowed))}" if allowed else "unknown key"
+    home = _home_of(key, root, here)
+    if home:
+        return f"unknown key here; {key} belongs {home}"
+    return f"{said}; the keys here are {', '.join(sorted(allowed))}" if allowed else said
+
+
+def _home_of(key: str, root: type[BaseModel], here: type[BaseModel] | None) -> str | None:
+    """Where else in the config `key` is a key: a section's key written in a route, and the like."""
+    if here is not root and key in _keys(root):
+        return "at the top level"
+    homes = {
+        "in each route" if name == "routes" else f"in section {name}"
+        for name, field in root.model_fields.items()
+        for model in _models_in(field.annotation)
+        if model is not here and key in _keys(model)
+    }
+    return homes.pop() if len(homes) == 1 else None  # a key of several sections (backend, path) says nothing
 
 
 def _backend_written(parent: Loc, raw: dict[str, Any]) -> tuple[str, bool] | None:
@@ -171,10 +188,13 @@ def _not_one_of(value: Any, allowed: Sequence[Any]) -> str:
     return f"{text}; did you mean {guess!r}?" if guess else text
 
 
-def _not_a_list(loc: Loc, value: Any) -> str:
+def _not_a_list(loc: Loc, value: Any, root: type[BaseModel]) -> str:
     key = str(loc[-1]) if loc else "it"
     if loc == ("routes",):
         return "must be a list of routes, each starting with '- name: ...'"
+    items = _candidates(_model_at(root, loc[:-1]), loc[-1]) if loc else []
+    if items:  # a list of mappings (bypass conditions)
+        return f"must be a list of mappings, each with keys among {', '.join(sorted(_keys(items[0])))}"
     if isinstance(value, str | int | float) and not isinstance(value, bool):
         return f"must be a list, even of one item: write {key}: [{value}]"
     return f"must be a list, e.g. {key}: [a, b]"
@@ -223,7 +243,7 @@ def _model_at(root: type[BaseModel], loc: Loc) -> type[BaseModel] | None:
     return model
 
 
-def _candidates(model: type[BaseModel], name: Any) -> list[type[BaseModel]]:
+def _candidates(model: type[BaseModel] | None, name: Any) -> list[type[BaseModel]]:
     field = _field(model, name)
     return list(_models_in(field.annotation)) if field is not None else []
 

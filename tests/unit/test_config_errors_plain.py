@@ -69,6 +69,26 @@ MISTAKES: list[tuple[str, dict[str, Any], list[str]]] = [
         ],
     ),
     (
+        "a section's key written in a route says where it belongs",
+        {"routes": [a_route(max_body="1MiB")]},
+        ["route 'r': max_body: unknown key here; max_body belongs in section server"],
+    ),
+    (
+        "a section's key written at the top level says where it belongs",
+        {"health_port": 8081, "routes": [a_route()]},
+        ["health_port: unknown key here; health_port belongs in section pull"],
+    ),
+    (
+        "a top-level key written in a route says so",
+        {"routes": [a_route(project="my-project")]},
+        ["route 'r': project: unknown key here; project belongs at the top level"],
+    ),
+    (
+        "a key of several sections is not sent to one of them",
+        {"server": {"backend": "x"}, "routes": [a_route()]},
+        ["server.backend: unknown key; the keys here are body_timeout, max_body, shutdown_grace"],
+    ),
+    (
         "a key of another backend names the backend it belongs to",
         {"store": {"collection": "c"}, "routes": [a_route()]},
         [
@@ -115,6 +135,11 @@ MISTAKES: list[tuple[str, dict[str, Any], list[str]]] = [
         "a single field where a list is needed shows the fix",
         {"routes": [a_route(exclude="processed_at")]},
         ["route 'r': exclude: must be a list, even of one item: write exclude: [processed_at]"],
+    ),
+    (
+        "a condition that is not a mapping",
+        {"routes": [a_route(bypass="payload.live")]},
+        ["route 'r': bypass: must be a list of mappings, each with keys among equals, exists, field, in, not_equals"],
     ),
     (
         "an empty key list",
