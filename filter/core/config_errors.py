@@ -19,6 +19,7 @@ from pydantic import BaseModel
 Loc = tuple[Any, ...]
 
 _BACKEND_SECTIONS = {"store": "sqlite", "publisher": "outbox", "records": "sqlite"}
+_TAGS = ("sqlite", "firestore", "outbox", "pubsub", "bigquery")  # pydantic puts the union member in the location
 _VALIDATOR_STEPS = ("function-after", "function-before", "function-wrap", "function-plain")
 
 # What a `pattern` constraint asks for, in words (keyed by the field's name).
@@ -103,7 +104,8 @@ def _message(err: Any, loc: Loc, raw: dict[str, Any], root: type[BaseModel]) -> 
         return f"{value!r} {_PATTERNS.get(str(loc[-1]), 'is not valid here: see the config reference')}"
     if kind in _BOUNDS:
         bound = next(iter(ctx.values()), None)
-        return f"{value!r} is out of range: it must be {_BOUNDS[kind]} {bound:g}" if bound is not None else err["msg"]
+        limit = f"{bound:g}" if isinstance(bound, int | float) else str(bound)
+        return f"{value!r} is out of range: it must be {_BOUNDS[kind]} {limit}"
     if kind in _TYPES:
         return _wrong_type(loc, value, _TYPES[kind])
     return str(err["msg"]).removeprefix("Value error, ")
@@ -216,9 +218,6 @@ def _plain_loc(loc: Loc) -> Loc:
     if len(parts) >= 2 and parts[0] in _BACKEND_SECTIONS and isinstance(parts[1], str) and parts[1] in _TAGS:
         parts = [parts[0], *parts[2:]]
     return tuple(parts)
-
-
-_TAGS = ("sqlite", "firestore", "outbox", "pubsub", "bigquery")
 
 
 def _dotted(parts: Sequence[Any]) -> str:
