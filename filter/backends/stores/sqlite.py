@@ -349,3 +349,28 @@ class SqliteStore:
 
     async def close(self) -> None:
         self._db.close()
+
+
+def read_only(path: str | Path, route: str, key: str) -> KeyState | None:
+    """What is stored for `route` and `key`, read without writing anything (for `explain`).
+
+    No file, or a file with no state table yet: None, and nothing is created. The file is
+    opened read-only (`mode=ro`): no schema, no journal-mode change. A WAL reader may still
+    leave the empty `-wal` and `-shm` side files SQLite itself keeps beside the database.
+    """
+    file = Path(path)
+    if not file.exists():
+        return None
+    try:
+        db = sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise StoreUnavailable(f"cannot open {path} read-only: {exc}") from exc
+    try:
+        if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'key_state'").fetchone() is None:
+            return None
+        row = db.execute(_READ, (route, key)).fetchone()
+    except sqlite3.Error as exc:
+        raise StoreUnavailable(f"sqlite {path}: {exc}") from exc
+    finally:
+        db.close()
+    return _row_to_state(row) if row else None
