@@ -263,3 +263,21 @@ def test_the_outbox_beside_the_sqlite_files_is_accepted(tmp_path: Path, monkeypa
         {"store": {"path": "link.db"}, "publisher": {"path": str(tmp_path / "out.jsonl")}, "routes": [a_route()]}
     )
     assert cfg.publisher.path == str(tmp_path / "out.jsonl")
+
+
+# --- pull flow control: only values the Pub/Sub client can run ------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("max_bytes", 0), ("max_bytes", "0MiB"), ("max_bytes", 2**63), ("max_messages", 0), ("max_messages", 2**63)],
+)
+def test_a_pull_flow_control_value_the_client_cannot_run_is_refused_by_name(key: str, value: Any) -> None:
+    found = only({"pull": {key: value}, "routes": [a_route()]})
+    assert found.startswith(f"pull.{key}: "), found
+    assert "from 1 to 9223372036854775807" in found, found
+
+
+@pytest.mark.parametrize(("key", "value"), [("max_bytes", 1), ("max_bytes", "1MiB"), ("max_messages", 2**63 - 1)])
+def test_a_pull_flow_control_value_from_one_up_is_accepted(key: str, value: Any) -> None:
+    assert getattr(parse({"pull": {key: value}, "routes": [a_route()]}).pull, key) >= 1
