@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 
+from filter.core.config import Route
 from filter.core.model import Message
 from filter.core.times import format_time
 
@@ -21,6 +22,11 @@ ATTR_KEY = "filter_key"
 ATTR_KEY_SHA256 = "filter_key_sha256"
 #: Pub/Sub caps an attribute value at 1,024 bytes.
 ATTRIBUTE_LIMIT = 1024
+#: Pub/Sub's other limits on a published message's attributes: how many, and a name's bytes.
+MAX_ATTRIBUTES = 100
+MAX_NAME_BYTES = 256
+#: The trace context a traced forward carries (`filter.observability.telemetry`), over a producer's own.
+TRACE_ATTRIBUTE = "googclient_traceparent"
 #: Attributes only the filter writes on what it forwards. A producer's own values for them are
 #: dropped, so a consumer can trust them (`filter_rows_changed: 0` on a whole payload, say).
 OWN_ATTRIBUTES = frozenset(
@@ -66,3 +72,42 @@ def forward_attributes(route: str, msg: Message, fingerprint: str, own: Mapping[
     if msg.publish_time is not None:
         attributes[ATTR_SOURCE_PUBLISH_TIME] = format_time(msg.publish_time)
     return attributes
+
+
+def own_attributes_at_most(route: Route) -> int:
+    """How many attributes the filter may add to a forward on `route`: the fingerprint, source
+    message id, route, source publish time, fence, key (or its digest) and trace context; with
+    `rows_mode: changed` the five `filter_rows_*` ones too."""
+    return 7 + (5 if route.rows_mode == "changed" else 0)
+
+
+def _bytes(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def _shown(name: str) -> str:
+    return name if len(name) <= 40 else name[:40] + "..."
+
+
+def unforwardable(attributes: Mapping[str, str], own_at_most: int) -> str | None:
+    """Why Pub/Sub would refuse a forward carrying the producer's `attributes` and up to
+    `own_at_most` of the filter's; None when it would take it.
+
+    Decided on the producer's attributes alone, before anything is claimed, so the answer is the
+    same on every delivery: the message is rejected once (and dead-lettered by the
+    subscription's policy) rather than failing its publish on every attempt. The filter's own
+    names in the producer's attributes are replaced, not added, so they do not count.
+    """
+    kept = [name for name in attributes if name not in OWN_ATTRIBUTES and name != TRACE_ATTRIBUTE]
+    room = MAX_ATTRIBUTES - own_at_most
+    if len(kept) > room:
+        return (
+            f"the message has {len(kept)} attributes; with the filter's own (up to {own_at_most} on this route) "
+            f"its forward could carry more than Pub/Sub's {MAX_ATTRIBUTES}: at most {room} can be forwarded"
+        )
+    for name in kept:
+        if (size := _bytes(name)) > MAX_NAME_BYTES:
+            return f"attribute name {_shown(name)!r} is {size} bytes: Pub/Sub takes at most {MAX_NAME_BYTES}"
+        if (size := _bytes(attributes[name])) > ATTRIBUTE_LIMIT:
+            return f"attribute {_shown(name)!r} has a value of {size} bytes: Pub/Sub takes at most {ATTRIBUTE_LIMIT}"
+    return None

@@ -150,17 +150,46 @@ def _auth_rules(raw: dict[str, Any]) -> list[Problem]:
     return found
 
 
+#: The files SQLite keeps beside a database: the outbox on one of them corrupts the database too.
+_SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether two paths name one file, however spelled: by identity (device and inode) when
+    both exist, which sees hard links too; else by their paths with symlinks resolved."""
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):  # one does not exist yet (or the path cannot be one: a NUL byte)
+        pass
+    try:
+        return os.path.realpath(a) == os.path.realpath(b)
+    except (OSError, ValueError):
+        return os.path.normpath(a) == os.path.normpath(b)
+
+
 def _file_rules(raw: dict[str, Any]) -> list[Problem]:
-    """The outbox appends JSON lines: on a SQLite file it would corrupt the database."""
+    """The outbox appends JSON lines: on a SQLite file (or one of its side files) it would corrupt the database."""
     outbox = _section(raw, "publisher")
     if outbox.get("backend", "outbox") != "outbox":
         return []
     path = outbox.get("path", OutboxPublisher().path)
+    if not (isinstance(path, str) and path):
+        return []
     found: list[Problem] = []
     for section in ("store", "records"):
         other = _section(raw, section)
-        if other.get("backend", "sqlite") == "sqlite" and isinstance(path, str) and path:
-            other_path = other.get("path", _DEFAULT_SQLITE[section])
-            if isinstance(other_path, str) and os.path.normpath(other_path) == os.path.normpath(path):
-                found.append((("publisher", "path"), f"{path!r} is also {section}.path: give the outbox its own file"))
+        other_path = other.get("path", _DEFAULT_SQLITE[section])
+        if other.get("backend", "sqlite") != "sqlite" or not (isinstance(other_path, str) and other_path):
+            continue
+        if _same_file(path, other_path):
+            found.append((("publisher", "path"), f"{path!r} is also {section}.path: give the outbox its own file"))
+            continue
+        side = next((s for s in _SQLITE_SIDE_FILES if _same_file(path, other_path + s)), None)
+        if side is not None:
+            found.append(
+                (
+                    ("publisher", "path"),
+                    f"{path!r} is also {section}.path's {other_path}{side}: give the outbox its own file",
+                )
+            )
     return found

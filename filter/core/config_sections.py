@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from filter.core.times import parse_duration
 
@@ -133,11 +133,26 @@ class ServerConfig(Strict):
     body_timeout: Duration = 10.0  # a push body not received in full by then is answered 408
 
 
+#: The largest flow-control limit: the client sends it to Pub/Sub as a signed 64-bit integer.
+_FLOW_MAX = 2**63 - 1
+
+
+def _flow_limit(value: int) -> int:
+    # The client divides by both limits (0: its consumer thread dies and nothing is pulled) and
+    # sends them in the stream's first request (past 64 bits: the same).
+    if not 1 <= value <= _FLOW_MAX:
+        raise ValueError(f"{value} cannot be run by the Pub/Sub client: it must be from 1 to {_FLOW_MAX}")
+    return value
+
+
+FlowLimit = Annotated[int, AfterValidator(_flow_limit)]
+
+
 class PullConfig(Strict):
     """Flow control for `pubsub-filter pull` (per subscription)."""
 
-    max_messages: int = Field(default=100, ge=1)
-    max_bytes: Size = 50 * 1024 * 1024
+    max_messages: FlowLimit = 100
+    max_bytes: Annotated[Size, AfterValidator(_flow_limit)] = 50 * 1024 * 1024
     max_lease_duration: Duration | None = None  # default: lease.duration
     # `/healthz`, `/readyz` and `/metrics` for probes and scrapes; off unless set (or --health-port)
     health_port: int | None = Field(default=None, ge=1, le=65535)

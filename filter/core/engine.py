@@ -200,6 +200,8 @@ class Engine:
         route = rules.route
         if not rules.accepts_subscription(msg.subscription):
             raise PayloadError(f"pushed from subscription {msg.subscription!r}, route expects {route.subscription!r}")
+        if act is None and (unforwardable := rules.unforwardable(msg.attributes)) is not None:
+            raise PayloadError(unforwardable)  # the same on every delivery: rejected, not a failing publish
         # 1. extract
         payload, fp = rules.scheme(msg.data)
         key = rules.key_of(payload, msg.attributes)

@@ -25,6 +25,9 @@ from typing import Any, Protocol
 from filter.core.attributes import ATTR_FENCE, ATTR_KEY, ATTR_KEY_SHA256, ATTR_ROUTE
 
 DEFAULT_FORGET_AFTER = 86400.0
+#: The highest fence: a lease token is a signed 64-bit integer in every store.
+FENCE_MAX = 2**63 - 1
+_FENCE_DIGITS = len(str(FENCE_MAX))
 #: A lost compare-and-set means another consumer took a fence for the key just now: look again.
 ATTEMPTS = 16
 
@@ -67,21 +70,31 @@ class FenceStore(Protocol):
     async def close(self) -> None: ...
 
 
+def parse_fence(raw: str) -> int:
+    """The fence in `raw`, written as the filter writes it (1..2^63-1, no sign, no leading zero), or FenceError."""
+    # The length is bounded before int(): outside input, and CPython refuses 4,300+ digits with a ValueError.
+    if 0 < len(raw) <= _FENCE_DIGITS and raw.isascii() and raw.isdigit() and raw[0] != "0":
+        fence = int(raw)
+        if fence <= FENCE_MAX:
+            return fence
+    shown = raw if len(raw) <= 40 else f"{raw[:40]}... ({len(raw)} characters)"
+    raise FenceError(f"{ATTR_FENCE}={shown!r} is not a fence the filter writes (an integer from 1 to {FENCE_MAX})")
+
+
 def identity_of(attributes: Mapping[str, str]) -> tuple[str, int] | None:
     """(route and key as one string, fence) from a forward's attributes; None when it carries no fence."""
     raw = attributes.get(ATTR_FENCE)
     if raw is None:
         return None
-    if not (raw.isascii() and raw.isdigit()):
-        raise FenceError(f"{ATTR_FENCE}={raw!r} is not a fence the filter writes (a positive integer)")
+    fence = parse_fence(raw)
     route = attributes.get(ATTR_ROUTE)
     if route is None:
         raise FenceError(f"{ATTR_FENCE} without {ATTR_ROUTE}: not a forward from the filter")
     # A short key and a long key's digest are kept apart by their prefix: no key can pose as another's digest.
     if (key := attributes.get(ATTR_KEY)) is not None:
-        return f"{route}\x00k:{key}", int(raw)
+        return f"{route}\x00k:{key}", fence
     if (digest := attributes.get(ATTR_KEY_SHA256)) is not None:
-        return f"{route}\x00h:{digest}", int(raw)
+        return f"{route}\x00h:{digest}", fence
     raise FenceError(f"{ATTR_FENCE} without {ATTR_KEY} or {ATTR_KEY_SHA256}: not a forward from the filter")
 
 

@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from filter.core import rows
+from filter.core.attributes import own_attributes_at_most, unforwardable
 from filter.core.conditions import holds
 from filter.core.config import Route
 from filter.core.fingerprint import NOT_JSON, PayloadError, Scheme, TypedRows, compile_scheme
@@ -26,6 +27,7 @@ class RouteRules:
         )
         self.tracks_rows = route.rows is not None and bool(route.row_key) and route.scheme == "canonical"
         self.row_memo = rows.Memo()  # the last forward's rows: most of the next forward's are the same
+        self.own_attributes_at_most = own_attributes_at_most(route)
 
     def typed_rows(self, data: bytes) -> TypedRows | None:
         """The rows as the fingerprint's fast path decodes them (included fields only), if it vouches for them."""
@@ -62,6 +64,10 @@ class RouteRules:
                 raise PayloadError(f"key field {path} is an object or list, not a value")
             parts.append(str(value).replace("\\", "\\\\").replace("|", "\\|"))
         return "|".join(parts)
+
+    def unforwardable(self, attributes: Mapping[str, str]) -> str | None:
+        """Why a forward of a message with these attributes could not be published (`filter.core.attributes`)."""
+        return unforwardable(attributes, self.own_attributes_at_most)
 
     def bypassed(self, payload: Any, attributes: Mapping[str, str]) -> bool:
         return any(holds(c, payload, attributes) for c in self.route.bypass)

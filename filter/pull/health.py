@@ -1,6 +1,7 @@
 """The pull worker's probes and its watchdog.
 
-- `HealthServer`: `/healthz` (the worker's loop answers and no stream failed), `/readyz`
+- `HealthServer`: `/healthz` (the worker's loop answers, no stream failed and no stream's
+  consumer thread died: see `ConsumerDeaths`), `/readyz`
   (every stream open, none stalled, store and publisher answer) and `/metrics`, on a small
   uvicorn server inside the worker's own event loop (for GKE probes, Cloud Run worker pools
   and Prometheus scrapes).
@@ -14,10 +15,12 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import logging
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import msgspec
@@ -44,6 +47,52 @@ class _QuietServer(uvicorn.Server):
 
 def _json(body: dict[str, Any], status: int = 200) -> Response:
     return Response(msgspec.json.encode(body), status, media_type="application/json")
+
+
+def stream_failures(streams: Mapping[str, concurrent.futures.Future[Any]]) -> dict[str, str]:
+    """Route → why its streaming pull ended, for each stream whose future is done.
+
+    A streaming pull's future completes only when the stream is cancelled or has failed for
+    good, so a done future before shutdown is a route that pulls nothing any more.
+    """
+    failures: dict[str, str] = {}
+    for route, future in streams.items():
+        if not future.done():
+            continue
+        if future.cancelled():
+            failures[route] = "the streaming pull was cancelled"
+        elif (exc := future.exception()) is not None:
+            failures[route] = f"{type(exc).__name__}: {getattr(exc, 'message', None) or exc}"
+        else:
+            failures[route] = "the streaming pull ended by itself"
+    return failures
+
+
+#: google-api-core's streaming consumer (the thread reading a streaming pull) logs its one ERROR
+#: record on this logger when it dies on an exception it did not expect (e.g. a flow-control
+#: limit of 0: a division by zero). google-cloud-pubsub 2.44 does not wire its own fatal-error
+#: hook there, so the stream's future then never completes and the stream pulls nothing.
+CONSUMER_LOGGER = "google.api_core.bidi"
+
+
+class ConsumerDeaths(logging.Handler):
+    """Calls `died(reason)` for each streaming consumer thread the client library reports dead,
+    between `attach()` and `detach()`. The logger is the library's, shared by the process: any
+    such death counts (a worker cannot tell whose consumer thread it was)."""
+
+    def __init__(self, died: Callable[[str], None]) -> None:
+        super().__init__(logging.ERROR)
+        self.died = died
+
+    def emit(self, record: logging.LogRecord) -> None:
+        exc = record.exc_info[1] if record.exc_info else None
+        self.died(f"{type(exc).__name__}: {exc}" if exc is not None else record.getMessage())
+
+    def attach(self) -> None:
+        logging.getLogger(CONSUMER_LOGGER).addHandler(self)
+
+    def detach(self) -> None:
+        logging.getLogger(CONSUMER_LOGGER).removeHandler(self)
 
 
 class Watchdog:
@@ -125,8 +174,12 @@ def health_app(worker: Any) -> Starlette:
     engine = worker.engine
 
     async def healthz(_: Request) -> Response:
-        if worker.failure is not None:
-            return _json({"status": "failed", "error": str(worker.failure)}, 503)
+        # The streams are looked at here too: a stream's end reaches `worker.failure` from a
+        # client thread, and this answer must not wait for that.
+        streams = worker.stream_failures()
+        if worker.failure is not None or streams:
+            error = str(worker.failure) if worker.failure is not None else next(iter(streams.values()))
+            return _json({"status": "failed", "error": error, **{f"route {r}": e for r, e in streams.items()}}, 503)
         return _json({"status": "ok", "in_flight": engine.in_flight, "handled": worker.handled})
 
     async def readyz(_: Request) -> Response:

@@ -49,7 +49,7 @@ from filter.core.config import LeaseConfig, PullConfig, Route
 from filter.core.engine import Engine
 from filter.core.envelope import effective_publish_time
 from filter.core.model import Message
-from filter.pull.health import HealthServer, Watchdog, health_app
+from filter.pull.health import ConsumerDeaths, HealthServer, Watchdog, health_app, stream_failures
 
 log = structlog.get_logger("pubsub_filter.pull")
 
@@ -131,6 +131,10 @@ class PullWorker:
     def failure(self) -> BaseException | None:
         return self._failure
 
+    def stream_failures(self) -> dict[str, str]:
+        """Route → why its stream ended, for streams that ended before shutdown began."""
+        return {} if self._closing else stream_failures(self._streams)
+
     def _probe(self, path: str, timeout: float) -> None:
         found = self.subscriber.get_subscription(request={"subscription": path}, timeout=timeout, retry=None)
         if getattr(found, "detached", False):  # it answers, and delivers nothing ever again
@@ -164,6 +168,8 @@ class PullWorker:
                 loop.add_signal_handler(sig, self._on_signal, sig)
         flow = flow_control(self.settings, self.engine.config.lease)
         watch: asyncio.Task[None] | None = None
+        consumers = ConsumerDeaths(self._consumer_died)
+        consumers.attach()
         try:
             if self.health is not None:
                 self.health.start()
@@ -188,6 +194,7 @@ class PullWorker:
         finally:
             if watch is not None:
                 watch.cancel()
+            consumers.detach()
             await self._shutdown()
             if install_signals:
                 for sig in (signal.SIGTERM, signal.SIGINT):
@@ -217,6 +224,14 @@ class PullWorker:
             self.stop()
 
         return done
+
+    def _consumer_died(self, reason: str) -> None:  # the dying consumer thread
+        """A stream's consumer thread died and its future will never complete: fail as a failed stream does."""
+        if self._closing:
+            return
+        if self._failure is None:
+            self._failure = RuntimeError(f"a streaming pull's consumer thread died: {reason}")
+        self.stop()
 
     # --- one message ------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 
+from filter.backends.stores.sqlite import read_only
 from filter.core.config import Config, Route
 from filter.core.fingerprint import NOT_JSON, PayloadError, message_fingerprint
 from filter.core.judge import decide
@@ -54,17 +55,24 @@ def _state(state: KeyState | None, now: float) -> dict[str, Any] | None:
     return out
 
 
+async def _stored(cfg: Config, route: str, key: str) -> KeyState | None:
+    """The key's stored state, read without writing: the embedded store would create its file and schema on open."""
+    if cfg.store.backend == "sqlite":
+        return read_only(cfg.store.path, route, key)
+    store = make_store(cfg)
+    try:
+        return await store.read(route, key)
+    finally:
+        await store.close()
+
+
 async def explain(
     cfg: Config, route: Route, data: bytes, attributes: dict[str, str], message_id: str
 ) -> dict[str, Any]:
     rules = RouteRules(route)
-    store = make_store(cfg)
-    try:
-        payload, fp = rules.scheme(data)
-        key = rules.key_of(payload, attributes)
-        state = await store.read(route.name, key)
-    finally:
-        await store.close()
+    payload, fp = rules.scheme(data)
+    key = rules.key_of(payload, attributes)
+    state = await _stored(cfg, route.name, key)
     now = time.time()
     msg = Message(data=data, attributes=attributes, message_id=message_id)
     # The engine audits a sample of suppressions; explain shows what the audit would find for

@@ -203,10 +203,34 @@ async def test_unreachable_service_is_retried_then_fails_within_the_timeout(pubs
     assert gap < 0.3
 
 
-async def test_reserved_attribute_names_fail_clearly(publisher: PubsubPublisher, admin: PubsubAdmin) -> None:
+@pytest.mark.parametrize("name", ["timeout", "data", "topic", "retry", "ordering_key", "self"])
+async def test_an_attribute_named_as_a_publish_parameter_lands_intact(
+    publisher: PubsubPublisher, admin: PubsubAdmin, name: str
+) -> None:
     topic = admin.topic("reserved")
-    with pytest.raises(PublishFailed, match=r"\['timeout', 'topic'\]"):
-        await publisher.publish(topic, b"x", {"topic": "injuries", "timeout": "5"})
+    sub = admin.pull_subscription(topic, ordered=True)
+    attributes = {name: "5", "source": "nbacom"}
+    published_id = await publisher.publish(topic, b"payload", attributes, ordering_key="game-1")
+    [got] = await asyncio.to_thread(admin.pull, sub, 1)
+    assert (got.message_id, got.data, got.attributes, got.ordering_key) == (
+        published_id,
+        b"payload",
+        attributes,
+        "game-1",
+    )
+
+
+async def test_every_publish_parameter_name_at_once_lands_intact_and_in_order_with_the_rest(
+    publisher: PubsubPublisher, admin: PubsubAdmin
+) -> None:
+    topic = admin.topic("reserved")
+    sub = admin.pull_subscription(topic, ordered=True)
+    every = {n: n.upper() for n in ("timeout", "data", "topic", "retry", "ordering_key", "self")}
+    sent = [({"n": "0"}, b"0"), ({**every, "n": "1"}, b"1"), ({"n": "2"}, b"2")]
+    for attributes, data in sent:
+        await publisher.publish(topic, data, attributes, ordering_key="game-1")
+    got = await asyncio.to_thread(admin.pull, sub, 3)
+    assert [(g.attributes, g.data) for g in got] == sent
 
 
 def test_bad_destination_is_named() -> None:

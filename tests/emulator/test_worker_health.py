@@ -5,6 +5,7 @@ Workers run as real subprocesses (the console script) against the Pub/Sub emulat
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -27,10 +28,11 @@ from filter.core.engine import Engine
 from filter.core.model import Message
 from filter.observability.instrumented import InstrumentedPublisher
 from filter.observability.telemetry import Telemetry
+from filter.pull.worker import PullWorker
 from filter.runtime.wiring import make_store
 from tests.support.dlq import DeadLetterRig, PullProcess
 from tests.support.emulators import PubsubEmulator
-from tests.support.fakes import MemoryRecorder
+from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.net import free_port
 from tests.support.pubsub_helpers import PubsubAdmin
 from tests.support.serve import records, write_config
@@ -119,6 +121,19 @@ def test_health_port_answers_probes_and_metrics_match_the_records(rig: Rig) -> N
         recorded[row["decision"]] = recorded.get(row["decision"], 0) + 1
     assert counted == recorded
     assert sum(recorded.values()) == 3 and recorded["forwarded"] == 2
+
+
+async def test_a_stream_whose_consumer_thread_dies_stops_the_worker_with_the_reason(rig: Rig) -> None:
+    rig.admin.publish(rig.dlq.source, json.dumps({"k": "a"}).encode())
+    cfg = parse(rig.config("dead"))
+    engine = Engine(cfg, make_store(cfg), MemoryPublisher(), MemoryRecorder())
+    # A flow-control limit `check` refuses (max_bytes 0): the client's consumer thread dies on the
+    # first response, and the library never completes the stream's future.
+    settings = cfg.pull.model_copy(update={"max_bytes": 0})
+    with rig.emu.env():
+        worker = PullWorker(engine, cfg.routes, rig.emu.project, settings=settings)
+    assert await asyncio.wait_for(worker.run(), 30) == 1
+    assert "consumer thread died: ZeroDivisionError" in str(worker.failure)
 
 
 def test_unreachable_pubsub_is_one_error_line_within_the_ack_deadline(rig: Rig) -> None:

@@ -5,6 +5,8 @@ Every problem names its key, and all of them are reported together, whatever els
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -195,3 +197,87 @@ def test_rules_across_keys_are_reported_together_with_field_errors() -> None:
 def test_a_route_whose_name_is_not_a_string_is_named_by_its_position() -> None:
     found = problems({"routes": [{"name": 5, "destination": "phase3", "key": None}]})
     assert found == ["routes[0]: name: 5 is not text", "routes[0]: key: must be a list, e.g. key: [a, b]"]
+
+
+# --- the outbox's file is compared with the SQLite files by identity, not by spelling ----
+
+
+SHARED = "publisher.path: {outbox!r} is also {section}.path: give the outbox its own file"
+
+
+def outbox_on(section: str, db: str, outbox: str) -> dict[str, Any]:
+    return {section: {"path": db}, "publisher": {"path": outbox}, "routes": [a_route()]}
+
+
+@pytest.mark.parametrize("section", ["store", "records"])
+@pytest.mark.parametrize("exists", [True, False], ids=["existing", "not-yet-created"])
+def test_the_outbox_on_a_sqlite_file_spelled_absolute_or_relative_is_refused(
+    section: str, exists: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    if exists:
+        (tmp_path / "x.db").touch()
+    for db, outbox in [("x.db", str(tmp_path / "x.db")), (str(tmp_path / "x.db"), "x.db"), ("./x.db", "x.db")]:
+        assert only(outbox_on(section, db, outbox)) == SHARED.format(outbox=outbox, section=section)
+
+
+@pytest.mark.parametrize("section", ["store", "records"])
+@pytest.mark.parametrize("exists", [True, False], ids=["existing", "not-yet-created"])
+def test_the_outbox_on_a_symlink_to_a_sqlite_file_is_refused(
+    section: str, exists: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    if exists:
+        (tmp_path / "x.db").touch()
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "x.db")
+    (tmp_path / "dir").symlink_to(tmp_path, target_is_directory=True)
+    for outbox in ["link.jsonl", "dir/x.db", str(tmp_path / "dir" / "link.jsonl")]:
+        assert only(outbox_on(section, "x.db", outbox)) == SHARED.format(outbox=outbox, section=section)
+
+
+@pytest.mark.parametrize("section", ["store", "records"])
+def test_the_outbox_on_a_hard_link_to_a_sqlite_file_is_refused(
+    section: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.db").touch()
+    os.link(tmp_path / "x.db", tmp_path / "out.jsonl")
+    assert only(outbox_on(section, "x.db", "out.jsonl")) == SHARED.format(outbox="out.jsonl", section=section)
+
+
+@pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
+def test_the_outbox_on_a_sqlite_side_file_is_refused(
+    suffix: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    found = only(outbox_on("store", "x.db", f"./x.db{suffix}"))
+    assert found == f"publisher.path: './x.db{suffix}' is also store.path's x.db{suffix}: give the outbox its own file"
+
+
+def test_the_outbox_beside_the_sqlite_files_is_accepted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.db").touch()
+    (tmp_path / "out.jsonl").touch()
+    (tmp_path / "link.db").symlink_to(tmp_path / "x.db")
+    cfg = parse(
+        {"store": {"path": "link.db"}, "publisher": {"path": str(tmp_path / "out.jsonl")}, "routes": [a_route()]}
+    )
+    assert cfg.publisher.path == str(tmp_path / "out.jsonl")
+
+
+# --- pull flow control: only values the Pub/Sub client can run ------------------------
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("max_bytes", 0), ("max_bytes", "0MiB"), ("max_bytes", 2**63), ("max_messages", 0), ("max_messages", 2**63)],
+)
+def test_a_pull_flow_control_value_the_client_cannot_run_is_refused_by_name(key: str, value: Any) -> None:
+    found = only({"pull": {key: value}, "routes": [a_route()]})
+    assert found.startswith(f"pull.{key}: "), found
+    assert "from 1 to 9223372036854775807" in found, found
+
+
+@pytest.mark.parametrize(("key", "value"), [("max_bytes", 1), ("max_bytes", "1MiB"), ("max_messages", 2**63 - 1)])
+def test_a_pull_flow_control_value_from_one_up_is_accepted(key: str, value: Any) -> None:
+    assert getattr(parse({"pull": {key: value}, "routes": [a_route()]}).pull, key) >= 1

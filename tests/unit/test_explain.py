@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
+import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -176,3 +178,54 @@ def test_explain_says_what_the_destination_holds_is_unknown_rather_than_printing
     assert main(["explain", "--config", str(path), "--route", "injury", str(file)]) == 0
     stored = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("stored:"))
     assert "None" not in stored and "unknown" in stored
+
+
+def test_explain_in_a_directory_without_state_creates_no_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    workdir, inputs = tmp_path / "work", tmp_path / "inputs"
+    workdir.mkdir()
+    inputs.mkdir()
+    config = inputs / "filter.yaml"  # no store section: the default, filter-state.db in the working directory
+    config.write_text(yaml.safe_dump({"routes": [{"name": "injury", "destination": "phase3", "key": ["payload.d"]}]}))
+    payload = inputs / "payload.json"
+    payload.write_text('{"d": "2025-01-10"}')
+    monkeypatch.chdir(workdir)
+    assert main(["explain", "--config", str(config), "--route", "injury", "--format", "json", str(payload)]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert (result["decision"], result["stored"]) == ("forwarded", None)
+    assert list(workdir.iterdir()) == []
+
+
+def test_explain_leaves_the_state_files_bytes_as_they_were(
+    setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, report = setup
+    asyncio.run(forward(path, report))
+    before = (tmp_path / "state.db").read_bytes()
+    result = explain(path, tmp_path, report, capsys)
+    assert result["stored"]["source_message_id"] == "m1"
+    assert (tmp_path / "state.db").read_bytes() == before
+
+
+def test_explain_reads_a_state_file_an_earlier_version_wrote_without_upgrading_it(
+    setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, report = setup
+    # the first release's layout: no row table, no rows or full_fingerprint columns
+    with contextlib.closing(sqlite3.connect(tmp_path / "state.db")) as db, db:
+        db.execute(
+            "CREATE TABLE key_state (route TEXT NOT NULL, key TEXT NOT NULL, version INTEGER NOT NULL, "
+            "fingerprint TEXT, forwarded_at REAL, message_id TEXT, publish_time REAL, recent TEXT NOT NULL "
+            "DEFAULT '[]', fence INTEGER NOT NULL DEFAULT 0, lease_holder TEXT, lease_fence INTEGER, "
+            "lease_expires REAL, lease_fingerprint TEXT, lease_message_id TEXT, expires_at REAL, "
+            "PRIMARY KEY (route, key)) WITHOUT ROWID"
+        )
+        db.execute(
+            "INSERT INTO key_state (route, key, version, fingerprint, forwarded_at, message_id, fence, expires_at) "
+            "VALUES ('injury', '2025-01-10', 1, 'sha256:old', 1.0, 'm-old', 1, 9e9)"
+        )
+    before = (tmp_path / "state.db").read_bytes()
+    result = explain(path, tmp_path, report, capsys)
+    assert (result["stored"]["source_message_id"], result["stored"]["fingerprint"]) == ("m-old", "sha256:old")
+    assert (tmp_path / "state.db").read_bytes() == before

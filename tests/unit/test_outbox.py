@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -145,3 +148,57 @@ async def test_ping_fails_when_the_outbox_path_is_a_directory(tmp_path: Path) ->
     outbox = OutboxPublisher(tmp_path / "o.jsonl")
     with pytest.raises(OSError):
         await outbox.ping()
+
+
+class _Shipper:
+    """A log shipper on another thread: rename the outbox away, lock the renamed file (so an append
+    in progress finishes), read it, delete it; again and again until stopped."""
+
+    def __init__(self, path: Path):
+        self.path, self.rotated = path, path.with_name(path.name + ".shipping")
+        self.shipped: list[bytes] = []
+        self.rotations = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="shipper")
+
+    def __enter__(self) -> _Shipper:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                os.rename(self.path, self.rotated)
+            except FileNotFoundError:
+                continue
+            self.rotations += 1
+            with self.rotated.open("rb") as f:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+                self.shipped += f.read().splitlines()
+                self.rotated.unlink()
+
+
+async def test_every_confirmed_line_reaches_a_shipper_that_renames_locks_reads_and_deletes(
+    tmp_path: Path,
+) -> None:
+    # Switch threads often, so the shipper's rename lands between an append's checks as often as it can.
+    switch = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    path = tmp_path / "o.jsonl"
+    outbox = OutboxPublisher(path)
+    confirmed = []
+    try:
+        with _Shipper(path) as shipper:
+            for n in range(20_000):
+                confirmed.append(await outbox.publish("t", b"", {"n": str(n)}))
+    finally:
+        sys.setswitchinterval(switch)
+        await outbox.close()
+    shipped = [json.loads(line)["id"] for line in shipper.shipped] + [m["id"] for m in read_outbox(path).messages]
+    assert shipper.rotations > 10, "the shipper must have rotated the file under the writes"
+    assert len(shipped) == len(confirmed), f"{len(confirmed) - len(set(shipped))} confirmed lines lost"
+    assert sorted(shipped) == sorted(confirmed)

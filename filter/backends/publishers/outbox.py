@@ -43,7 +43,8 @@ class OutboxPublisher:
     line, and a line left torn by anything else (a writer killed mid-write) is closed
     with a newline before the next one. When the path stops naming the file that is
     open (deleted, rotated), the path is opened again: appending to an unlinked file
-    would confirm messages nobody can read.
+    would confirm messages nobody can read. That is checked again once the lock is held, so a
+    shipper that renames the file, locks it, reads it and deletes it misses no line.
     """
 
     def __init__(self, path: str | Path, *, fsync: bool = False):
@@ -52,24 +53,43 @@ class OutboxPublisher:
         self._lock = threading.Lock()
         self._fd: int | None = None
 
+    def _names_open_file(self) -> bool:
+        """Whether the path still names the file that is open (not deleted, not renamed away)."""
+        assert self._fd is not None
+        try:
+            named, held = os.stat(self.path), os.fstat(self._fd)
+        except FileNotFoundError:
+            return False
+        return (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino)
+
     def _current(self) -> int:
         """The descriptor of the file the path names now (opening it if needed); call under `_lock`."""
         if self._fd is not None:
-            try:
-                named, held = os.stat(self.path), os.fstat(self._fd)
-                if (named.st_dev, named.st_ino) == (held.st_dev, held.st_ino):
-                    return self._fd
-            except FileNotFoundError:
-                pass
+            if self._names_open_file():
+                return self._fd
             os.close(self._fd)
             self._fd = None
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         return self._fd
 
-    def _append(self, line: bytes) -> None:
-        with self._lock:
+    def _locked(self) -> int:
+        """The current file's descriptor, flock'ed; call under `_lock`.
+
+        The path is checked again once the lock is held: a shipper may rename the file between
+        the first check and the lock, then lock, read and delete it, and a line appended after
+        that would be confirmed into a deleted file. Checked under the lock, a rename that comes
+        later still finds this append in the renamed file: the shipper's lock waits for it.
+        """
+        while True:
             fd = self._current()
             fcntl.flock(fd, fcntl.LOCK_EX)
+            if self._names_open_file():
+                return fd
+            fcntl.flock(fd, fcntl.LOCK_UN)
+
+    def _append(self, line: bytes) -> None:
+        with self._lock:
+            fd = self._locked()
             try:
                 size = os.fstat(fd).st_size
                 if size and os.pread(fd, 1, size - 1) != b"\n":

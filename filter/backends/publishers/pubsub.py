@@ -18,8 +18,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import structlog
+from google import pubsub_v1 as gapic
 from google.api_core import exceptions as gexc
 from google.cloud import pubsub_v1
+from google.cloud.pubsub_v1 import types as pubsub_types
 from google.cloud.pubsub_v1.publisher import exceptions as pub_exc
 from tenacity import (
     AsyncRetrying,
@@ -36,7 +38,8 @@ from filter.core.ports import PublishFailed
 log = structlog.get_logger("pubsub_filter.publisher")
 
 #: `PublisherClient.publish(topic, data, ordering_key, retry, timeout, **attrs)` binds these
-#: names itself, so a message attribute with one of them cannot be passed through it.
+#: names itself, so a message attribute with one of them cannot be passed through it: such a
+#: message goes in a `PubsubMessage` of its own, through the generated client's `publish`.
 RESERVED_ATTRIBUTES = frozenset({"self", "topic", "data", "ordering_key", "retry", "timeout"})
 
 #: How long the client may hold a message to batch it with others. Every forward waits it
@@ -68,6 +71,7 @@ class PubsubPublisher:
             batch_settings=pubsub_v1.types.BatchSettings(max_messages=100, max_latency=MAX_LATENCY),
             publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True),
         )
+        self._direct: Any = None  # the generated client, on the same channel: made on first use
         self._topics: dict[str, str] = {}
         self._waiting: set[asyncio.Future[str]] = set()
         self._closed = False
@@ -99,12 +103,6 @@ class PubsubPublisher:
         if self._closed:
             raise PublishFailed("the publisher is closed (shutting down)")
         topic = self.topic_path(destination)
-        clash = sorted(RESERVED_ATTRIBUTES & attributes.keys())
-        if clash:
-            raise PublishFailed(
-                f"attribute name(s) {clash} cannot be published with google-cloud-pubsub "
-                "(they collide with PublisherClient.publish's own parameters)"
-            )
         key = ordering_key or ""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
@@ -172,6 +170,8 @@ class PubsubPublisher:
         key: str,
         remaining: float,
     ) -> str:
+        if not RESERVED_ATTRIBUTES.isdisjoint(attributes):
+            return await self._attempt_alone(topic, data, attributes, key, remaining)
         try:
             gfuture = self._client.publish(
                 # the whole remaining budget: a slow publish is waited for, never sent twice
@@ -199,6 +199,31 @@ class PubsubPublisher:
         except BaseException:
             self._resume(topic, key)
             raise
+        finally:
+            self._waiting.discard(waiter)
+
+    async def _attempt_alone(
+        self, topic: str, data: bytes, attributes: Mapping[str, str], key: str, remaining: float
+    ) -> str:
+        """One message in a Publish RPC of its own: for attributes `PublisherClient.publish` cannot
+        take (`RESERVED_ATTRIBUTES`). Not batched (such names are rare). Its order among the
+        batched publishes of its ordering key holds where the source delivers that key in order
+        (an ordered subscription): the forward is confirmed before the source message is acked,
+        so the key's next message, and its forward, come after."""
+        message = pubsub_types.PubsubMessage(data=data, attributes=dict(attributes), ordering_key=key)
+        if self._direct is None:
+            self._direct = gapic.PublisherClient(transport=self._client.transport)
+        direct = self._direct
+
+        def call() -> str:
+            # the whole remaining budget: a slow publish is waited for, never sent twice
+            response = direct.publish(topic=topic, messages=[message], retry=None, timeout=max(remaining, 1.0))
+            return str(response.message_ids[0])
+
+        waiter = asyncio.ensure_future(asyncio.to_thread(call))
+        self._waiting.add(waiter)
+        try:
+            return await asyncio.wait_for(waiter, remaining)
         finally:
             self._waiting.discard(waiter)
 

@@ -349,3 +349,47 @@ class SqliteStore:
 
     async def close(self) -> None:
         self._db.close()
+
+
+def read_only(path: str | Path, route: str, key: str) -> KeyState | None:
+    """What is stored for `route` and `key`, read without writing anything (for `explain`).
+
+    No file, or a file with no state table yet: None, and nothing is created. The file is
+    opened read-only (`mode=ro`): no schema, no journal-mode change. A WAL reader may still
+    leave the empty `-wal` and `-shm` side files SQLite itself keeps beside the database.
+    """
+    file = Path(path)
+    if not file.exists():
+        return None
+    try:
+        db = sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise StoreUnavailable(f"cannot open {path} read-only: {exc}") from exc
+    try:
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if "key_state" not in tables:
+            return None
+        row = db.execute(_read_only_sql(db, tables), (route, key)).fetchone()
+    except sqlite3.Error as exc:
+        raise StoreUnavailable(f"sqlite {path}: {exc}") from exc
+    finally:
+        db.close()
+    return _row_to_state(row) if row else None
+
+
+def _read_only_sql(db: sqlite3.Connection, tables: set[str]) -> str:
+    """`_READ` for a file an earlier version wrote, which cannot be upgraded read-only: what it
+    lacks (the newer columns, the row table) reads as NULL."""
+    columns = {r[1] for r in db.execute("PRAGMA table_info(key_state)")}
+    if "key_rows" in tables and set(_ADDED_COLUMNS) <= columns:
+        return _READ
+    from_table = "(SELECT r.rows FROM key_rows r WHERE r.route = s.route AND r.key = s.key)"
+    rows = "s.rows" if "rows" in columns else "NULL"
+    if "key_rows" in tables:
+        rows = f"COALESCE({rows}, {from_table})"
+    full = "full_fingerprint" if "full_fingerprint" in columns else "NULL"
+    return (
+        "SELECT version, fingerprint, forwarded_at, message_id, publish_time, recent, fence, lease_holder, "
+        f"lease_fence, lease_expires, lease_fingerprint, lease_message_id, expires_at, {rows}, {full} "
+        "FROM key_state s WHERE s.route = ? AND s.key = ?"
+    )
