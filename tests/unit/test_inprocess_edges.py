@@ -23,11 +23,14 @@ from typing import Any
 
 import pytest
 
+from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import Config, parse
+from filter.core.engine import Engine
 from filter.core.model import Decision, Message
 from filter.inprocess import Filter, FilterClosed, Forward, SyncFilter
 from filter.inprocess.handlers import on_payload
 from tests.support.clock import ManualClock
+from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.watchdog import WATCHDOG, decisions, leased, start, within
 
 ROUTE = "reports"
@@ -287,3 +290,46 @@ def test_a_callers_cancel_reaches_a_stuck_async_body_frees_the_key_and_propagate
     assert_failed_and_free(config, "m1", "cancelled")
     with SyncFilter(config) as f:
         runs_again(f, "m2")
+
+
+# --- a commit that fails past a body that returned ------------------------------------------------
+
+
+class _CommitFails:
+    """The SQLite store, whose commits raise: the body has run, the filter cannot record it."""
+
+    def __init__(self, store: SqliteStore):
+        self.store = store
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def commit(self, *args: Any) -> bool:
+        raise OSError("disk full")
+
+
+async def test_after_a_commit_that_failed_past_its_body_the_next_copy_is_duplicate_until_the_lease_lapses(
+    config: Config,
+) -> None:
+    """The README's word: the failed commit leaves the lease held, so the body runs again only once it lapsed."""
+    clock = ManualClock(time.time())
+    store = SqliteStore(state_of(config))
+    f = Filter(Engine(config, _CommitFails(store), MemoryPublisher(), MemoryRecorder(), clock, "one"))  # type: ignore[arg-type]
+    runs: list[int | None] = []
+
+    async def body(forward: Forward) -> None:
+        runs.append(forward.fence)
+
+    first = await f.process(ROUTE, message("out", "m1"), body)
+    assert (first.decision, first.ran, first.committed) == (Decision.FORWARDED, True, False)
+    held = await f.process(ROUTE, message("out", "m2"), body)
+    assert (held.decision, held.reason, held.acked, held.ran) == (
+        Decision.DUPLICATE,
+        "same content in flight",
+        True,
+        False,
+    )
+    clock.advance(config.lease.duration + 1)
+    again = await f.process(ROUTE, message("out", "m3"), body)
+    assert (again.decision, again.ran) == (Decision.FORWARDED, True) and runs == [1, 2]
+    await store.close()
