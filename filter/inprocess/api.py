@@ -146,6 +146,8 @@ class Filter:
     def __init__(self, engine: Engine):
         self.engine = engine
         self.closed = False
+        self._calls: Counter[asyncio.Task[Any] | None] = Counter()  # calls under way, by the task making them
+        self._idle = asyncio.Event()  # set as each call ends
 
     @classmethod
     def open(cls, config: Config | str | os.PathLike[str] | None = None, clock: Clock | None = None) -> Filter:
@@ -168,6 +170,19 @@ class Filter:
         """
         if self.closed:
             raise FilterClosed("this Filter is closed: open a new one")
+        me = asyncio.current_task()
+        self._calls[me] += 1
+        try:
+            return await self._process(route, message, body, trace)
+        finally:
+            self._calls[me] -= 1
+            if not self._calls[me]:
+                del self._calls[me]
+            self._idle.set()
+
+    async def _process(
+        self, route: str, message: Message, body: Callable[[Forward], Awaitable[T]], trace: str | None
+    ) -> Outcome[T]:
         ran: list[T] = []
         failed: list[BaseException] = []
 
@@ -185,10 +200,16 @@ class Filter:
         return Outcome(rec, ran=bool(ran), result=ran[0] if ran else None)
 
     async def close(self) -> None:
-        """Write the records still waiting, then close the stores. Calls after it raise `FilterClosed`."""
+        """Wait for the calls under way in other tasks (each ends when its body does), then write the
+        records still waiting and close the stores. Calls after it raise `FilterClosed`."""
+        if self._calls[asyncio.current_task()]:
+            raise RuntimeError("Filter.close() from inside its own body would wait for itself")
         if self.closed:
             return
         self.closed = True
+        while self._calls:
+            self._idle.clear()
+            await self._idle.wait()
         await self.engine.close()
 
     async def __aenter__(self) -> Filter:

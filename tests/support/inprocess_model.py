@@ -406,37 +406,34 @@ class InProcessMachine(RuleBasedStateMachine):
 
     # --- close, reopen, and a second thread while close() runs -----------------------------
 
-    @precondition(lambda self: not self.sync_closed)
-    @rule()
-    def close_sync(self) -> None:
+    @rule(key=st.sampled_from(KEYS), content=st.sampled_from(CONTENTS), decorated=st.booleans())
+    def close_sync_then_call(self, key: str, content: int, decorated: bool) -> None:
+        """close(); a call after it raises FilterClosed (nothing decided, the body not run); open it again."""
         STEPS["in-process"] += 1
         assert self.sync is not None
         within(self.sync.close, name="close").result()
         self.sync_closed = True
+        self._sync(self._new(key, content), "return", decorated)
+        self._reopen_sync()
 
-    @precondition(lambda self: self.sync_closed)
-    @rule()
-    def reopen_sync(self) -> None:
-        STEPS["in-process"] += 1
+    def _reopen_sync(self) -> None:
         self.sync = SyncFilter(self.config, clock=self.clock)
         self.sync_closed = False
 
-    @precondition(lambda self: not self.async_closed)
-    @rule()
-    def close_async(self) -> None:
+    @rule(key=st.sampled_from(KEYS), content=st.sampled_from(CONTENTS), decorated=st.booleans())
+    def close_async_then_call(self, key: str, content: int, decorated: bool) -> None:
+        """The async twin of `close_sync_then_call`."""
         STEPS["in-process"] += 1
         assert self.async_filter is not None
         self.loop.run(self.async_filter.close()).result()
         self.async_closed = True
+        self._async(self._new(key, content), "return", decorated)
+        self._reopen_async()
 
-    @precondition(lambda self: self.async_closed)
-    @rule()
-    def reopen_async(self) -> None:
-        STEPS["in-process"] += 1
+    def _reopen_async(self) -> None:
         self.async_filter = self._open_async()
         self.async_closed = False
 
-    @precondition(lambda self: not self.sync_closed)
     @rule(
         key=st.sampled_from(KEYS),
         content=st.sampled_from(CONTENTS),
@@ -446,7 +443,8 @@ class InProcessMachine(RuleBasedStateMachine):
     def process_while_close_runs(self, key: str, content: int, other_key: str, other_content: int) -> None:
         """A body runs on one thread; close() starts on another and waits for it; a third thread
         calls process() meanwhile: it is refused (FilterClosed) or, had it entered first, decided
-        with the first body's lease held. Then the body ends: its call returns, close() returns."""
+        with the first body's lease held. Then the body ends: its call returns, close() returns;
+        then it opens again."""
         STEPS["in-process"] += 1
         sync = self.sync
         assert sync is not None
@@ -475,7 +473,62 @@ class InProcessMachine(RuleBasedStateMachine):
         proceed.set()
         self._check(first, first_call(WATCHDOG), runs, expected, None)
         closing(WATCHDOG).result()
-        self.sync_closed = True
+        self._reopen_sync()
+        if isinstance(second_ended.error, FilterClosed):
+            assert second_runs == []
+            return
+        self._check(second, second_ended, second_runs, second_expected, None)
+
+    @rule(
+        key=st.sampled_from(KEYS),
+        content=st.sampled_from(CONTENTS),
+        other_key=st.sampled_from(KEYS),
+        other_content=st.sampled_from(CONTENTS),
+        second_first=st.booleans(),
+    )
+    def async_process_while_close_runs(
+        self, key: str, content: int, other_key: str, other_content: int, second_first: bool
+    ) -> None:
+        """The async twin of `process_while_close_runs`: a body runs in one task, close() in a
+        second and process() in a third (started before or after close()); then it opens again."""
+        STEPS["in-process"] += 1
+        f = self.async_filter
+        assert f is not None
+        first, second = self._new(key, content), self._new(other_key, other_content)
+        expected = self.ref.judge(first)
+        second_expected = self.ref.judge(second, first if expected is Decision.FORWARDED else None)
+        runs: list[Any] = []
+        second_runs: list[Any] = []
+
+        async def scenario() -> tuple[Ended[Any], Ended[Any], Ended[Any]]:
+            entered, proceed = asyncio.Event(), asyncio.Event()
+
+            async def held(arg: Any) -> Any:
+                runs.append(arg)
+                entered.set()
+                await proceed.wait()
+                return ("done", first.id)
+
+            async def second_body(arg: Any) -> Any:
+                second_runs.append(arg)
+                return ("done", second.id)
+
+            first_call = asyncio.ensure_future(_attempt(f.process(ROUTE, self._msg(first), held)))
+            await (entered.wait() if expected is Decision.FORWARDED else asyncio.wait({first_call}))
+            if second_first:
+                second_call = asyncio.ensure_future(_attempt(f.process(ROUTE, self._msg(second), second_body)))
+                closing = asyncio.ensure_future(_attempt(f.close()))
+            else:
+                closing = asyncio.ensure_future(_attempt(f.close()))
+                second_call = asyncio.ensure_future(_attempt(f.process(ROUTE, self._msg(second), second_body)))
+            second_ended = await second_call  # it never waits for the first body
+            proceed.set()
+            return await first_call, second_ended, await closing
+
+        first_ended, second_ended, closed = self.loop.run(scenario()).result()
+        closed.result()
+        self._reopen_async()
+        self._check(first, first_ended, runs, expected, None)
         if isinstance(second_ended.error, FilterClosed):
             assert second_runs == []
             return

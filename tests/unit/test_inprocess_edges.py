@@ -333,3 +333,50 @@ async def test_after_a_commit_that_failed_past_its_body_the_next_copy_is_duplica
     again = await f.process(ROUTE, message("out", "m3"), body)
     assert (again.decision, again.ran) == (Decision.FORWARDED, True) and runs == [1, 2]
     await store.close()
+
+
+async def test_an_async_close_waits_for_a_body_running_in_another_task_and_refuses_later_calls(
+    config: Config,
+) -> None:
+    f = Filter.open(config, ManualClock(time.time()))
+    entered, proceed = asyncio.Event(), asyncio.Event()
+
+    async def body(forward: Forward) -> str:
+        entered.set()
+        await proceed.wait()
+        return "done"
+
+    processing = asyncio.create_task(f.process(ROUTE, message("out", "m1"), body))
+    await entered.wait()
+    closing = asyncio.create_task(f.close())
+    await asyncio.sleep(0)  # close() has begun: it waits for the body
+    with pytest.raises(FilterClosed, match="closed"):
+        await f.process(ROUTE, message("in", "m2"), body)
+    proceed.set()
+    outcome = await asyncio.wait_for(processing, WATCHDOG)
+    await asyncio.wait_for(closing, WATCHDOG)
+    assert (outcome.decision, outcome.ran, outcome.committed) == (Decision.FORWARDED, True, True)
+    assert leased(state_of(config)) == []
+    assert [d for _, d, _ in decisions(records_of(config))] == ["forwarded"]
+
+
+def test_close_from_inside_a_sync_body_is_refused_instead_of_waiting_for_itself(sync: SyncFilter) -> None:
+    def body(forward: Forward) -> str:
+        with pytest.raises(RuntimeError, match="would wait for itself"):
+            sync.close()
+        return "done"
+
+    outcome = within(lambda: sync.process(ROUTE, message("out", "m1"), body), name="process").result()
+    assert (outcome.decision, outcome.committed, outcome.result) == (Decision.FORWARDED, True, "done")
+
+
+async def test_close_from_inside_an_async_body_is_refused_instead_of_waiting_for_itself(config: Config) -> None:
+    async with Filter.open(config) as f:
+
+        async def body(forward: Forward) -> str:
+            with pytest.raises(RuntimeError, match="would wait for itself"):
+                await f.close()
+            return "done"
+
+        outcome = await asyncio.wait_for(f.process(ROUTE, message("out", "m1"), body), WATCHDOG)
+    assert (outcome.decision, outcome.committed, outcome.result) == (Decision.FORWARDED, True, "done")
