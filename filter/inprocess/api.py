@@ -5,13 +5,16 @@ The same decision as the sidecar, with the caller's work in place of the publish
 keeps the lease, commit the new fingerprint only after the body returned. So:
 
 - the body runs only for a forward; any other decision says why it did not run;
-- a body that raises releases the lease, commits nothing, and the exception propagates
-  (the caller nacks; the redelivery runs the body again);
+- a body that raises, whatever it raises (`KeyboardInterrupt`, `StopIteration`... too), or
+  that the caller cancels, releases the lease, commits nothing, is recorded `failed`, and
+  the exception propagates (the caller nacks; the redelivery runs the body again);
+- a body the API cannot run (an `async def` under `SyncFilter`) is refused before any claim;
 - a process that dies inside the body leaves its lease to expire; the redelivery takes it over.
 
 `Filter` is the async API, `SyncFilter` runs one on its own event-loop thread for plain
 code (the body still runs on the caller's thread). Same config file, stores, records and
-logs as `pubsub-filter serve` (`filter.runtime.wiring`).
+logs as `pubsub-filter serve` (`filter.runtime.wiring`). `close()` waits for the calls
+under way; a call after it raises `FilterClosed`.
 """
 
 from __future__ import annotations

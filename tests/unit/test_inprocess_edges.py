@@ -380,3 +380,16 @@ async def test_close_from_inside_an_async_body_is_refused_instead_of_waiting_for
 
         outcome = await asyncio.wait_for(f.process(ROUTE, message("out", "m1"), body), WATCHDOG)
     assert (outcome.decision, outcome.committed, outcome.result) == (Decision.FORWARDED, True, "done")
+
+
+def test_a_callers_cancel_reaches_a_stuck_body_on_a_shadow_route_too(tmp_path: Path) -> None:
+    shadow = parse(
+        {
+            "store": {"backend": "sqlite", "path": str(tmp_path / "state.db")},
+            "records": {"backend": "sqlite", "path": str(tmp_path / "records.db")},
+            "routes": [{"name": ROUTE, "destination": "phase3", "key": ["payload.game"], "mode": "shadow"}],
+        }
+    )
+    assert _cancelled_by(shadow, "cancel") == ["cancelled", "CancelledError"]
+    [(_, decision, reason)] = decisions(records_of(shadow))
+    assert decision == "failed" and reason is not None and "cancelled while it ran" in reason
