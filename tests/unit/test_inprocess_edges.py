@@ -27,7 +27,7 @@ from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import Config, parse
 from filter.core.engine import Engine
 from filter.core.model import Decision, Message
-from filter.inprocess import Filter, FilterClosed, Forward, SyncFilter
+from filter.inprocess import Filter, FilterClosed, Forward, SyncFilter, api
 from filter.inprocess.handlers import on_payload
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
@@ -393,3 +393,56 @@ def test_a_callers_cancel_reaches_a_stuck_body_on_a_shadow_route_too(tmp_path: P
     assert _cancelled_by(shadow, "cancel") == ["cancelled", "CancelledError"]
     [(_, decision, reason)] = decisions(records_of(shadow))
     assert decision == "failed" and reason is not None and "cancelled while it ran" in reason
+
+
+class _ClaimWaits:
+    """The embedded store, whose claim waits until it is cancelled: the caller is then waiting on the loop."""
+
+    def __init__(self, store: Any):
+        self.store = store
+        self.reached = threading.Event()
+        self.cancelled = threading.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def claim(self, *args: Any) -> Any:
+        self.reached.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled.set()
+            raise
+
+
+def test_a_ctrl_c_while_the_caller_waits_on_the_loop_cancels_the_decision_there(
+    config: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A real Ctrl-C lands in the main thread wherever it waits: here, for the loop's claim. The
+    decision on the loop is cancelled with it, so close() does not wait on it for ever."""
+    assert threading.current_thread() is threading.main_thread()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    stores: list[_ClaimWaits] = []
+    make_store = api.make_store
+
+    def waiting_store(cfg: Config) -> Any:
+        stores.append(_ClaimWaits(make_store(cfg)))
+        return stores[-1]
+
+    monkeypatch.setattr(api, "make_store", waiting_store)
+    f = SyncFilter(config)
+
+    def ctrl_c() -> None:
+        if stores[0].reached.wait(WATCHDOG):
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # type: ignore[arg-type]
+
+    interrupter = threading.Thread(target=ctrl_c)
+    interrupter.start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            f.process(ROUTE, message("out", "m1"), lambda fwd: "never")
+    finally:
+        interrupter.join(WATCHDOG)
+    within(f.close, name="close").result()
+    assert stores[0].cancelled.is_set()
+    assert leased(state_of(config)) == []
