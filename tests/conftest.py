@@ -61,3 +61,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     model = sys.modules.get("tests.support.engine_model")
     for backend, steps in sorted(getattr(model, "STEPS", {}).items()):
         terminalreporter.write_line(f"engine model: {steps} steps on {backend}")
+    inprocess = sys.modules.get("tests.support.inprocess_model")
+    for surface, steps in sorted(getattr(inprocess, "STEPS", {}).items()):
+        terminalreporter.write_line(f"{surface} model: {steps} steps")

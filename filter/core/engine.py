@@ -289,6 +289,11 @@ class Engine:
         return Claimed(held)
 
     async def _publish_and_commit(self, d: Delivery, decided: Decided, held: KeyState) -> DecisionRecord:
+        if d.act is not None:
+            # The caller's own work runs in the caller's task: its cancel (a timeout on a stuck
+            # body) reaches the work and fails the forward (`_work`); only the commit past a
+            # work that returned is waited for through a cancel (`_commit`).
+            return await self._publish_and_commit_now(d, decided, held)
         # Once the publish is handed over it may land whatever we do, so a shutdown's cancel
         # waits for its outcome and the commit: abandoned, the nacked copy is published again.
         return await self._despite_one_cancel(self._publish_and_commit_now(d, decided, held))
@@ -314,7 +319,7 @@ class Engine:
         now = self.clock.now()
         new = forwarded(decided.state, msg, d.fp, held.fence, out, now, now + self._retention(route))
         try:
-            committed = await self.store.commit(route.name, key, heartbeat.held, new)
+            committed = await self._commit(d, heartbeat.held, new)
         except Exception as exc:  # whatever the store raised: the publish landed, so this is an ack
             # Published but not recorded: the lease expires and the next copy of this
             # content is forwarded once more. Never nack here: that would publish twice now.
@@ -325,6 +330,12 @@ class Engine:
             rec.extra["committed"] = False
             log.warning("commit_refused", route=route.name, key=key, fence=held.fence)
         return rec
+
+    def _commit(self, d: Delivery, held: KeyState, new: KeyState) -> Awaitable[bool]:
+        commit = self.store.commit(d.route.name, d.key, held, new)
+        # The caller's work has run: its effect is done, so its commit is waited for through the
+        # caller's cancel. A publish's commit already is (`_publish_and_commit`).
+        return self._despite_one_cancel(commit) if d.act is not None else commit
 
     async def _release(self, d: Delivery, held: KeyState) -> None:
         fence = held.lease.fence if held.lease else held.fence
@@ -343,10 +354,7 @@ class Engine:
             attributes = forward_attributes(d.route.name, d.msg, d.fp, out.attributes if out is not None else {})
             data = out.data if out is not None else d.msg.data
             if d.act is not None:
-                try:
-                    return await d.act(data, attributes)
-                except Exception as exc:
-                    raise WorkFailed(f"{type(exc).__name__}: {exc}") from exc
+                return await _work(d.act, data, attributes)
             return await self.publisher.publish(d.route.destination, data, attributes, d.msg.ordering_key)
         except PublishFailed:
             raise
@@ -357,7 +365,9 @@ class Engine:
         """Publish with no lease and no commit (shadow mode, fail-open): record `decision` once it went out."""
         try:
             # as in `_publish_and_commit`: nothing but the ack would stop this copy's redelivery
-            d.rec.published_id = await self._despite_one_cancel(self._publish(d))
+            # (the caller's own work excepted: its cancel is the caller's, see `_work`)
+            publish = self._publish(d)
+            d.rec.published_id = await (publish if d.act is not None else self._despite_one_cancel(publish))
         except PublishFailed as exc:
             return _failed(d.rec, exc, after=d.rec.reason)
         d.rec.decision = decision
@@ -411,6 +421,22 @@ class Engine:
         self.telemetry.decided(rec)  # telemetry: count it, describe it on its span
         _log_decision(rec)
         return rec
+
+
+async def _work(act: Act, data: bytes, attributes: Mapping[str, str]) -> str:
+    """The caller's work, whose every way of not returning is a failed forward: the lease is
+    released, nothing committed, the decision recorded `failed` (cause work), and the caller
+    (`filter.inprocess`) raises what its body raised. That includes what is not an `Exception`
+    (a `KeyboardInterrupt`, a `SystemExit`, a `GeneratorExit`) and the caller's own cancel of
+    the work: none may leave the key leased, the decision unrecorded, or the loop stopped."""
+    try:
+        return await act(data, attributes)
+    except WorkFailed:
+        raise  # the caller said why itself
+    except asyncio.CancelledError as exc:
+        raise WorkFailed("cancelled while it ran") from exc
+    except BaseException as exc:  # see the docstring: the caller raises it again
+        raise WorkFailed(f"{type(exc).__name__}: {exc}") from exc
 
 
 def _failed(rec: DecisionRecord, exc: PublishFailed, after: str | None = None) -> DecisionRecord:

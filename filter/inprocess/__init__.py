@@ -5,6 +5,6 @@ push and pull; `filter.inprocess.handlers` has decorators for functions that tak
 payload, a push envelope or a CloudEvent.
 """
 
-from filter.inprocess.api import Filter, Forward, Outcome, SyncFilter
+from filter.inprocess.api import Filter, FilterClosed, Forward, Outcome, SyncFilter
 
-__all__ = ["Filter", "Forward", "Outcome", "SyncFilter"]
+__all__ = ["Filter", "FilterClosed", "Forward", "Outcome", "SyncFilter"]

@@ -5,30 +5,36 @@ The same decision as the sidecar, with the caller's work in place of the publish
 keeps the lease, commit the new fingerprint only after the body returned. So:
 
 - the body runs only for a forward; any other decision says why it did not run;
-- a body that raises releases the lease, commits nothing, and the exception propagates
-  (the caller nacks; the redelivery runs the body again);
+- a body that raises, whatever it raises (`KeyboardInterrupt`, `StopIteration`... too), or
+  that the caller cancels, releases the lease, commits nothing, is recorded `failed`, and
+  the exception propagates (the caller nacks; the redelivery runs the body again);
+- a body the API cannot run (an `async def` under `SyncFilter`) is refused before any claim;
 - a process that dies inside the body leaves its lease to expire; the redelivery takes it over.
 
 `Filter` is the async API, `SyncFilter` runs one on its own event-loop thread for plain
 code (the body still runs on the caller's thread). Same config file, stores, records and
-logs as `pubsub-filter serve` (`filter.runtime.wiring`).
+logs as `pubsub-filter serve` (`filter.runtime.wiring`). `close()` waits for the calls
+under way; a call after it raises `FilterClosed`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
+import inspect
 import os
 import queue
 import threading
-from collections.abc import Awaitable, Callable, Mapping
+from collections import Counter
+from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from filter.core.attributes import ATTR_FENCE, ATTR_KEY, ATTR_KEY_SHA256
 from filter.core.config import Config, load
-from filter.core.engine import Engine
+from filter.core.engine import Engine, WorkFailed
 from filter.core.model import Decision, DecisionRecord, Message
 from filter.core.ports import Clock, PublishFailed
 from filter.runtime.wiring import make_recorder, make_store
@@ -123,11 +129,28 @@ def _config(config: Config | str | os.PathLike[str] | None) -> Config:
     return config if isinstance(config, Config) else load(config)
 
 
+class FilterClosed(RuntimeError):
+    """The filter was closed (or belongs to the process this one was forked from): open a new one."""
+
+
+def is_async_function(fn: Callable[..., object]) -> bool:
+    """`fn` is an `async def` (a coroutine function, marked as one, or an object whose `__call__` is)."""
+    call = type(fn).__call__ if not inspect.isroutine(fn) else None  # an instance whose __call__ is async
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
+
+
+def _name(fn: Callable[..., object]) -> str:
+    return getattr(fn, "__qualname__", None) or repr(fn)
+
+
 class Filter:
     """The async API. `async with Filter.open("filter.yaml") as f: outcome = await f.process(...)`."""
 
     def __init__(self, engine: Engine):
         self.engine = engine
+        self.closed = False
+        self._calls: Counter[asyncio.Task[Any] | None] = Counter()  # calls under way, by the task making them
+        self._idle = asyncio.Event()  # set as each call ends
 
     @classmethod
     def open(cls, config: Config | str | os.PathLike[str] | None = None, clock: Clock | None = None) -> Filter:
@@ -144,14 +167,31 @@ class Filter:
     ) -> Outcome[T]:
         """Decide `message` on `route`; when it is a forward, await `body` under the lease, then commit.
 
-        Raises what `body` raised (nothing committed, the lease released).
+        Raises what `body` raised, whatever it is (nothing committed, the lease released, the
+        decision recorded `failed`). The caller's cancel while the body runs reaches the body
+        and ends the same way: the `CancelledError` propagates (a timeout then raises as usual).
         """
+        if self.closed:
+            raise FilterClosed("this Filter is closed: open a new one")
+        me = asyncio.current_task()
+        self._calls[me] += 1
+        try:
+            return await self._process(route, message, body, trace)
+        finally:
+            self._calls[me] -= 1
+            if not self._calls[me]:
+                del self._calls[me]
+            self._idle.set()
+
+    async def _process(
+        self, route: str, message: Message, body: Callable[[Forward], Awaitable[T]], trace: str | None
+    ) -> Outcome[T]:
         ran: list[T] = []
         failed: list[BaseException] = []
 
         async def act(data: bytes, attributes: Mapping[str, str]) -> str:
             try:
-                ran.append(await body(Forward(route, data, attributes)))
+                ran.append(await _awaitable(body(Forward(route, data, attributes))))
             except BaseException as exc:
                 failed.append(exc)
                 raise
@@ -163,7 +203,16 @@ class Filter:
         return Outcome(rec, ran=bool(ran), result=ran[0] if ran else None)
 
     async def close(self) -> None:
-        """Write the records still waiting, then close the stores."""
+        """Wait for the calls under way in other tasks (each ends when its body does), then write the
+        records still waiting and close the stores. Calls after it raise `FilterClosed`."""
+        if self._calls[asyncio.current_task()]:
+            raise RuntimeError("Filter.close() from inside its own body would wait for itself")
+        if self.closed:
+            return
+        self.closed = True
+        while self._calls:
+            self._idle.clear()
+            await self._idle.wait()
         await self.engine.close()
 
     async def __aenter__(self) -> Filter:
@@ -175,38 +224,102 @@ class Filter:
         await self.close()
 
 
+def _awaitable(work: Awaitable[T]) -> Awaitable[T]:
+    if not inspect.isawaitable(work):
+        raise TypeError(
+            f"the body returned {type(work).__name__}, not an awaitable: Filter runs an async def body; "
+            "use SyncFilter for a plain function"
+        )
+    return work
+
+
+#: What the caller's thread hands the loop for one body: its result, or why it did not return.
+_Call = tuple[Forward, concurrent.futures.Future[Any]]
+
+
 class SyncFilter:
     """The sync API: a `Filter` on an event loop of its own (a daemon thread), bodies on the caller's thread.
 
     The caller's thread runs the body (its thread-local connections and transactions stay
-    valid) while the loop thread keeps the lease alive with the heartbeat.
+    valid) while the loop thread keeps the lease alive with the heartbeat. Usable from many
+    threads at once; `close()` waits for the calls under way. A `SyncFilter` belongs to the
+    process that opened it: a child forked after that opens its own.
     """
 
-    def __init__(self, config: Config | str | os.PathLike[str] | None = None):
+    def __init__(self, config: Config | str | os.PathLike[str] | None = None, clock: Clock | None = None):
         cfg = _config(config)
+        self._pid = os.getpid()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="pubsub-filter", daemon=True)
         self._thread.start()
+        self._calls: Counter[int] = Counter()  # calls under way, by the thread making them
+        self._idle = threading.Condition()  # notified as each call ends; guards _calls and _closing
+        self._closing = False
+        self._closed = threading.Lock()  # held by the one close() that does the closing
 
         async def build() -> Filter:  # clients made on the loop that will use them
-            return Filter.open(cfg)
+            return Filter.open(cfg, clock)
 
-        self.filter = self._call(build())
+        self.filter = self._run(build())
         self.engine = self.filter.engine
 
-    def _call(self, coro: Awaitable[T]) -> T:
+    @property
+    def closing(self) -> bool:
+        """`close()` has begun: new calls raise `FilterClosed`."""
+        return self._closing
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
         """`coro` run on the filter's loop (its stores and records are that loop's), waited for here."""
         return asyncio.run_coroutine_threadsafe(_awaited(coro), self._loop).result()
+
+    def _call(self, make: Callable[[], Coroutine[Any, Any, T]]) -> T:
+        """`make()` run on the loop as one call of the filter's: refused once closed, waited for by `close()`."""
+        with self._entered():
+            return self._run(make())
+
+    @contextlib.contextmanager
+    def _entered(self) -> Iterator[None]:
+        """One call of the filter's, from this thread: counted while it runs, refused once closing."""
+        if os.getpid() != self._pid:  # checked before any lock: one held at the fork stays held here
+            raise FilterClosed(
+                f"this SyncFilter was opened in process {self._pid}, before a fork: its event-loop thread "
+                "does not exist in this process; open a new SyncFilter in the child"
+            )
+        me = threading.get_ident()
+        with self._idle:
+            if self._closing:
+                raise FilterClosed("this SyncFilter is closed: open a new one")
+            self._calls[me] += 1
+        try:
+            yield
+        finally:
+            with self._idle:
+                self._calls[me] -= 1
+                if not self._calls[me]:
+                    del self._calls[me]
+                self._idle.notify_all()
 
     def process(
         self, route: str, message: Message, body: Callable[[Forward], T], trace: str | None = None
     ) -> Outcome[T]:
         """Decide `message` on `route`; when it is a forward, run `body` here under the lease, then commit.
 
-        Raises what `body` raised (nothing committed, the lease released).
+        Raises what `body` raised, whatever it is (nothing committed, the lease released, the
+        decision recorded `failed`). An `async def` body is refused (`TypeError`) before any
+        claim; a body that returns an awaitable anyway fails its message the same way.
         """
+        if is_async_function(body):
+            raise TypeError(
+                f"{_name(body)} is an async def: SyncFilter runs a plain function's body; "
+                "use Filter (the async API) for a coroutine function"
+            )
+        with self._entered():
+            return self._process(route, message, body, trace)
+
+    def _process(self, route: str, message: Message, body: Callable[[Forward], T], trace: str | None) -> Outcome[T]:
         # The loop asks for the body through `calls`; the decision's end arrives there too (None).
-        calls: queue.SimpleQueue[tuple[Forward, concurrent.futures.Future[T]] | None] = queue.SimpleQueue()
+        calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        raised: list[BaseException] = []
 
         async def run_here(forward: Forward) -> T:
             done: concurrent.futures.Future[T] = concurrent.futures.Future()
@@ -215,23 +328,38 @@ class SyncFilter:
 
         decided = asyncio.run_coroutine_threadsafe(self.filter.process(route, message, run_here, trace), self._loop)
         decided.add_done_callback(lambda _: calls.put(None))
-        while (call := calls.get()) is not None:
-            forward, done = call
-            try:
-                done.set_result(body(forward))
-            except BaseException as exc:
-                done.set_exception(exc)
+        try:
+            while (call := calls.get()) is not None:
+                _run_body(body, *call, raised)
+        except BaseException:
+            # Interrupted while waiting for the loop (a Ctrl-C): the body cannot run here any
+            # more, so the decision is cancelled (the lease released, `failed` recorded).
+            decided.cancel()
+            raise
+        if raised:  # the decision is over (recorded `failed`): the body's own exception, as it was
+            raise raised[0]
         return decided.result()
 
     def close(self) -> None:
-        if not self._thread.is_alive():
-            return
-        try:
-            self._call(self.filter.close())
-        finally:
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join()
-            self._loop.close()
+        """Wait for the calls under way on other threads (each ends when its body does), then write
+        the records still waiting and close the stores. Calls after it raise `FilterClosed`."""
+        if os.getpid() != self._pid:
+            return  # a forked child: the loop, the stores and the records are the parent's
+        me = threading.get_ident()
+        with self._idle:
+            if self._calls[me]:
+                raise RuntimeError("SyncFilter.close() from inside its own body would wait for itself")
+            self._closing = True
+            self._idle.wait_for(lambda: not self._calls)
+        with self._closed:
+            if not self._thread.is_alive():
+                return
+            try:
+                self._run(self.filter.close())
+            finally:
+                self._loop.call_soon_threadsafe(self._loop.stop)
+                self._thread.join()
+                self._loop.close()
 
     def __enter__(self) -> SyncFilter:
         return self
@@ -242,5 +370,35 @@ class SyncFilter:
         self.close()
 
 
-async def _awaited(coro: Awaitable[T]) -> T:
+def _run_body(
+    body: Callable[[Forward], T], forward: Forward, done: concurrent.futures.Future[T], raised: list[BaseException]
+) -> None:
+    """Run `body` on this (the caller's) thread and tell the loop how it ended.
+
+    The loop gets the result, or a `WorkFailed` saying what the body raised: the loop cannot
+    carry the exception itself (`StopIteration` cannot be set on a future, a `KeyboardInterrupt`
+    would end the loop's thread). The caller gets the body's own exception, from `raised`.
+    """
+    if not done.set_running_or_notify_cancel():
+        return  # the decision was cancelled before its body ran
+    try:
+        result = body(forward)
+    except BaseException as exc:  # re-raised on this thread once the decision is over
+        raised.append(exc)
+        done.set_exception(WorkFailed(f"{type(exc).__name__}: {exc}"))
+        return
+    if inspect.isawaitable(result):
+        if inspect.iscoroutine(result):
+            result.close()  # never to run: not left to warn that it was never awaited
+        error = TypeError(
+            f"the body returned an awaitable ({type(result).__name__}): it was not run; SyncFilter runs a "
+            "plain function's body, use Filter (the async API) for an async def"
+        )
+        raised.append(error)
+        done.set_exception(WorkFailed(f"TypeError: {error}"))
+        return
+    done.set_result(result)
+
+
+async def _awaited(coro: Coroutine[Any, Any, T]) -> T:
     return await coro

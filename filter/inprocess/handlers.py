@@ -27,7 +27,7 @@ import msgspec
 from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError, parse_envelope
 from filter.core.model import Decision, Message
-from filter.inprocess.api import Filter, Forward, Outcome, SyncFilter
+from filter.inprocess.api import Filter, Forward, Outcome, SyncFilter, is_async_function
 
 T = TypeVar("T")
 
@@ -117,6 +117,20 @@ def _acked(outcome: Outcome[T]) -> Outcome[T]:
     return outcome
 
 
+def _refuse_unrunnable(f: Filter | SyncFilter, fn: Callable[..., Any]) -> None:
+    """A handler the filter cannot run is refused here, before any message: a coroutine function
+    under a `SyncFilter` would be recorded as run without running, a plain function under a
+    `Filter` would run and then fail its message on every delivery."""
+    name = getattr(fn, "__qualname__", repr(fn))
+    if isinstance(f, SyncFilter) and is_async_function(fn):
+        raise TypeError(f"{name} is an async def: decorate it for a Filter (the async API), not a SyncFilter")
+    if isinstance(f, Filter) and not is_async_function(fn):
+        raise TypeError(
+            f"{name} is not an async def: a Filter (the async API) awaits its handler; "
+            "decorate a plain function for a SyncFilter"
+        )
+
+
 def _decorator(f: Filter | SyncFilter, route: str, to_message: ToMessage, gives_payload: bool) -> Any:
     engine = f.engine
 
@@ -124,6 +138,7 @@ def _decorator(f: Filter | SyncFilter, route: str, to_message: ToMessage, gives_
         return _payload_of(forward) if gives_payload else args[0]
 
     def decorate(fn: Callable[..., Any]) -> Callable[..., Any]:
+        _refuse_unrunnable(f, fn)
         if isinstance(f, Filter):
 
             @functools.wraps(fn)
@@ -142,7 +157,8 @@ def _decorator(f: Filter | SyncFilter, route: str, to_message: ToMessage, gives_
             try:
                 msg = to_message(*args, **kw)
             except _UNREADABLE as exc:
-                raise Nack(f._call(_rejected(engine, route, exc))) from exc
+                unreadable = exc
+                raise Nack(f._call(lambda: _rejected(engine, route, unreadable))) from exc
             return _acked(f.process(route, msg, lambda fwd: fn(body_args(fwd, args))))
 
         return wrapper
