@@ -331,8 +331,9 @@ class EngineMachine(RuleBasedStateMachine):
         self.in_flight: list[InFlight] = []
         self.exempt: set[str] = set()  # ids the README allows to be published once more
         # Keys one engine decided while the other remembered a fail-open on them (only the engine
-        # that forwarded fail-open knows the destination moved), or where an older message failed
-        # open after a newer one (README: fail-open).
+        # that forwarded fail-open knows the destination moved, and when the content it sent was
+        # published), or where an older message failed open after a newer one (README: fail-open),
+        # until a committed forward of the key's newest message.
         self.failed_open: set[tuple[str, str]] = set()
         # Keys where a message was acked while an older one was not: Pub/Sub with message ordering
         # never does that, and without it the newest content need not win (README: ordering).
@@ -429,7 +430,10 @@ class EngineMachine(RuleBasedStateMachine):
             return
         if rec.decision in (Decision.FORWARDED, Decision.FAIL_OPEN):
             assert published == 1, f"{sent}: {rec.decision} published {published} copies"
-            if rec.decision is Decision.FORWARDED and rec.extra.get("committed", True):
+            if rec.decision is Decision.FORWARDED and rec.extra.get("committed", True) and self._newest(sent):
+                # The newest content is downstream and stored: the key is right again. A forward
+                # of an older message is not enough: another instance, which knows nothing of a
+                # fail-open of newer content, forwards one redelivered after the outage (README).
                 self.failed_open.discard((sent.route, sent.key))
         else:
             assert published == 0, f"{sent}: {rec.decision} but published"
@@ -446,6 +450,12 @@ class EngineMachine(RuleBasedStateMachine):
                 f"{sent}: duplicate of nothing that was or will be published"
             )
         self._ack(sent)
+
+    def _newest(self, sent: Sent) -> bool:
+        """No message for its key was published after it."""
+        return not any(
+            s.route == sent.route and s.key == sent.key and s.publish_time > sent.publish_time for s in self.sent
+        )
 
     def _ack(self, sent: Sent) -> None:
         older_unacked = any(

@@ -422,3 +422,20 @@ async def test_another_instance_does_not_know_of_a_fail_open_forward(world: Worl
     await world.send("reports", report("in"))
     other = world.make_engine("two")
     assert (await world.send("reports", report("out"), engine=other)).decision is Decision.SUPPRESSED
+
+
+async def test_another_instance_forwards_an_older_message_redelivered_after_a_fail_open_of_newer_content(
+    world: World,
+) -> None:
+    # README "Fail-open": the other instance decides on the stored state alone, so it knows
+    # neither that C went out nor when C was published; B, older than C, ends last.
+    store = world.engine.store
+    await world.send("live", {"game_id": "g", "v": "A"}, publish_time=100.0)
+    world.engine.store = DownStore()  # type: ignore[assignment]
+    await world.send("live", {"game_id": "g", "v": "B"}, message_id="b", publish_time=110.0)
+    await world.send("live", {"game_id": "g", "v": "C"}, publish_time=120.0)
+    world.engine.store = store
+    other = world.make_engine("two")
+    again = await world.send("live", {"game_id": "g", "v": "B"}, engine=other, message_id="b", publish_time=110.0)
+    assert again.decision is Decision.FORWARDED
+    assert _published(world) == ["A", "B", "C", "B"]
