@@ -18,6 +18,7 @@ API (`inprocess`) passes it the caller's work as `act`, run in place of the publ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
@@ -116,38 +117,68 @@ class Engine:
         self.random = random.Random()
         self.in_flight = 0
         self.failed_open = FailedOpen()  # keys whose destination a fail-open forward of ours moved
-        self._finishing: set[asyncio.Task[Any]] = set()  # decisions finishing through a cancel
+        # every decision under way (its `handle` call), by the task running it: `close` waits for them
+        self._deciding: dict[asyncio.Future[None], asyncio.Task[Any] | None] = {}
         self.telemetry = telemetry or UNOBSERVED  # telemetry: metrics and the decision's span
 
     async def close(self, deadline: float | None = None) -> None:
-        """The one close sequence, for every surface: the decisions a cancel found past their
-        publish, then the records still waiting (each for at most `deadline` seconds, by default
-        the shutdown grace), then the publisher, the store and the last telemetry batches.
-        Each step runs even when one before it failed."""
+        """The one close sequence, for every surface. Nothing is closed under a decision still
+        using it: the decisions under way finish first (each wait at most `deadline` seconds, by
+        default the shutdown grace); then the publisher closes (what it still holds lands or
+        fails, and its decision finishes); the decisions still left are cancelled, and release
+        their lease and record why; then the records still waiting, the store and the last
+        telemetry batches. Each step runs even when one before it failed."""
         grace = self.config.server.shutdown_grace if deadline is None else deadline
-        if self._finishing:
-            # Cancelled by the shutdown but past their publish: their commits and records come
-            # first (a surface closes the engine right after cancelling what still runs).
-            await asyncio.wait(set(self._finishing), timeout=grace)
-        try:
-            await self.recorder.close(deadline=grace)
-        finally:
-            try:
-                await self.publisher.close()
-            finally:
-                try:
-                    await self.store.close()
-                finally:
-                    self.telemetry.shutdown()
+        async with contextlib.AsyncExitStack() as steps:  # run last to first
+            steps.callback(self.telemetry.shutdown)
+            steps.push_async_callback(self.store.close)
+            steps.push_async_callback(self.recorder.close, grace)
+            steps.push_async_callback(self._abandon_deciding, grace)
+            # Pub/Sub's close flushes what it holds: a stalled publish lands or fails now, and its
+            # decision commits or releases, rather than be abandoned and published again.
+            steps.push_async_callback(self.publisher.close)
+            # A surface may have cancelled them once already: past their publish a cancel is taken
+            # back (`_despite_one_cancel`), so their commits and records come first.
+            await self._wait_deciding(grace)
+
+    async def _abandon_deciding(self, grace: float) -> None:
+        """Cancel the decisions still under way after `grace`; wait for their releases."""
+        if await self._wait_deciding(grace):
+            return
+        current = asyncio.current_task()
+        left = [task for task in self._deciding.values() if task is not None and task is not current]
+        log.warning("cancelling_decisions", count=len(left), grace_s=grace)
+        for task in left:
+            task.cancel()  # a publish that does not end: release the lease, record it, nack
+        await asyncio.sleep(0)  # the cancels land; one past its publish is taken back...
+        for task in left:
+            if not task.done() and not task.cancelling():
+                task.cancel()  # ...unless a surface's cancel was that one: this one goes through
+        if not await self._wait_deciding(grace):  # each release is bounded by the store's own budget
+            log.error("decisions_abandoned", count=len(self._deciding))
+
+    async def _wait_deciding(self, grace: float) -> bool:
+        """Wait up to `grace` seconds for the decisions under way; whether none is left."""
+        current = asyncio.current_task()
+        pending = {done for done, task in self._deciding.items() if task is not current}
+        if pending:
+            await asyncio.wait(pending, timeout=grace)
+        return not any(task is not current for task in self._deciding.values())
 
     async def handle(
         self, route_name: str, msg: Message, trace: str | None = None, act: Act | None = None
     ) -> DecisionRecord:
         """Decide `msg` and act on it: publish, or with `act`, run the caller's work in its place."""
-        with self.telemetry.decision(route_name, msg):  # telemetry: the decision's span
-            rec = await self._handle(route_name, msg, trace, act)
-            await self.recorded()  # nothing ran since `_finish` recorded it
-            return rec
+        done = asyncio.get_running_loop().create_future()
+        self._deciding[done] = asyncio.current_task()
+        try:
+            with self.telemetry.decision(route_name, msg):  # telemetry: the decision's span
+                rec = await self._handle(route_name, msg, trace, act)
+                await self.recorded()  # nothing ran since `_finish` recorded it
+                return rec
+        finally:
+            del self._deciding[done]
+            done.set_result(None)
 
     async def recorded(self) -> None:
         """Wait for the commit that holds the record just made (by `handle`, or by `reject`, which
@@ -167,6 +198,11 @@ class Engine:
             rec = await self._decide_and_act(rules, msg, act)
         except PayloadError as exc:
             return self.reject(route_name, msg, str(exc), started=started, trace=trace)
+        except asyncio.CancelledError:
+            # Abandoned (a shutdown that could not wait): any lease is released by now; the
+            # message is answered with no decision, so say so in its record and log line.
+            self._finish(_cancelled(rules.route, msg), msg, started, trace)
+            raise
         finally:
             self.in_flight -= 1
         return self._finish(rec, msg, started, trace)
@@ -304,7 +340,7 @@ class Engine:
         except asyncio.CancelledError:
             # Cancelled twice (a shutdown that will not wait): the message will be redelivered,
             # so free the key now rather than make the redelivery wait out the lease.
-            await asyncio.shield(self._release(d, heartbeat.held))
+            await self._release(d, heartbeat.held)
             raise
         rec.decision = Decision.FORWARDED
         if heartbeat.extended:
@@ -325,6 +361,20 @@ class Engine:
         return rec
 
     async def _release(self, d: Delivery, held: KeyState) -> None:
+        """Free the key for the redelivery. This runs to its end through any cancel (the store
+        call is bounded by the store's own budget), and a cancel goes on once it has: otherwise
+        the answer, and a shutdown's close of the store, would come before the release lands."""
+        release = asyncio.ensure_future(self._release_now(d, held))
+        cancelled = False
+        while not release.done():
+            try:
+                await asyncio.shield(release)
+            except asyncio.CancelledError:
+                cancelled = True
+        if cancelled or release.cancelled():
+            raise asyncio.CancelledError
+
+    async def _release_now(self, d: Delivery, held: KeyState) -> None:
         fence = held.lease.fence if held.lease else held.fence
         try:
             await self.store.release(d.route.name, d.key, held)
@@ -392,8 +442,6 @@ class Engine:
             if task.cancelled() or (current := asyncio.current_task()) is None:
                 raise
             current.uncancel()
-            self._finishing.add(current)
-            current.add_done_callback(self._finishing.discard)
             return await task
 
     def _retention(self, route: Route) -> float:
@@ -409,6 +457,21 @@ class Engine:
         self.telemetry.decided(rec)  # telemetry: count it, describe it on its span
         _log_decision(rec)
         return rec
+
+
+def _cancelled(route: Route, msg: Message) -> DecisionRecord:
+    """The record of a decision abandoned to a cancel: nothing acted on stays (a lease is released)."""
+    rec = DecisionRecord(
+        time=0.0,
+        route=route.name,
+        decision=Decision.FAILED,
+        enforced=route.enforced,
+        message_id=msg.message_id,
+        reason="cancelled before the decision was carried out (a shutdown that could not wait): nack",
+        publish_time=msg.publish_time,
+    )
+    rec.extra["cause"] = "cancelled"
+    return rec
 
 
 def _failed(rec: DecisionRecord, exc: PublishFailed, after: str | None = None) -> DecisionRecord:
