@@ -9,8 +9,9 @@ running, run the lifespan's shutdown) and then what `asyncio.run` does to the ta
 
 `StallingPublisher` is our `Publisher` port with switches: `mode` is what the next publish
 does (`ok` lands at once, `fail` raises `PublishFailed`, `stall` waits until the test settles
-it with `settle`, or the publisher is closed with `flush_on_close`, as Pub/Sub's `stop()`
-flushes what it holds). What landed downstream is `landed`, shared across restarts.
+it with `settle`, or until the publisher's close does what `on_close` says: land it, as Pub/Sub's
+`stop()` flushes what it holds, fail it, or nothing). What landed is `Downstream.landed`,
+shared across restarts.
 """
 
 from __future__ import annotations
@@ -61,6 +62,8 @@ class Landed:
 class Stalled:
     landed: Landed
     outcome: asyncio.Future[bool]
+    on_close: bool | None  # what the publisher's close does to it: land, fail, or nothing (it never ends)
+    lands_anyway: bool = False  # abandoned by its caller, it lands all the same (the client had sent it)
 
 
 @dataclass
@@ -73,10 +76,11 @@ class Downstream:
 class StallingPublisher:
     """A `Publisher` whose publishes land, fail or stall, as `mode` says when each one starts."""
 
-    def __init__(self, downstream: Downstream, flush_on_close: bool = True) -> None:
+    def __init__(self, downstream: Downstream, on_close: bool | None = True) -> None:
         self.downstream = downstream
         self.mode: Mode = "ok"
-        self.flush_on_close = flush_on_close
+        self.on_close = on_close  # what close does to a stalled publish: land (flush), fail, or nothing
+        self.lands_anyway = False  # a stalled publish abandoned by its caller lands all the same
         self.stalled: list[Stalled] = []
         self.stalling = asyncio.Event()  # set when a publish stalls
         self.closed = False
@@ -91,15 +95,18 @@ class StallingPublisher:
         if self.mode == "fail":
             raise PublishFailed("StallingPublisher: failure switched on")
         if self.mode == "stall":
-            stalled = Stalled(landed, asyncio.get_running_loop().create_future())
+            stalled = Stalled(landed, asyncio.get_running_loop().create_future(), self.on_close, self.lands_anyway)
             self.stalled.append(stalled)
             self.stalling.set()
             try:
                 if not await stalled.outcome:
                     raise PublishFailed("StallingPublisher: the stalled publish failed")
             except asyncio.CancelledError:
-                # the caller stopped waiting; a publish settled meanwhile landed all the same
+                # the caller stopped waiting: a publish settled meanwhile landed all the same,
+                # and one the client had already sent may land too
                 landed.confirmed = False
+                if stalled.lands_anyway and not any(x is landed for x in self.downstream.landed):
+                    self.downstream.landed.append(landed)
                 raise
             finally:
                 if stalled in self.stalled:
@@ -109,22 +116,19 @@ class StallingPublisher:
         return str(next(self._ids))
 
     def settle(self, index: int, ok: bool) -> None:
-        """Let the stalled publish `index` (mod how many) land (`ok`) or fail."""
-        waiting = [s for s in self.stalled if not s.outcome.done()]
-        if not waiting:
-            return
-        stalled = waiting[index % len(waiting)]
+        """Let the stalled publish `index` (mod how many wait) land (`ok`) or fail."""
+        waiting = self.waiting
+        if waiting:
+            self._settle(waiting[index % len(waiting)], ok)
+
+    def _settle(self, stalled: Stalled, ok: bool) -> None:
         if ok:
             self.downstream.landed.append(stalled.landed)
         stalled.outcome.set_result(ok)
 
-    def settle_all(self, ok: bool) -> None:
-        for _ in range(len(self.stalled)):
-            self.settle(0, ok)
-
     @property
-    def waiting(self) -> int:
-        return sum(1 for s in self.stalled if not s.outcome.done())
+    def waiting(self) -> list[Stalled]:
+        return [s for s in self.stalled if not s.outcome.done()]
 
     async def ping(self) -> None:
         if self.closed:
@@ -132,8 +136,9 @@ class StallingPublisher:
 
     async def close(self) -> None:
         self.closed = True
-        if self.flush_on_close:
-            self.settle_all(True)
+        for stalled in self.waiting:
+            if stalled.on_close is not None:
+                self._settle(stalled, stalled.on_close)
 
 
 @dataclass

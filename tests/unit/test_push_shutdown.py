@@ -80,7 +80,7 @@ def logs() -> Any:
 
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[ServedPush]:
-    publisher = StallingPublisher(Downstream(), flush_on_close=False)
+    publisher = StallingPublisher(Downstream(), on_close=None)
     yield await ServedPush(config(tmp_path), tmp_path, publisher, ManualClock()).start()
 
 
@@ -107,7 +107,7 @@ async def test_a_publish_flushed_by_the_publishers_close_is_answered_200_with_it
     """Pub/Sub's stop() flushes what it holds: the forward lands while the engine closes.
     Before, records and store were closed first: a 200 with no row, and `commit_failed`."""
     served = await ServedPush(
-        config(tmp_path), tmp_path, StallingPublisher(Downstream(), flush_on_close=True), ManualClock()
+        config(tmp_path), tmp_path, StallingPublisher(Downstream(), on_close=True), ManualClock()
     ).start()
     await publish_stalled(served, "m1")
     [answer] = await served.shutdown(GRACE)
@@ -120,7 +120,7 @@ async def test_a_publish_flushed_by_the_publishers_close_is_answered_200_with_it
 
 
 async def test_a_publish_that_never_returns_is_answered_503_with_a_record_and_frees_the_key(
-    served: ServedPush, logs: list[dict[str, Any]]
+    logs: list[dict[str, Any]], served: ServedPush
 ) -> None:
     """Before: the store was closed under the decision (`lease_release_failed`, the key leased
     for `lease.duration`), and the second cancel escaped as uvicorn's plain 500 with a traceback."""
@@ -135,7 +135,7 @@ async def test_a_publish_that_never_returns_is_answered_503_with_a_record_and_fr
 
 
 async def test_a_publish_settled_while_the_engine_closes_is_answered_with_its_record(
-    served: ServedPush, logs: list[dict[str, Any]]
+    logs: list[dict[str, Any]], served: ServedPush
 ) -> None:
     """The publisher resumes once uvicorn has cancelled the request and the close has begun."""
     await publish_stalled(served, "m1")
