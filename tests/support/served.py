@@ -204,7 +204,7 @@ class ServedPush:
         self,
         grace: float,
         during: Callable[[], Any] | None = None,
-        after_cancel: Callable[[], None] | None = None,
+        after_cancel: Callable[[], object] | None = None,
     ) -> list[Answer]:
         """SIGTERM as uvicorn handles it, then what asyncio.run does with the tasks still left.
 
