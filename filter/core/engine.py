@@ -298,13 +298,19 @@ class Engine:
             message_id=d.msg.message_id,
         )
         route, key = d.route.name, d.key
-        held = await self.store.claim(route, key, state, claimed(state, lease, now + self._retention(d.route)))
-        if held is None:
-            # A claim whose reply was lost may still have landed: ours if the holder token is.
-            current = await self.store.read(route, key)
-            if current is None or current.lease is None or current.lease.holder != lease.holder:
-                return Beaten(current)
-            held = current
+        try:
+            held = await self.store.claim(route, key, state, claimed(state, lease, now + self._retention(d.route)))
+            if held is None:
+                # A claim whose reply was lost may still have landed: ours if the holder token is.
+                current = await self.store.read(route, key)
+                if current is None or current.lease is None or current.lease.holder != lease.holder:
+                    return Beaten(current)
+                held = current
+        except asyncio.CancelledError:
+            # Cancelled with the claim on its way: it may have landed all the same. The message
+            # is nacked, so free the key rather than make its redelivery wait out the lease.
+            await _to_the_end(self._release_if_ours(d, lease.holder))
+            raise
         d.rec.fence = lease.fence
         self.failed_open.claimed(route, key)
         if state is not None and state.lease is not None and not state.lease.live(now):
@@ -361,18 +367,17 @@ class Engine:
         return rec
 
     async def _release(self, d: Delivery, held: KeyState) -> None:
-        """Free the key for the redelivery. This runs to its end through any cancel (the store
-        call is bounded by the store's own budget), and a cancel goes on once it has: otherwise
-        the answer, and a shutdown's close of the store, would come before the release lands."""
-        release = asyncio.ensure_future(self._release_now(d, held))
-        cancelled = False
-        while not release.done():
-            try:
-                await asyncio.shield(release)
-            except asyncio.CancelledError:
-                cancelled = True
-        if cancelled or release.cancelled():
-            raise asyncio.CancelledError
+        """Free the key for the redelivery, to the end through any cancel (`_to_the_end`)."""
+        await _to_the_end(self._release_now(d, held))
+
+    async def _release_if_ours(self, d: Delivery, holder: str) -> None:
+        try:
+            current = await self.store.read(d.route.name, d.key)
+        except Exception as exc:  # the lease then lapses by itself; the nack still goes out
+            log.error("lease_release_failed", route=d.route.name, key=d.key, error=_describe(exc))
+            return
+        if current is not None and current.lease is not None and current.lease.holder == holder:
+            await self._release_now(d, current)
 
     async def _release_now(self, d: Delivery, held: KeyState) -> None:
         fence = held.lease.fence if held.lease else held.fence
@@ -457,6 +462,22 @@ class Engine:
         self.telemetry.decided(rec)  # telemetry: count it, describe it on its span
         _log_decision(rec)
         return rec
+
+
+async def _to_the_end(work: Awaitable[None]) -> None:
+    """Run `work` to its end through any cancel, then let the cancel go on. For a release: the
+    store call is bounded by the store's own budget, and a cancel that cut it short would
+    answer (and let a shutdown close the store) with the key still leased."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled or task.cancelled():
+        raise asyncio.CancelledError
+    task.result()
 
 
 def _cancelled(route: Route, msg: Message) -> DecisionRecord:

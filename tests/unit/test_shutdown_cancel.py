@@ -29,7 +29,7 @@ ROUTES: list[dict[str, Any]] = [
 
 class GatedCommits(SwitchStore):
     """Commits wait for `gate` once it is set to an Event; `committing` says one is waiting.
-    Releases likewise wait for `release_gate`; `releasing` says one is waiting."""
+    Releases likewise wait for `release_gate`, and claims' replies for `reply_gate`."""
 
     def __init__(self, inner: SqliteStore) -> None:
         super().__init__(inner)
@@ -37,6 +37,16 @@ class GatedCommits(SwitchStore):
         self.committing = asyncio.Event()
         self.release_gate: asyncio.Event | None = None
         self.releasing = asyncio.Event()
+        self.reply_gate: asyncio.Event | None = None
+        self.replying = asyncio.Event()
+
+    async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
+        """With `reply_gate` set, the claim lands and its reply waits for the gate (a slow network)."""
+        held = await super().claim(route, key, seen, new)
+        if self.reply_gate is not None:
+            self.replying.set()
+            await self.reply_gate.wait()
+        return held
 
     async def release(self, route: str, key: str, held: KeyState) -> None:
         if self.release_gate is not None:
@@ -240,3 +250,18 @@ async def test_close_waits_for_a_decision_under_way_that_nobody_cancelled(rig: R
     rig.publisher.gate.set()
     rec, _ = await asyncio.gather(task, closing)
     assert rec.decision is Decision.FORWARDED and rig.recorder.decisions == [Decision.FORWARDED]
+
+
+async def test_a_cancel_while_the_claims_reply_is_on_its_way_frees_the_key_the_claim_took(rig: Rig) -> None:
+    """The claim landed; the request was cancelled before its reply came back (a slow store at
+    the shutdown). Before, the key stayed leased for `lease.duration` though the caller was
+    answered, and every redelivery meanwhile was `contended`."""
+    rig.store.reply_gate = asyncio.Event()
+    task = rig.start("reports", "out", "m1")
+    await rig.store.replying.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    state = await rig.state()
+    assert state is not None and state.lease is None and state.fingerprint is None
+    assert rig.recorder.decisions == [Decision.FAILED] and rig.publisher.published == []
