@@ -3,12 +3,13 @@
 `PushShutdownMachine` (a hypothesis `RuleBasedStateMachine`) serves the push app in-process
 (`tests.support.served.ServedPush`: its lifespan, the embedded SQLite store and records in a
 scratch directory, an injected clock) and sends it new messages and redeliveries over two
-keys whose publishes land, fail or stall (`StallingPublisher`), settles stalled publishes,
-moves the clock, and shuts the server down as uvicorn does on SIGTERM: requests still
-running are given `server.shutdown_grace`, then cancelled, then the lifespan closes the
-engine, then `asyncio.run` cancels what is left. Each stalled publish resumes during the
-grace, once the close has begun, when the publisher's close flushes it, or never. After
-each shutdown the server is started again on the same files (a new instance).
+keys whose publishes land, fail or stall (`StallingPublisher`) and whose store calls may be
+held before or after their write (`SlowStore`), lets them go on, moves the clock, and shuts
+the server down as uvicorn does on SIGTERM: requests still running are given
+`server.shutdown_grace`, then cancelled, then the lifespan closes the engine, then
+`asyncio.run` cancels what is left. Each stalled publish resumes during the grace, once the
+close has begun, when the publisher's close flushes it, or never. After each shutdown the
+server is started again on the same files (a new instance).
 
 After every shutdown it checks, on the closed files and the captured log:
 
@@ -52,7 +53,17 @@ from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 from filter.core.config import Config, parse
 from filter.core.envelope import make_envelope
 from tests.support.clock import ManualClock
-from tests.support.served import WATCHDOG, Answer, Downstream, Mode, ServedPush, StallingPublisher, stored_states
+from tests.support.served import (
+    WATCHDOG,
+    Answer,
+    Downstream,
+    Mode,
+    ServedPush,
+    SlowStore,
+    StallingPublisher,
+    When,
+    stored_states,
+)
 
 STEPS: Counter[str] = Counter()
 
@@ -113,11 +124,12 @@ class Plan:
     after_cancel: tuple[tuple[int, bool], ...]
     on_close: bool | None
     lands_anyway: bool = False  # one that never ends lands anyway once abandoned
+    store_replies_in_grace: bool = True  # else once the close has begun (after the cancels)
 
 
 modes = st.sampled_from(["ok", "ok", "fail", "stall", "stall"])
 settlings = st.lists(st.tuples(st.integers(0, 3), st.booleans()), max_size=2).map(tuple)
-plans = st.builds(Plan, settlings, settlings, st.sampled_from([True, False, None]), st.booleans())
+plans = st.builds(Plan, settlings, settlings, st.sampled_from([True, False, None]), st.booleans(), st.booleans())
 
 
 class PushShutdownMachine(RuleBasedStateMachine):
@@ -142,7 +154,16 @@ class PushShutdownMachine(RuleBasedStateMachine):
 
     def _serve(self) -> ServedPush:
         publisher = StallingPublisher(self.downstream)
-        return self._run(ServedPush(self.config, self.scratch, publisher, self.clock).start())
+        served = ServedPush(self.config, self.scratch, publisher, self.clock, wrap_store=self._slow)
+        return self._run(served.start())
+
+    def _slow(self, inner: Any) -> SlowStore:
+        self.store = SlowStore(inner)
+        return self.store
+
+    @property
+    def held(self) -> int:
+        return sum(1 for f in self.store.held if not f.done())
 
     async def _quiet(self) -> None:
         """Let the loop run until every request answered or waits on a stalled publish."""
@@ -150,9 +171,9 @@ class PushShutdownMachine(RuleBasedStateMachine):
         while True:
             await asyncio.sleep(0)
             running = sum(1 for _, t in self.in_flight if not t.done())
-            if running == len(self.served.publisher.waiting):
+            if running == len(self.served.publisher.waiting) + self.held:
                 break
-            assert time.monotonic() < until, "a request neither answers nor waits on its publish"
+            assert time.monotonic() < until, "a request neither answers nor waits on its publish or store"
         self._collect()
 
     def _collect(self) -> None:
@@ -195,7 +216,20 @@ class PushShutdownMachine(RuleBasedStateMachine):
         self.served.publisher.settle(index, ok)
         self._run(self._quiet())
 
-    @precondition(lambda self: not self.served.publisher.waiting)
+    @rule(op=st.sampled_from(["read", "claim", "commit", "release"]), when=st.sampled_from(["before", "after"]))
+    def slow_store(self, op: str, when: When) -> None:
+        """The next `op` is held before its write, or after it (its reply is slow)."""
+        STEPS["push-shutdown"] += 1
+        self.store.armed[op] = when
+
+    @precondition(lambda self: self.held)
+    @rule(index=st.integers(0, 3))
+    def store_replies(self, index: int) -> None:
+        STEPS["push-shutdown"] += 1
+        self.store.reply(index)
+        self._run(self._quiet())
+
+    @precondition(lambda self: not self.served.publisher.waiting and not self.held)
     @rule(seconds=st.sampled_from([1.0, 600.0, 7200.0]))
     def advance_clock(self, seconds: float) -> None:
         """Only while no publish is stalled: a lease lapsing under a live publish is the README's
@@ -228,14 +262,21 @@ class PushShutdownMachine(RuleBasedStateMachine):
             stalled.lands_anyway = plan.lands_anyway
         loop = asyncio.get_running_loop()
 
+        store = self.store
+
         async def resume_in_grace() -> None:
             await asyncio.sleep(0)
             for index, ok in plan.in_grace:
                 publisher.settle(index, ok)
+            if plan.store_replies_in_grace:
+                store.reply()
 
         def resume_after_cancel() -> None:
             for index, ok in plan.after_cancel:
                 loop.call_soon(publisher.settle, index, ok)
+            # the store answers every call in the end (its own timeouts bound each one)
+            store.armed.clear()
+            loop.call_soon(store.reply)
 
         await self.served.shutdown(GRACE, during=resume_in_grace, after_cancel=resume_after_cancel)
         self._collect()

@@ -19,10 +19,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import httpx
 
@@ -39,6 +40,7 @@ from filter.core.ports import Clock, PublishFailed, StateStore
 from filter.push.app import create_app, engine_lifespan
 
 Mode = Literal["ok", "fail", "stall"]
+T = TypeVar("T")
 
 #: How long a test waits for any one request before calling it hung: a watchdog, never a wait.
 WATCHDOG = 10.0
@@ -139,6 +141,68 @@ class StallingPublisher:
         for stalled in self.waiting:
             if stalled.on_close is not None:
                 self._settle(stalled, stalled.on_close)
+
+
+When = Literal["before", "after"]
+
+
+class SlowStore:
+    """A `StateStore` whose next call of an armed operation is held: `before` its write (the
+    request is slow to reach the store) or `after` it (the write landed, its reply is slow),
+    until the test lets it go with `reply`. A cancel meanwhile ends the call there."""
+
+    def __init__(self, inner: StateStore) -> None:
+        self.inner = inner
+        self.armed: dict[str, When] = {}
+        self.held: list[asyncio.Future[None]] = []
+        self.cut: Counter[str] = Counter()  # held calls a cancel ended, by "op/when"
+
+    async def _hold(self, what: str) -> None:
+        held = asyncio.get_running_loop().create_future()
+        self.held.append(held)
+        try:
+            await held
+        except asyncio.CancelledError:
+            self.cut[what] += 1
+            raise
+        finally:
+            self.held.remove(held)
+
+    async def _call(self, op: str, call: Callable[[], Awaitable[T]]) -> T:
+        when = self.armed.pop(op, None)
+        if when == "before":
+            await self._hold(f"{op}/before")
+        result = await call()
+        if when == "after":
+            await self._hold(f"{op}/after")
+        return result
+
+    def reply(self, index: int | None = None) -> None:
+        """Let the held call `index` (mod how many), or every one, go on."""
+        waiting = [f for f in self.held if not f.done()]
+        for held in waiting if index is None else waiting[index % len(waiting) :][:1]:
+            held.set_result(None)
+
+    async def read(self, route: str, key: str) -> KeyState | None:
+        return await self._call("read", lambda: self.inner.read(route, key))
+
+    async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
+        return await self._call("claim", lambda: self.inner.claim(route, key, seen, new))
+
+    async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
+        return await self._call("extend", lambda: self.inner.extend(route, key, held, expires_at))
+
+    async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
+        return await self._call("commit", lambda: self.inner.commit(route, key, held, new))
+
+    async def release(self, route: str, key: str, held: KeyState) -> None:
+        await self._call("release", lambda: self.inner.release(route, key, held))
+
+    async def ping(self) -> None:
+        await self.inner.ping()
+
+    async def close(self) -> None:
+        await self.inner.close()
 
 
 @dataclass
