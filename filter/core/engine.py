@@ -488,7 +488,7 @@ def _cancelled(route: Route, msg: Message) -> DecisionRecord:
         decision=Decision.FAILED,
         enforced=route.enforced,
         message_id=msg.message_id,
-        reason="cancelled before the decision was carried out (a shutdown that could not wait): nack",
+        reason="cancelled before the decision was carried out (a shutdown past its grace, or the caller): nack",
         publish_time=msg.publish_time,
     )
     rec.extra["cause"] = "cancelled"

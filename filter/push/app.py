@@ -77,8 +77,8 @@ async def _body(request: Request, limit: int, declared: str | None) -> bytes:
 def _cancelled(route: str) -> Response:
     """The answer to a request cancelled by a shutdown that could not wait for it (uvicorn past
     `server.shutdown_grace`): a nack, which Pub/Sub redelivers, rather than the plain 500 and
-    traceback an exception would give. The engine has released any lease and recorded the
-    decision it abandoned."""
+    traceback an exception would give. A cancel that reached the engine has released the
+    lease and recorded the decision (`failed`, cause `cancelled`, or the one just taken)."""
     task = asyncio.current_task()
     if task is not None:
         task.uncancel()  # taken: what is left of the request is writing this answer
