@@ -11,14 +11,19 @@ its named cases.
 from __future__ import annotations
 
 import asyncio
+import io
 import json
+import logging
+import socket
 import sqlite3
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import structlog
+import uvicorn
 
 from filter.core.config import Config, parse
 from filter.core.envelope import make_envelope
@@ -26,7 +31,7 @@ from filter.core.model import KeyState
 from filter.core.ports import StateStore
 from tests.support.clock import ManualClock
 from tests.support.fakes import SwitchStore
-from tests.support.served import Answer, Downstream, ServedPush, StallingPublisher, stored_states
+from tests.support.served import WATCHDOG, Answer, Downstream, ServedPush, StallingPublisher, stored_states
 
 GRACE = 0.02
 
@@ -168,3 +173,66 @@ async def test_a_request_cancelled_before_its_decision_is_answered_503_with_a_re
     assert (row["message_id"], row["decision"]) == ("m1", "failed")
     assert "cancelled" in row["reason"] and json.loads(row["extra"])["cause"] == "cancelled"
     assert [e["decision"] for e in decision_lines(logs, "m1")] == ["failed"]
+
+
+async def under_uvicorn(served: ServedPush, message_id: str) -> tuple[httpx.Response | BaseException, str]:
+    """SIGTERM to a real uvicorn server (its own drain, cancel and lifespan shutdown) while the
+    publish of `message_id` stalls; what the client got, and uvicorn's own log."""
+    sock = socket.create_server(("127.0.0.1", 0))
+    port = sock.getsockname()[1]
+    settings = uvicorn.Config(
+        served.app,
+        lifespan="on",
+        log_config=None,
+        log_level="error",
+        access_log=False,
+        timeout_graceful_shutdown=GRACE,  # type: ignore[arg-type]  # typed int; a float is waited as well
+    )
+    server = uvicorn.Server(settings)
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    logging.getLogger("uvicorn.error").addHandler(handler)
+    serving = asyncio.create_task(server.serve(sockets=[sock]))
+    try:
+        served.publisher.mode = "stall"
+        served.publisher.stalling.clear()
+        async with httpx.AsyncClient(timeout=WATCHDOG) as client:
+            # the socket listens already: the request waits in its backlog until uvicorn serves
+            url = f"http://127.0.0.1:{port}/push/reports"
+            request = asyncio.create_task(client.post(url, content=envelope(message_id)))
+            await served.publisher.stalling.wait()
+            server.should_exit = True  # what uvicorn's SIGTERM handler sets
+            await asyncio.wait_for(serving, WATCHDOG)
+            got: httpx.Response | BaseException
+            try:
+                got = await asyncio.wait_for(request, WATCHDOG)
+            except httpx.HTTPError as exc:
+                got = exc
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(handler)
+        sock.close()
+    return got, out.getvalue()
+
+
+async def test_under_uvicorn_a_publish_that_never_returns_is_answered_503_not_a_500_with_a_traceback(
+    tmp_path: Path, logs: list[dict[str, Any]]
+) -> None:
+    served = ServedPush(config(tmp_path), tmp_path, StallingPublisher(Downstream(), on_close=None), ManualClock())
+    got, uvicorn_log = await under_uvicorn(served, "m1")
+    assert "Exception in ASGI application" not in uvicorn_log
+    assert isinstance(got, httpx.Response) and got.status_code == 503
+    assert [r["decision"] for r in rows(served.records_path)] == ["failed"]
+    assert_closed_under_nothing(logs)
+    state = (await stored_states(served.store_path, "reports", ["a"]))["a"]
+    assert state is not None and state.lease is None
+
+
+async def test_under_uvicorn_a_publish_flushed_at_close_is_answered_200_with_its_record(
+    tmp_path: Path, logs: list[dict[str, Any]]
+) -> None:
+    served = ServedPush(config(tmp_path), tmp_path, StallingPublisher(Downstream(), on_close=True), ManualClock())
+    got, uvicorn_log = await under_uvicorn(served, "m1")
+    assert "Exception in ASGI application" not in uvicorn_log
+    assert isinstance(got, httpx.Response) and got.status_code == 200
+    assert [r["decision"] for r in rows(served.records_path)] == ["forwarded"]
+    assert_closed_under_nothing(logs)
