@@ -144,13 +144,18 @@ class PushShutdownMachine(RuleBasedStateMachine):
         self.logs = self._capture.__enter__()
         self.sent: list[Sent] = []
         self.ids = itertools.count(1)
+        self.broken = False
         self.served = self._serve()
         self.in_flight: list[tuple[Sent, asyncio.Task[Answer]]] = []
 
     # --- running the loop --------------------------------------------------------------
 
     def _run(self, coro: Awaitable[T]) -> T:
-        return self.loop.run_until_complete(coro)
+        try:
+            return self.loop.run_until_complete(coro)
+        except BaseException:
+            self.broken = True  # the failure is reported as it is: teardown only cleans up
+            raise
 
     def _serve(self) -> ServedPush:
         publisher = StallingPublisher(self.downstream)
@@ -342,19 +347,24 @@ class PushShutdownMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            self._run(self._shutdown(Plan((), (), None)))
-            self.served = self._serve()
-            self._drain()
-            self._run(self._shutdown(Plan((), (), None)))
-            for s in self.sent:
-                assert s.acked, f"{s.id} never acked after redeliveries with every fault off"
-                assert any(p.source_id == s.id or self._same(p.source_id, s) for p in self.downstream.landed), (
-                    f"{s.id} (key {s.key}, content {s.content}) acked but its content never reached the destination"
-                )
+            if not self.broken:
+                self._finish()
         finally:
             self._capture.__exit__(None, None, None)
             self.loop.close()
             shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def _finish(self) -> None:
+        """Shut down, redeliver what was never acked, shut down again: nothing may be lost."""
+        self._run(self._shutdown(Plan((), (), None)))
+        self.served = self._serve()
+        self._drain()
+        self._run(self._shutdown(Plan((), (), None)))
+        for s in self.sent:
+            assert s.acked, f"{s.id} never acked after redeliveries with every fault off"
+            assert any(p.source_id == s.id or self._same(p.source_id, s) for p in self.downstream.landed), (
+                f"{s.id} (key {s.key}, content {s.content}) acked but its content never reached the destination"
+            )
 
     def _same(self, source_id: str, s: Sent) -> bool:
         other = next(x for x in self.sent if x.id == source_id)
