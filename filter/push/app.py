@@ -74,7 +74,7 @@ async def _body(request: Request, limit: int, declared: str | None) -> bytes:
     return b"".join(chunks)
 
 
-def _cancelled(route: str) -> Response:
+async def _cancelled(engine: Engine, route: str) -> Response:
     """The answer to a request cancelled by a shutdown that could not wait for it (uvicorn past
     `server.shutdown_grace`): a nack, which Pub/Sub redelivers, rather than the plain 500 and
     traceback an exception would give. A cancel that reached the engine has released the
@@ -84,6 +84,8 @@ def _cancelled(route: str) -> Response:
         task.uncancel()  # taken: what is left of the request is writing this answer
     counts["push_cancelled"] += 1
     log.warning("push_cancelled", route=route)
+    with contextlib.suppress(asyncio.CancelledError):  # one more cancel: answer all the same
+        await engine.recorded()  # as every answer: once its decision's row is written
     return _json({"decision": "failed", "reason": "cancelled by the shutdown; sent again"}, 503, {"Retry-After": "1"})
 
 
@@ -100,7 +102,7 @@ def create_app(
         try:
             return await answer(request)
         except asyncio.CancelledError:
-            return _cancelled(request.path_params["route"])
+            return await _cancelled(engine, request.path_params["route"])
 
     async def answer(request: Request) -> Response:
         route = request.path_params["route"]
