@@ -55,7 +55,7 @@ def firestore(firestore_emulator: FirestoreEmulator) -> Iterator[FirestoreEmulat
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
-    """Say how many steps the model-based engine tests ran (the closing note quotes it)."""
+    """Say how many steps the model-based engine and push tests ran (the closing note quotes it)."""
     import sys
 
     model = sys.modules.get("tests.support.engine_model")
@@ -64,3 +64,8 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     inprocess = sys.modules.get("tests.support.inprocess_model")
     for surface, steps in sorted(getattr(inprocess, "STEPS", {}).items()):
         terminalreporter.write_line(f"{surface} model: {steps} steps")
+    push = getattr(sys.modules.get("tests.support.push_model"), "STEPS", {})
+    if push:
+        terminalreporter.write_line(
+            f"push model: {push['push-shutdown']} push-with-shutdown steps, {push['shutdowns']} shutdowns"
+        )

@@ -18,6 +18,7 @@ API (`inprocess`) passes it the caller's work as `act`, run in place of the publ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import time
 import uuid
@@ -116,38 +117,68 @@ class Engine:
         self.random = random.Random()
         self.in_flight = 0
         self.failed_open = FailedOpen()  # keys whose destination a fail-open forward of ours moved
-        self._finishing: set[asyncio.Task[Any]] = set()  # decisions finishing through a cancel
+        # every decision under way (its `handle` call), by the task running it: `close` waits for them
+        self._deciding: dict[asyncio.Future[None], asyncio.Task[Any] | None] = {}
         self.telemetry = telemetry or UNOBSERVED  # telemetry: metrics and the decision's span
 
     async def close(self, deadline: float | None = None) -> None:
-        """The one close sequence, for every surface: the decisions a cancel found past their
-        publish, then the records still waiting (each for at most `deadline` seconds, by default
-        the shutdown grace), then the publisher, the store and the last telemetry batches.
-        Each step runs even when one before it failed."""
+        """The one close sequence, for every surface. Nothing is closed under a decision still
+        using it: the decisions under way finish first (each wait at most `deadline` seconds, by
+        default the shutdown grace); then the publisher closes (what it still holds lands or
+        fails, and its decision finishes); the decisions still left are cancelled, and release
+        their lease and record why; then the records still waiting, the store and the last
+        telemetry batches. Each step runs even when one before it failed."""
         grace = self.config.server.shutdown_grace if deadline is None else deadline
-        if self._finishing:
-            # Cancelled by the shutdown but past their publish: their commits and records come
-            # first (a surface closes the engine right after cancelling what still runs).
-            await asyncio.wait(set(self._finishing), timeout=grace)
-        try:
-            await self.recorder.close(deadline=grace)
-        finally:
-            try:
-                await self.publisher.close()
-            finally:
-                try:
-                    await self.store.close()
-                finally:
-                    self.telemetry.shutdown()
+        async with contextlib.AsyncExitStack() as steps:  # run last to first
+            steps.callback(self.telemetry.shutdown)
+            steps.push_async_callback(self.store.close)
+            steps.push_async_callback(self.recorder.close, grace)
+            steps.push_async_callback(self._abandon_deciding, grace)
+            # Pub/Sub's close flushes what it holds: a stalled publish lands or fails now, and its
+            # decision commits or releases, rather than be abandoned and published again.
+            steps.push_async_callback(self.publisher.close)
+            # A surface may have cancelled them once already: past their publish a cancel is taken
+            # back (`_despite_one_cancel`), so their commits and records come first.
+            await self._wait_deciding(grace)
+
+    async def _abandon_deciding(self, grace: float) -> None:
+        """Cancel the decisions still under way after `grace`; wait for their releases."""
+        if await self._wait_deciding(grace):
+            return
+        current = asyncio.current_task()
+        left = [task for task in self._deciding.values() if task is not None and task is not current]
+        log.warning("cancelling_decisions", count=len(left), grace_s=grace)
+        for task in left:
+            task.cancel()  # a publish that does not end: release the lease, record it, nack
+        await asyncio.sleep(0)  # the cancels land; one past its publish is taken back...
+        for task in left:
+            if not task.done() and not task.cancelling():
+                task.cancel()  # ...unless a surface's cancel was that one: this one goes through
+        if not await self._wait_deciding(grace):  # each release is bounded by the store's own budget
+            log.error("decisions_abandoned", count=len(self._deciding))
+
+    async def _wait_deciding(self, grace: float) -> bool:
+        """Wait up to `grace` seconds for the decisions under way; whether none is left."""
+        current = asyncio.current_task()
+        pending = {done for done, task in self._deciding.items() if task is not current}
+        if pending:
+            await asyncio.wait(pending, timeout=grace)
+        return not any(task is not current for task in self._deciding.values())
 
     async def handle(
         self, route_name: str, msg: Message, trace: str | None = None, act: Act | None = None
     ) -> DecisionRecord:
         """Decide `msg` and act on it: publish, or with `act`, run the caller's work in its place."""
-        with self.telemetry.decision(route_name, msg):  # telemetry: the decision's span
-            rec = await self._handle(route_name, msg, trace, act)
-            await self.recorded()  # nothing ran since `_finish` recorded it
-            return rec
+        done = asyncio.get_running_loop().create_future()
+        self._deciding[done] = asyncio.current_task()
+        try:
+            with self.telemetry.decision(route_name, msg):  # telemetry: the decision's span
+                rec = await self._handle(route_name, msg, trace, act)
+                await self.recorded()  # nothing ran since `_finish` recorded it
+                return rec
+        finally:
+            del self._deciding[done]
+            done.set_result(None)
 
     async def recorded(self) -> None:
         """Wait for the commit that holds the record just made (by `handle`, or by `reject`, which
@@ -167,6 +198,11 @@ class Engine:
             rec = await self._decide_and_act(rules, msg, act)
         except PayloadError as exc:
             return self.reject(route_name, msg, str(exc), started=started, trace=trace)
+        except asyncio.CancelledError:
+            # Abandoned (a shutdown that could not wait): any lease is released by now; the
+            # message is answered with no decision, so say so in its record and log line.
+            self._finish(_cancelled(rules.route, msg), msg, started, trace)
+            raise
         finally:
             self.in_flight -= 1
         return self._finish(rec, msg, started, trace)
@@ -264,13 +300,19 @@ class Engine:
             message_id=d.msg.message_id,
         )
         route, key = d.route.name, d.key
-        held = await self.store.claim(route, key, state, claimed(state, lease, now + self._retention(d.route)))
-        if held is None:
-            # A claim whose reply was lost may still have landed: ours if the holder token is.
-            current = await self.store.read(route, key)
-            if current is None or current.lease is None or current.lease.holder != lease.holder:
-                return Beaten(current)
-            held = current
+        try:
+            held = await self.store.claim(route, key, state, claimed(state, lease, now + self._retention(d.route)))
+            if held is None:
+                # A claim whose reply was lost may still have landed: ours if the holder token is.
+                current = await self.store.read(route, key)
+                if current is None or current.lease is None or current.lease.holder != lease.holder:
+                    return Beaten(current)
+                held = current
+        except asyncio.CancelledError:
+            # Cancelled with the claim on its way: it may have landed all the same. The message
+            # is nacked, so free the key rather than make its redelivery wait out the lease.
+            await _to_the_end(self._release_if_ours(d, lease.holder))
+            raise
         d.rec.fence = lease.fence
         self.failed_open.claimed(route, key)
         if state is not None and state.lease is not None and not state.lease.live(now):
@@ -311,7 +353,7 @@ class Engine:
         except asyncio.CancelledError:
             # Cancelled twice (a shutdown that will not wait): the message will be redelivered,
             # so free the key now rather than make the redelivery wait out the lease.
-            await asyncio.shield(self._release(d, heartbeat.held))
+            await self._release(d, heartbeat.held)
             raise
         rec.decision = Decision.FORWARDED
         if heartbeat.extended:
@@ -338,6 +380,19 @@ class Engine:
         return self._despite_one_cancel(commit) if d.act is not None else commit
 
     async def _release(self, d: Delivery, held: KeyState) -> None:
+        """Free the key for the redelivery, to the end through any cancel (`_to_the_end`)."""
+        await _to_the_end(self._release_now(d, held))
+
+    async def _release_if_ours(self, d: Delivery, holder: str) -> None:
+        try:
+            current = await self.store.read(d.route.name, d.key)
+        except Exception as exc:  # the lease then lapses by itself; the nack still goes out
+            log.error("lease_release_failed", route=d.route.name, key=d.key, error=_describe(exc))
+            return
+        if current is not None and current.lease is not None and current.lease.holder == holder:
+            await self._release_now(d, current)
+
+    async def _release_now(self, d: Delivery, held: KeyState) -> None:
         fence = held.lease.fence if held.lease else held.fence
         try:
             await self.store.release(d.route.name, d.key, held)
@@ -404,8 +459,6 @@ class Engine:
             if task.cancelled() or (current := asyncio.current_task()) is None:
                 raise
             current.uncancel()
-            self._finishing.add(current)
-            current.add_done_callback(self._finishing.discard)
             return await task
 
     def _retention(self, route: Route) -> float:
@@ -437,6 +490,37 @@ async def _work(act: Act, data: bytes, attributes: Mapping[str, str]) -> str:
         raise WorkFailed("cancelled while it ran") from exc
     except BaseException as exc:  # see the docstring: the caller raises it again
         raise WorkFailed(f"{type(exc).__name__}: {exc}") from exc
+
+
+async def _to_the_end(work: Awaitable[None]) -> None:
+    """Run `work` to its end through any cancel, then let the cancel go on. For a release: the
+    store call is bounded by the store's own budget, and a cancel that cut it short would
+    answer (and let a shutdown close the store) with the key still leased."""
+    task = asyncio.ensure_future(work)
+    cancelled = False
+    while not task.done():
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            cancelled = True
+    if cancelled or task.cancelled():
+        raise asyncio.CancelledError
+    task.result()
+
+
+def _cancelled(route: Route, msg: Message) -> DecisionRecord:
+    """The record of a decision abandoned to a cancel: nothing acted on stays (a lease is released)."""
+    rec = DecisionRecord(
+        time=0.0,
+        route=route.name,
+        decision=Decision.FAILED,
+        enforced=route.enforced,
+        message_id=msg.message_id,
+        reason="cancelled before the decision was carried out (a shutdown past its grace, or the caller): nack",
+        publish_time=msg.publish_time,
+    )
+    rec.extra["cause"] = "cancelled"
+    return rec
 
 
 def _failed(rec: DecisionRecord, exc: PublishFailed, after: str | None = None) -> DecisionRecord:

@@ -74,6 +74,21 @@ async def _body(request: Request, limit: int, declared: str | None) -> bytes:
     return b"".join(chunks)
 
 
+async def _cancelled(engine: Engine, route: str) -> Response:
+    """The answer to a request cancelled by a shutdown that could not wait for it (uvicorn past
+    `server.shutdown_grace`): a nack, which Pub/Sub redelivers, rather than the plain 500 and
+    traceback an exception would give. A cancel that reached the engine has released the
+    lease and recorded the decision (`failed`, cause `cancelled`, or the one just taken)."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()  # taken: what is left of the request is writing this answer
+    counts["push_cancelled"] += 1
+    log.warning("push_cancelled", route=route)
+    with contextlib.suppress(asyncio.CancelledError):  # one more cancel: answer all the same
+        await engine.recorded()  # as every answer: once its decision's row is written
+    return _json({"decision": "failed", "reason": "cancelled by the shutdown; sent again"}, 503, {"Retry-After": "1"})
+
+
 def create_app(
     engine: Engine, authenticator: Any = None, lifespan: Any = None, body_timeout: float | None = None
 ) -> Starlette:
@@ -84,6 +99,12 @@ def create_app(
     tracing = tel is not None and tel.tracing
 
     async def push(request: Request) -> Response:
+        try:
+            return await answer(request)
+        except asyncio.CancelledError:
+            return await _cancelled(engine, request.path_params["route"])
+
+    async def answer(request: Request) -> Response:
         route = request.path_params["route"]
         if authenticator is not None:
             from filter.push.auth import AuthError

@@ -28,12 +28,31 @@ ROUTES: list[dict[str, Any]] = [
 
 
 class GatedCommits(SwitchStore):
-    """Commits wait for `gate` once it is set to an Event; `committing` says one is waiting."""
+    """Commits wait for `gate` once it is set to an Event; `committing` says one is waiting.
+    Releases likewise wait for `release_gate`, and claims' replies for `reply_gate`."""
 
     def __init__(self, inner: SqliteStore) -> None:
         super().__init__(inner)
         self.gate: asyncio.Event | None = None
         self.committing = asyncio.Event()
+        self.release_gate: asyncio.Event | None = None
+        self.releasing = asyncio.Event()
+        self.reply_gate: asyncio.Event | None = None
+        self.replying = asyncio.Event()
+
+    async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
+        """With `reply_gate` set, the claim lands and its reply waits for the gate (a slow network)."""
+        held = await super().claim(route, key, seen, new)
+        if self.reply_gate is not None:
+            self.replying.set()
+            await self.reply_gate.wait()
+        return held
+
+    async def release(self, route: str, key: str, held: KeyState) -> None:
+        if self.release_gate is not None:
+            self.releasing.set()
+            await self.release_gate.wait()
+        await super().release(route, key, held)
 
     async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
         if self.gate is not None:
@@ -44,7 +63,7 @@ class GatedCommits(SwitchStore):
 
 class Rig:
     def __init__(self, tmp_path: Path) -> None:
-        self.config: Config = parse({"routes": ROUTES})
+        self.config: Config = parse({"routes": ROUTES, "server": {"shutdown_grace": 0.01}})
         self.sqlite = SqliteStore(tmp_path / "state.db")
         self.store = GatedCommits(self.sqlite)
         self.publisher = MemoryPublisher()
@@ -175,3 +194,74 @@ async def test_closing_right_after_the_cancel_lets_the_forward_commit_and_record
     state = await reopened.read("reports", "2025-01-10")
     await reopened.close()
     assert state is not None and state.fingerprint == rec.fingerprint and state.lease is None
+
+
+async def test_a_cancel_during_the_release_waits_for_the_release_to_land(rig: Rig) -> None:
+    """Before, the release ran shielded: a third cancel (asyncio.run's, once the server has
+    returned) ended the request at once, and the store was closed under the release."""
+    task = await rig.held_in_publish("reports", "out", "m1")
+    rig.store.release_gate = asyncio.Event()
+    task.cancel()
+    await asyncio.sleep(0)  # one loop step: the first cancel lands and is taken back
+    task.cancel()
+    await rig.store.releasing.wait()
+    task.cancel()
+    for _ in range(10):  # loop steps enough for the cancel to reach the request's end
+        await asyncio.sleep(0)
+    assert not task.done()  # still releasing
+    rig.store.release_gate.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    state = await rig.state()
+    assert state is not None and state.lease is None
+
+
+async def test_an_abandoned_decision_records_why_before_its_cancel_goes_on(rig: Rig) -> None:
+    task = await rig.held_in_publish("reports", "out", "m1")
+    task.cancel()
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    [rec] = rig.recorder.records
+    assert (rec.decision, rec.message_id, rec.extra["cause"]) == (Decision.FAILED, "m1", "cancelled")
+
+
+async def test_close_abandons_a_publish_that_does_not_end_and_frees_its_key_before_closing_the_store(
+    rig: Rig,
+) -> None:
+    """No surface cancelled it first (the in-process API closes so): close cancels it past the
+    grace, through the cancel a publish under way takes back, and waits for its release."""
+    task = await rig.held_in_publish("reports", "out", "m1")
+    await rig.engine.close()
+    assert task.done() and task.cancelled()
+    assert rig.recorder.decisions == [Decision.FAILED] and rig.recorder.closed
+    reopened = SqliteStore(rig.sqlite.path)
+    state = await reopened.read("reports", "2025-01-10")
+    await reopened.close()
+    assert state is not None and state.lease is None
+
+
+async def test_close_waits_for_a_decision_under_way_that_nobody_cancelled(rig: Rig) -> None:
+    task = await rig.held_in_publish("reports", "out", "m1")
+    closing = asyncio.create_task(rig.engine.close(deadline=5.0))
+    await asyncio.sleep(0)
+    assert rig.publisher.gate is not None
+    rig.publisher.gate.set()
+    rec, _ = await asyncio.gather(task, closing)
+    assert rec.decision is Decision.FORWARDED and rig.recorder.decisions == [Decision.FORWARDED]
+
+
+async def test_a_cancel_while_the_claims_reply_is_on_its_way_frees_the_key_the_claim_took(rig: Rig) -> None:
+    """The claim landed; the request was cancelled before its reply came back (a slow store at
+    the shutdown). Before, the key stayed leased for `lease.duration` though the caller was
+    answered, and every redelivery meanwhile was `contended`."""
+    rig.store.reply_gate = asyncio.Event()
+    task = rig.start("reports", "out", "m1")
+    await rig.store.replying.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    state = await rig.state()
+    assert state is not None and state.lease is None and state.fingerprint is None
+    assert rig.recorder.decisions == [Decision.FAILED] and rig.publisher.published == []

@@ -1,0 +1,31 @@
+"""The push app as served against SIGTERM at random points (tests/support/push_model.py for the
+rules and the invariants checked after every shutdown). Failures found here stay as named tests
+in test_push_shutdown.py."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from tests.support.push_model import STEPS, PushShutdownMachine
+
+#: At least 1,000 push-with-shutdown steps a run (~3,400 in ~25 s here).
+EXAMPLES = 120
+STEPS_PER_EXAMPLE = 30
+AT_LEAST = 1_000
+
+
+def test_the_served_push_app_answers_records_and_frees_every_message_through_random_shutdowns() -> None:
+    before = STEPS["push-shutdown"]
+    run_state_machine_as_test(
+        PushShutdownMachine,
+        settings=settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=STEPS_PER_EXAMPLE,
+            deadline=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+        ),
+    )
+    ran = STEPS["push-shutdown"] - before
+    print(f"push model: {ran} steps, {STEPS['shutdowns']} shutdowns")
+    assert ran >= AT_LEAST
