@@ -9,11 +9,11 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import NoReturn
 
 from filter import __version__
-from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, Config, ConfigError, load
+from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, Config, ConfigError, Route, load
+from filter.core.model import Message
 from filter.runtime import preflight
 from filter.runtime.operational import BIGQUERY, FIRESTORE, PUBSUB, Backend, describe, require
 
@@ -90,30 +90,40 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve(cfg, args.host, port)
 
 
+def _route(cfg: Config, name: str) -> Route:
+    route = cfg.route(name)
+    if route is None:
+        raise UsageError(f"no route {name!r} in the config (routes: {', '.join(r.name for r in cfg.routes)})")
+    return route
+
+
+def _message(args: argparse.Namespace) -> Message:
+    """The payload file, or the data of the push envelope it holds (said on stderr)."""
+    from filter.tools.payload import read_message
+
+    read = read_message(args.payload, dict(args.attribute))
+    if read.note is not None:
+        print(f"pubsub-filter {args.command}: {read.note}", file=sys.stderr)
+    return read.message
+
+
 def cmd_fingerprint(args: argparse.Namespace) -> int:
     from filter.core.fingerprint import NOT_JSON, message_fingerprint
     from filter.core.routes import RouteRules
 
     cfg = _config(args.config)
-    route = cfg.route(args.route)
-    if route is None:
-        print(
-            f"no route {args.route!r} in the config (routes: {', '.join(r.name for r in cfg.routes)})",
-            file=sys.stderr,
-        )
-        return 2
-    data = sys.stdin.buffer.read() if args.payload == "-" else Path(args.payload).read_bytes()
-    attributes = dict(args.attribute)
+    route = _route(cfg, args.route)
+    msg = _message(args)
     rules = RouteRules(route)
-    payload, fp = rules.scheme(data)
+    payload, fp = rules.scheme(msg.data)
     print(fp)
     if args.verbose:
         print(f"scheme: {route.scheme}{' (payload is not JSON: raw bytes)' if payload is NOT_JSON else ''}")
         try:
-            print(f"key: {rules.key_of(payload, attributes)}")
+            print(f"key: {rules.key_of(payload, msg.attributes)}")
         except ValueError as exc:
             print(f"key: cannot be extracted: {exc}")
-        print(f"message fingerprint: {message_fingerprint(data, attributes)}")
+        print(f"message fingerprint: {message_fingerprint(msg.data, msg.attributes)}")
     return 0
 
 
@@ -121,9 +131,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from filter.tools.explain import run
 
     cfg = _config(args.config)
+    route = _route(cfg, args.route)
+    msg = _message(args)
     if cfg.store.backend == "firestore":
         require(FIRESTORE)
-    return run(cfg, args.route, args.payload, dict(args.attribute), args.format)
+    return run(cfg, route, msg, args.format)
 
 
 def cmd_skip_rate(args: argparse.Namespace) -> int:
