@@ -158,8 +158,10 @@ def cmd_pull(args: argparse.Namespace) -> int:
 def cmd_replay(args: argparse.Namespace) -> int:
     from filter.replay.command import run
 
-    require(PUBSUB, *(_backends(_config(args.config)) if args.through_filter and args.config else ()))
-    return run(args)
+    def probe(cfg: Config | None) -> None:
+        require(PUBSUB, *(_backends(cfg) if args.through_filter and cfg is not None else ()))
+
+    return run(args, probe)
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
@@ -203,7 +205,12 @@ def _add_worker_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="the dead-letter subscription (id or projects/P/subscriptions/S); "
         "default with --config and --route: <route subscription>-dlq-sub",
     )
-    sp.add_argument("--config", "-c", help="config file: needed by --through-filter and --route")
+    sp.add_argument(
+        "--config",
+        "-c",
+        help=f"config file (default: ${CONFIG_ENV}, then ./filter.yaml when there); "
+        "needed by --through-filter and --route",
+    )
     sp.add_argument("--project", help="default: the config's project, then $GOOGLE_CLOUD_PROJECT")
     sp.add_argument("--route", "-r", metavar="NAME", help="the route whose dead letters these are")
     sp.add_argument("--to", metavar="TOPIC", help="republish here instead of to each message's source topic")
