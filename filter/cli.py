@@ -87,6 +87,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     port = _port(args)
     cfg = _config(args.config)
     preflight.check(cfg, args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    preflight.credentials(_backends(cfg))
     return serve(cfg, args.host, port)
 
 
@@ -152,6 +153,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
     cfg = _config(args.config)
     preflight.check(cfg, args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    preflight.credentials([PUBSUB, *(b for b in _backends(cfg) if b is not PUBSUB)])  # it pulls from Pub/Sub
     return run(cfg, args.route, health_port=args.health_port)
 
 

@@ -46,13 +46,14 @@ def run(args: argparse.Namespace, probe: Callable[[Config | None], None] = lambd
 
     `probe` checks that the backends the run will use answer, once the options are known good.
     """
-    configure(level=os.environ.get("LOG_LEVEL") or ("info" if args.verbose else "warning"), stream=sys.stderr)
     try:
         cfg = config_of(args)
         opts = options_from(args, cfg)
     except (UsageError, PubsubNameError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return Exit.USAGE
+    # logging is set up for a run, not for a usage error (and never by a command that stops there)
+    configure(level=os.environ.get("LOG_LEVEL") or ("info" if args.verbose else "warning"), stream=sys.stderr)
     probe(cfg)
     try:
         subscriber = pubsub_v1.SubscriberClient()

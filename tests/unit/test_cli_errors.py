@@ -264,3 +264,22 @@ def test_replay_without_a_project_says_so_in_its_own_words(
     assert main(["replay", "dlq-sub"]) == USAGE
     err = one_line(capsys.readouterr().err)
     assert err.startswith("pubsub-filter replay: no project") and "--project" in err, err
+
+
+def test_serve_on_the_pubsub_emulator_without_the_firestore_one_names_the_missing_variable(
+    rows_config: Path, tmp_path: Path
+) -> None:
+    """Before any client exists: no google-auth warning about the metadata server comes first."""
+    config = with_backend(rows_config, "store", "firestore")
+    env = {
+        "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
+        "NO_GCE_CHECK": "True",
+        "PORT": str(free_port()),
+        "PUBSUB_EMULATOR_HOST": "127.0.0.1:9",
+    }
+    proc, _ = _run(["serve", "-c", str(config), "--host", "127.0.0.1"], env, tmp_path, credentials=False)
+    assert proc.returncode == FAILED, proc.stderr
+    line = one_line(proc.stderr)
+    assert "set FIRESTORE_EMULATOR_HOST for the Firestore emulator" in line, line
+    assert "PUBSUB_EMULATOR_HOST is set, FIRESTORE_EMULATOR_HOST is not" in line, line
+    assert proc.stdout == "", "no log line (google-auth's included) before the error"
