@@ -176,7 +176,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
 
 
 def with_config(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--config", "-c", help=f"config file (default: ${CONFIG_ENV}, then ./filter.yaml)")
+    sp.add_argument("--config", "-c", metavar="F", help=f"config file (default: ${CONFIG_ENV}, then ./filter.yaml)")
 
 
 def _add_worker_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -189,7 +189,7 @@ def _add_worker_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--health-port",
         type=int,
         default=None,
-        metavar="PORT",
+        metavar="P",
         help="serve /healthz, /readyz and /metrics on this port (default: pull.health_port; off when unset)",
     )
     sp.set_defaults(func=cmd_pull)
@@ -204,16 +204,18 @@ def _add_worker_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     sp.add_argument(
         "subscription",
         nargs="?",
+        metavar="SUBSCRIPTION",
         help="the dead-letter subscription (id or projects/P/subscriptions/S); "
         "default with --config and --route: <route subscription>-dlq-sub",
     )
     sp.add_argument(
         "--config",
         "-c",
+        metavar="F",
         help=f"config file (default: ${CONFIG_ENV}, then ./filter.yaml when there); "
         "needed by --through-filter and --route",
     )
-    sp.add_argument("--project", help="default: the config's project, then $GOOGLE_CLOUD_PROJECT")
+    sp.add_argument("--project", metavar="P", help="default: the config's project, then $GOOGLE_CLOUD_PROJECT")
     sp.add_argument("--route", "-r", metavar="NAME", help="the route whose dead letters these are")
     sp.add_argument("--to", metavar="TOPIC", help="republish here instead of to each message's source topic")
     sp.add_argument(
@@ -232,8 +234,9 @@ def _add_worker_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="only messages with attributes.NAME=VALUE or payload.a.b=VALUE (also !=); repeatable, all must hold",
     )
     sp.add_argument("--rate", metavar="N/s", help="at most N messages a second (also N/m, N/h)")
-    sp.add_argument("--since", metavar="WHEN", help="originally published at or after WHEN (24h, 7d or RFC 3339)")
-    sp.add_argument("--until", metavar="WHEN", help="originally published before WHEN (24h, 7d or RFC 3339)")
+    when = "24h, 7d, a date (2026-01-10) or an RFC 3339 time"
+    sp.add_argument("--since", metavar="WHEN", help=f"originally published at or after WHEN ({when})")
+    sp.add_argument("--until", metavar="WHEN", help=f"originally published before WHEN ({when})")
     sp.add_argument(
         "--wait", type=float, default=5.0, metavar="S", help="how long a pull waits for messages (default 5)"
     )
@@ -251,7 +254,7 @@ def _add_worker_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     how = sp.add_mutually_exclusive_group(required=True)
     how.add_argument("--push-endpoint", metavar="BASE_URL", help="push subscriptions to BASE_URL/push/ROUTE")
     how.add_argument("--pull", action="store_true", help="pull subscriptions (for pubsub-filter pull)")
-    sp.add_argument("--project", help="default: the config's project, then $GOOGLE_CLOUD_PROJECT")
+    sp.add_argument("--project", metavar="P", help="default: the config's project, then $GOOGLE_CLOUD_PROJECT")
     sp.add_argument(
         "--source-topic",
         action="append",
@@ -282,24 +285,36 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("serve", help="run the push endpoint (Cloud Run)")
     with_config(sp)
     sp.add_argument(
-        "--host", default=os.environ.get("HOST", "0.0.0.0"), help="address to listen on (default: $HOST, then 0.0.0.0)"
+        "--host",
+        default=os.environ.get("HOST", "0.0.0.0"),
+        metavar="H",
+        help="address to listen on (default: $HOST, then 0.0.0.0)",
     )
-    sp.add_argument("--port", type=int, default=None, help="port to listen on (default: $PORT, then 8080)")
+    sp.add_argument("--port", type=int, default=None, metavar="P", help="port to listen on (default: $PORT, then 8080)")
     sp.set_defaults(func=cmd_serve)
 
     sp = sub.add_parser("check", help="validate a config file; exit 1 with every problem listed")
-    sp.add_argument("file", nargs="?", help="the config file (default: --config, $PUBSUB_FILTER_CONFIG, ./filter.yaml)")
+    sp.add_argument(
+        "file", nargs="?", metavar="F", help="the config file (default: --config, $PUBSUB_FILTER_CONFIG, ./filter.yaml)"
+    )
     with_config(sp)
     sp.set_defaults(func=cmd_check)
 
-    sp = sub.add_parser("fingerprint", help="print the payload fingerprint of a JSON file for a route")
+    sp = sub.add_parser(
+        "fingerprint",
+        help="print the payload fingerprint of a message's data for a route (a file, - for stdin, or a push envelope)",
+    )
     with_config(sp)
     sp.add_argument("--route", "-r", required=True, metavar="NAME", help="the route whose rules apply")
     sp.add_argument(
         "--attribute", "-a", action="append", default=[], type=_attribute, metavar="NAME=VALUE", help=ATTRIBUTE_HELP
     )
     sp.add_argument("--verbose", "-v", action="store_true", help="also print the key and message fingerprint")
-    sp.add_argument("payload", help="the message data (a file, or - for stdin)")
+    sp.add_argument(
+        "payload",
+        metavar="PAYLOAD",
+        help="the message data: a file, - for stdin, or a Pub/Sub push envelope (its message.data is used)",
+    )
     sp.set_defaults(func=cmd_fingerprint)
 
     sp = sub.add_parser("explain", help="what the filter would decide for a payload, and why (no side effects)")
@@ -308,21 +323,36 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--attribute", "-a", action="append", default=[], type=_attribute, metavar="NAME=VALUE", help=ATTRIBUTE_HELP
     )
-    sp.add_argument("--format", choices=["text", "json"], default="text", help="text (default) or json")
-    sp.add_argument("payload", help="the message data (a file, or - for stdin)")
+    sp.add_argument(
+        "--format", choices=["text", "json"], default="text", metavar="text|json", help="text (default) or json"
+    )
+    sp.add_argument(
+        "payload",
+        metavar="PAYLOAD",
+        help="the message data: a file, - for stdin, or a Pub/Sub push envelope (its message.data is used)",
+    )
     sp.set_defaults(func=cmd_explain)
 
     sp = sub.add_parser("skip-rate", help="decisions and skip rate per route, hour or day")
     with_config(sp)
-    sp.add_argument("--since", default="24h", help="how far back (e.g. 1h, 24h, 7d; default 24h)")
+    sp.add_argument("--since", default="24h", metavar="WHEN", help="how far back (e.g. 1h, 24h, 7d; default 24h)")
     sp.add_argument(
         "--by",
         choices=["route", "hour", "day"],
         default="route",
+        metavar="route|hour|day",
         help="one row per route (default), or per route and hour or day",
     )
-    sp.add_argument("--format", choices=["table", "json", "csv"], default="table", help="table (default), json or csv")
-    sp.add_argument("--log", help="read decision log lines from FILE (- for stdin) instead of the records backend")
+    sp.add_argument(
+        "--format",
+        choices=["table", "json", "csv"],
+        default="table",
+        metavar="table|json|csv",
+        help="table (default), json or csv",
+    )
+    sp.add_argument(
+        "--log", metavar="FILE|-", help="read decision log lines from FILE (- for stdin) instead of the records backend"
+    )
     sp.add_argument("--watch", type=float, metavar="N", help="refresh every N seconds until Ctrl-C (not with --log -)")
     sp.add_argument(
         "--chart",
