@@ -76,12 +76,13 @@ def run(cfg: Config, route_names: Sequence[str] | None = None, health_port: int 
             subscriber=subscriber,
             health_port=health_port or cfg.pull.health_port,
             health_host=cfg.pull.health_host,
+            close_subscriber=True,  # before `stopped`, once the library's threads have ended
         )
         return await worker.run(install_signals=True)
 
     try:
         code = asyncio.run(main())
     finally:
-        subscriber.close()
+        subscriber.close()  # already closed by the worker, unless it never got that far
     log.debug("pull_exit", code=code, ran_s=round(time.monotonic() - started, 3))
     return code
