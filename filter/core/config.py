@@ -37,6 +37,7 @@ from filter.core.config_sections import (
     Strict,
     TelemetryConfig,
 )
+from filter.core.errors import FilterError
 from filter.core.paths import Path, PathError
 from filter.core.pubsub_names import Kind, check_name
 
@@ -190,7 +191,7 @@ class Config(Strict):
 # --- loading ----------------------------------------------------------------------
 
 
-class ConfigError(Exception):
+class ConfigError(FilterError):
     """Every problem found in one config file, each naming the file, route and key."""
 
     def __init__(self, source: str, problems: list[str]):
