@@ -27,7 +27,9 @@ __version__ = "0.1.0"
 
 # A library stays silent until the application configures logging (Python's last-resort handler
 # would print its warnings to stderr otherwise).
-logging.getLogger("pubsub_filter").addHandler(logging.NullHandler())
+for _name in ("pubsub_filter", "filter"):  # the structlog loggers, and the modules' own
+    logging.getLogger(_name).addHandler(logging.NullHandler())
+del _name
 
 if TYPE_CHECKING:
     from filter.backends.fences.firestore import FirestoreFences

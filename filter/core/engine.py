@@ -25,14 +25,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import structlog
-
 from filter.core import decision_line
 from filter.core.attributes import fence_attributes, forward_attributes
 from filter.core.config import Config, Route
 from filter.core.fingerprint import NOT_JSON, PayloadError, message_fingerprint
 from filter.core.heartbeat import Heartbeat
 from filter.core.judge import Decided, Outgoing, decide
+from filter.core.logs import get_logger
 from filter.core.model import Decision, DecisionRecord, KeyState, Lease, Message
 from filter.core.ports import (
     UNOBSERVED,
@@ -48,7 +47,7 @@ from filter.core.routes import RouteRules
 from filter.core.transitions import claimed, forwarded
 from filter.core.unsettled import FailedOpen
 
-log = structlog.get_logger("pubsub_filter.engine")
+log = get_logger("pubsub_filter.engine")
 
 #: How often a lost compare-and-set on the claim is retried before answering `contended`.
 CLAIM_ATTEMPTS = 3

@@ -8,13 +8,13 @@ from typing import Annotated
 
 import msgspec
 import pybase64
-import structlog
 
 from filter.core.errors import FilterError
+from filter.core.logs import get_logger
 from filter.core.model import Message
 from filter.core.times import parse_time
 
-log = structlog.get_logger("pubsub_filter.envelope")
+log = get_logger("pubsub_filter.envelope")
 
 
 class EnvelopeError(FilterError, ValueError):
