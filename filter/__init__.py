@@ -21,7 +21,7 @@ import importlib
 import logging
 from typing import TYPE_CHECKING, Any
 
-from filter.core.errors import FilterError, FilterTypeError, FilterUsageError, UnknownRouteError
+from filter.core.errors import FilterError, FilterTypeError, FilterUsageError, ResultNotStored, UnknownRouteError
 
 __version__ = "0.1.0"
 
@@ -90,6 +90,7 @@ __all__ = [
     "Nack",
     "Outcome",
     "PublishFailed",
+    "ResultNotStored",
     "SqliteFences",
     "StoreUnavailable",
     "SyncFilter",

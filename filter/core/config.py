@@ -133,6 +133,7 @@ class Route(Strict):
     rows_mode: Literal["whole", "changed"] = "whole"
     removed_rows: Literal["attribute", "tombstone", "ignore"] = "attribute"
     audit_sample: float = Field(default=0.0, ge=0.0, le=1.0)
+    cache_result: bool = False  # in-process: keep the body's result, return it for a redelivery
 
     @field_validator("bypass", mode="before")
     @classmethod

@@ -23,3 +23,8 @@ class UnknownRouteError(FilterError, ValueError):
 
 class FilterUsageError(FilterError, RuntimeError):
     """A call the filter cannot honour where it was made (closing a filter from inside its own body)."""
+
+
+class ResultNotStored(FilterError, ValueError):
+    """A body's result that a `cache_result` route cannot keep (not JSON-encodable, or too large):
+    raised when the body returns, before anything is committed (the message fails and comes again)."""

@@ -27,6 +27,9 @@ from filter.core.model import Decision, KeyState, Message
 from filter.core.partial import partial
 from filter.core.routes import RouteRules
 
+#: The reason of a redelivery: this message id, last forwarded with this content.
+REDELIVERED = "message already forwarded"
+
 #: Added to the reason of a message whose id was forwarded recently with other content.
 ID_REUSED = "the message id was reused with other content"
 
@@ -91,8 +94,8 @@ def judge(
     """The decision table. Pure: the same inputs always give the same verdict."""
     if state is None:
         return Verdict(Decision.FORWARDED, "new key")
-    if last_forwarded_as(state, msg.message_id) == fingerprint:  # a redelivery: this id, this content
-        return Verdict(Decision.DUPLICATE, "message already forwarded")
+    if (msg.message_id, fingerprint) in state.recent:  # a redelivery: this id, forwarded with this content
+        return Verdict(Decision.DUPLICATE, REDELIVERED)
     lease = state.lease
     if lease is not None and lease.live(now):
         if lease.message_id == msg.message_id:
@@ -122,23 +125,15 @@ def judge(
     return Verdict(Decision.FORWARDED, "content changed")
 
 
-def last_forwarded_as(state: KeyState, message_id: str) -> str | None:
-    """The fingerprint `message_id` was last forwarded with, if it is a recent id.
-
-    The last one: an id reused for other content (B after A) and then for A again is a change
-    back to A, decided on its merits, not a redelivery of the first A (the destination holds B).
-    """
-    for mid, fp in reversed(state.recent):
-        if mid == message_id:
-            return fp
-    return None
-
-
 def _id_reused(state: KeyState, message_id: str, fp: str) -> bool:
-    """`message_id` was last forwarded with other content: a caller's id (a request id) reused,
-    or a producer's bug. Decided as the content it carries."""
-    last = last_forwarded_as(state, message_id)
-    return last is not None and last != fp
+    """`message_id` was forwarded recently, but never with this content: a caller's id (a request
+    id) reused for other content, or a producer's bug. Decided as the content it carries.
+
+    A redelivery is the pair: the id with content it was forwarded with is one, even after the
+    id was reused for other content (an id reused for B, then for A again, is A's redelivery).
+    """
+    seen = [f for mid, f in state.recent if mid == message_id]
+    return bool(seen) and fp not in seen
 
 
 def _older(msg: Message, state: KeyState) -> bool:

@@ -32,12 +32,16 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
+import msgspec
+
 from filter.core.attributes import ATTR_FENCE, ATTR_KEY, ATTR_KEY_SHA256
 from filter.core.config import Config, load
-from filter.core.engine import Engine, WorkFailed
-from filter.core.errors import FilterError, FilterTypeError, FilterUsageError
+from filter.core.engine import Engine, Worked, WorkFailed
+from filter.core.errors import FilterError, FilterTypeError, FilterUsageError, ResultNotStored
+from filter.core.judge import REDELIVERED
 from filter.core.model import Decision, DecisionRecord, Message
 from filter.core.ports import Clock, PublishFailed
+from filter.core.transitions import RESULTS_MAX_BYTES
 from filter.inprocess.messages import to_message
 from filter.runtime.wiring import make_recorder, make_store
 
@@ -89,6 +93,8 @@ class Outcome(Generic[T]):
     record: DecisionRecord
     ran: bool = False
     result: T | None = field(default=None)
+    #: `result` is the one kept when this message was forwarded (`cache_result`): a redelivery.
+    cached: bool = False
 
     @property
     def decision(self) -> Decision:
@@ -181,8 +187,15 @@ class Filter:
         message_id: str | None = None,
         attributes: Mapping[str, str] | None = None,
         publish_time: float | None = None,
+        cache_result: bool | None = None,
     ) -> Outcome[T]:
         """Decide `message` on `route`; when it is a forward, await `body` under the lease, then commit.
+
+        `cache_result` (default: the route's `cache_result`) keeps the body's result, JSON-encoded,
+        with the forward: a redelivery of this message (the same id and content) then returns it
+        as `Outcome.result` (`cached`), decoded from JSON. A result that cannot be kept (not
+        JSON-encodable, more than `RESULTS_MAX_BYTES` encoded) raises `ResultNotStored` when the
+        body returns, and the forward fails as if the body had raised it.
 
         `message` is what the caller holds: a `Message`, a raw payload (bytes, str, dict, list;
         with `message_id=`, `attributes=`, `publish_time=` if it has them), a google-cloud-pubsub
@@ -199,31 +212,45 @@ class Filter:
         me = asyncio.current_task()
         self._calls[me] += 1
         try:
-            return await self._process(route, msg, body, trace)
+            return await self._process(route, msg, body, trace, self._caches(route, cache_result))
         finally:
             self._calls[me] -= 1
             if not self._calls[me]:
                 del self._calls[me]
             self._idle.set()
 
+    def _caches(self, route: str, asked: bool | None) -> bool:
+        rules = self.engine.rules.get(route)
+        return asked if asked is not None else rules is not None and rules.route.cache_result
+
     async def _process(
-        self, route: str, message: Message, body: Callable[[Forward], Awaitable[T]], trace: str | None
+        self, route: str, message: Message, body: Callable[[Forward], Awaitable[T]], trace: str | None, cache: bool
     ) -> Outcome[T]:
         ran: list[T] = []
         failed: list[BaseException] = []
 
-        async def act(data: bytes, attributes: Mapping[str, str]) -> str:
+        async def act(data: bytes, attributes: Mapping[str, str]) -> str | Worked:
             try:
                 ran.append(await _awaitable(body(Forward(route, data, attributes))))
+                return Worked(IN_PROCESS, _encoded(ran[0])) if cache else IN_PROCESS
             except BaseException as exc:
                 failed.append(exc)
                 raise
-            return IN_PROCESS
 
         rec = await self.engine.handle(route, message, trace, act)
         if failed:
             raise failed[0]
+        if cache and rec.decision is Decision.DUPLICATE and rec.reason == REDELIVERED:
+            return await self._kept(rec)
         return Outcome(rec, ran=bool(ran), result=ran[0] if ran else None)
+
+    async def _kept(self, rec: DecisionRecord) -> Outcome[Any]:
+        """A redelivery's outcome, with the result kept when its message was forwarded (if still kept)."""
+        state = await self.engine.store.read(rec.route, rec.key or "")
+        for mid, fp, text in state.results if state is not None else ():
+            if (mid, fp) == (rec.message_id, rec.fingerprint):
+                return Outcome(rec, result=msgspec.json.decode(text), cached=True)
+        return Outcome(rec)
 
     async def close(self) -> None:
         """Wait for the calls under way in other tasks (each ends when its body does), then write the
@@ -245,6 +272,21 @@ class Filter:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
+
+
+def _encoded(result: object) -> str:
+    """`result` as the JSON text kept with the forward, or `ResultNotStored` saying why it cannot be."""
+    try:
+        text = msgspec.json.encode(result).decode()
+    except (TypeError, msgspec.EncodeError, OverflowError, RecursionError) as exc:
+        raise ResultNotStored(
+            f"cache_result: the body's result ({type(result).__name__}) is not JSON-encodable: {exc}"
+        ) from exc
+    if (size := len(text.encode())) > RESULTS_MAX_BYTES:
+        raise ResultNotStored(
+            f"cache_result: the body's result is {size} bytes as JSON, more than the {RESULTS_MAX_BYTES} kept"
+        )
+    return text
 
 
 def _awaitable(work: Awaitable[T]) -> Awaitable[T]:
@@ -332,10 +374,11 @@ class SyncFilter:
         message_id: str | None = None,
         attributes: Mapping[str, str] | None = None,
         publish_time: float | None = None,
+        cache_result: bool | None = None,
     ) -> Outcome[T]:
         """Decide `message` on `route`; when it is a forward, run `body` here under the lease, then commit.
 
-        `message` is what the caller holds, as for `Filter.process`.
+        `message` is what the caller holds, and `cache_result` keeps the result, as for `Filter.process`.
 
         Raises what `body` raised, whatever it is (nothing committed, the lease released, the
         decision recorded `failed`). An `async def` body is refused (`TypeError`) before any
@@ -348,9 +391,11 @@ class SyncFilter:
             )
         msg = to_message(message, message_id=message_id, attributes=attributes, publish_time=publish_time)
         with self._entered():
-            return self._process(route, msg, body, trace)
+            return self._process(route, msg, body, trace, cache_result)
 
-    def _process(self, route: str, message: Message, body: Callable[[Forward], T], trace: str | None) -> Outcome[T]:
+    def _process(
+        self, route: str, message: Message, body: Callable[[Forward], T], trace: str | None, cache: bool | None
+    ) -> Outcome[T]:
         # The loop asks for the body through `calls`; the decision's end arrives there too (None).
         calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
         raised: list[BaseException] = []
@@ -360,7 +405,9 @@ class SyncFilter:
             calls.put((forward, done))
             return await asyncio.wrap_future(done)
 
-        decided = asyncio.run_coroutine_threadsafe(self.filter.process(route, message, run_here, trace), self._loop)
+        decided = asyncio.run_coroutine_threadsafe(
+            self.filter.process(route, message, run_here, trace, cache_result=cache), self._loop
+        )
         decided.add_done_callback(lambda _: calls.put(None))
         try:
             while (call := calls.get()) is not None:

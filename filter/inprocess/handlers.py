@@ -113,7 +113,9 @@ def _known_route(engine: Engine, route: str) -> None:
         raise UnknownRouteError(f"unknown route {route!r}: the config defines {known}")
 
 
-def _decorator(f: Filter | SyncFilter, route: str, to_message: ToMessage, gives_payload: bool) -> Any:
+def _decorator(
+    f: Filter | SyncFilter, route: str, to_message: ToMessage, gives_payload: bool, cache_result: bool | None
+) -> Any:
     engine = f.engine
     _known_route(engine, route)
 
@@ -130,7 +132,8 @@ def _decorator(f: Filter | SyncFilter, route: str, to_message: ToMessage, gives_
                     msg = to_message(*args, **kw)
                 except _UNREADABLE as exc:
                     raise Nack(await _rejected(engine, route, exc)) from exc
-                return _acked(await f.process(route, msg, lambda fwd: fn(body_args(fwd, args))))
+                done = f.process(route, msg, lambda fwd: fn(body_args(fwd, args)), cache_result=cache_result)
+                return _acked(await done)
 
             return async_wrapper
 
@@ -142,7 +145,7 @@ def _decorator(f: Filter | SyncFilter, route: str, to_message: ToMessage, gives_
             except _UNREADABLE as exc:
                 unreadable = exc
                 raise Nack(f._call(lambda: _rejected(engine, route, unreadable))) from exc
-            return _acked(f.process(route, msg, lambda fwd: fn(body_args(fwd, args))))
+            return _acked(f.process(route, msg, lambda fwd: fn(body_args(fwd, args)), cache_result=cache_result))
 
         return wrapper
 
@@ -158,11 +161,12 @@ class _Shape:
         self.__doc__ = doc
 
     @overload
-    def __call__(self, f: SyncFilter, route: str) -> SyncDecorator[Any]: ...
+    def __call__(self, f: SyncFilter, route: str, *, cache_result: bool | None = None) -> SyncDecorator[Any]: ...
     @overload
-    def __call__(self, f: Filter, route: str) -> AsyncDecorator[Any]: ...
-    def __call__(self, f: Filter | SyncFilter, route: str) -> Any:
-        return _decorator(f, route, self.to_message, self.gives_payload)
+    def __call__(self, f: Filter, route: str, *, cache_result: bool | None = None) -> AsyncDecorator[Any]: ...
+    def __call__(self, f: Filter | SyncFilter, route: str, *, cache_result: bool | None = None) -> Any:
+        """`cache_result`: keep the handler's result for a redelivery (default: the route's `cache_result`)."""
+        return _decorator(f, route, self.to_message, self.gives_payload, cache_result)
 
 
 on_payload = _Shape(

@@ -205,12 +205,11 @@ async def test_a_message_id_reused_with_other_content_is_decided_as_that_content
     assert changed.reason == "content changed; the message id was reused with other content"
     assert changed.extra["id_reused"] is True
     assert [json.loads(d)["status"] for d in pub.data] == ["out", "in"]
-    again = await e.handle(ROUTE, feed("in", message_id="req-1"))  # this id with this content: a redelivery
-    assert (again.decision, again.reason) == (Decision.DUPLICATE, "message already forwarded")
-    assert "id_reused" not in again.extra
-    back = await e.handle(ROUTE, feed("out", message_id="req-1"))  # back to the first content: a change, on its merits
-    assert (back.decision, back.extra.get("id_reused")) == (Decision.FORWARDED, True)
-    assert [json.loads(d)["status"] for d in pub.data] == ["out", "in", "out"]
+    for status in ("in", "out"):  # either content again under that id: a redelivery of that forward
+        again = await e.handle(ROUTE, feed(status, message_id="req-1"))
+        assert (again.decision, again.reason) == (Decision.DUPLICATE, "message already forwarded")
+        assert "id_reused" not in again.extra
+    assert len(pub.data) == 2
 
 
 async def test_a_reused_id_whose_other_content_is_unchanged_is_suppressed_on_its_merits(store: Any) -> None:

@@ -164,11 +164,6 @@ class Sent:
         return self.uid or self.id
 
 
-def last_content(k: MKey, message_id: str) -> int | None:
-    """The content `message_id` was last forwarded with for this key, if it is among the recent."""
-    return next((c for mid, c in reversed(k.recent) if mid == message_id), None)
-
-
 class ReferenceModel:
     """The README's decision table over (route, key) → MKey.
 
@@ -206,7 +201,7 @@ class ReferenceModel:
     def judge(self, route: str, m: Sent, now: float, engine: int) -> Decision:
         content, publish_time = self.view(engine, route, m.key, now)
         k = self.state(route, m.key, now)
-        if last_content(k, m.id) == m.content:  # a redelivery: this id, last forwarded with this content
+        if (m.id, m.content) in k.recent:  # a redelivery: this id, forwarded with this content
             return Decision.DUPLICATE
         if k.lease is not None and k.lease.expires_at > now:
             if k.lease.message_id == m.id:
@@ -538,8 +533,11 @@ class EngineMachine(RuleBasedStateMachine):
         sent = Sent(old.id, old.route, old.key, content, data_, self.clock.now(), uid=f"{old.id}~{next(self._ids)}")
         self.sent.append(sent)
         k = self.model.state(sent.route, sent.key, self.clock.now())
-        last = last_content(k, sent.id)
-        reused = last is not None and last != content and not self.store.down
+        contents = {c for mid, c in k.recent if mid == sent.id}
+        reused = bool(contents) and content not in contents and not self.store.down
+        # Content this id was forwarded with is that forward's redelivery, even after the id was
+        # reused for other content: the destination need not end on the newest content then.
+        self.out_of_order.add((sent.route, sent.key))
         rec = self._deliver(sent, engine)
         assert bool(rec.extra.get("id_reused")) is reused, f"{sent}: id_reused {rec.extra}, model {reused}"
 

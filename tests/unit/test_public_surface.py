@@ -35,6 +35,7 @@ from filter import (
     Forward,
     Message,
     Nack,
+    ResultNotStored,
     SyncFilter,
     UnknownRouteError,
     on_payload,
@@ -68,6 +69,7 @@ PUBLIC = {
     "FilterTypeError",
     "FilterUsageError",
     "UnknownRouteError",
+    "ResultNotStored",
     "FilterClosed",
     "Nack",
     "ConfigError",
@@ -243,3 +245,38 @@ def test_the_example_imports_only_the_public_surface() -> None:
             assert {a.name for a in node.names} <= set(library.__all__)
         if isinstance(node, ast.Import):
             assert not any(a.name.startswith("filter") for a in node.names)
+
+
+def test_a_route_with_cache_result_returns_a_redelivery_the_result_of_its_forward(tmp_path: Path) -> None:
+    path = tmp_path / "filter.yaml"
+    path.write_text(
+        f"store: {{backend: sqlite, path: {tmp_path / 'state.db'}}}\n"
+        f"records: {{backend: sqlite, path: {tmp_path / 'records.db'}}}\n"
+        f"routes:\n  - {{name: {ROUTE}, destination: phase3, key: [payload.game], cache_result: true}}\n"
+    )
+    with SyncFilter(path) as f:
+        first = f.process(ROUTE, report("out"), lambda fwd: ["rebuilt", 1], message_id="m1")
+        again = f.process(ROUTE, report("out"), lambda fwd: ["rebuilt", 2], message_id="m1")
+        unkept = f.process(ROUTE, report("in"), lambda fwd: "x", message_id="m2", cache_result=False)
+        redelivered = f.process(ROUTE, report("in"), lambda fwd: "y", message_id="m2")
+    assert (first.result, again.result, again.cached, again.ran) == (["rebuilt", 1], ["rebuilt", 1], True, False)
+    assert (unkept.result, redelivered.decision, redelivered.result) == ("x", "duplicate", None)
+
+
+def test_a_decorated_handler_keeps_its_result_for_a_redelivery_when_asked(sync: SyncFilter) -> None:
+    runs: list[str] = []
+
+    @on_payload(sync, ROUTE, cache_result=True)
+    def rebuild(payload: dict[str, Any]) -> dict[str, str]:
+        runs.append(payload["status"])
+        return {"rebuilt": payload["status"]}
+
+    first = rebuild(report("out"), message_id="m1")
+    again = rebuild(report("out"), message_id="m1")
+    assert (first.result, again.result, again.cached, runs) == ({"rebuilt": "out"}, {"rebuilt": "out"}, True, ["out"])
+
+
+def test_a_result_that_cannot_be_kept_raises_a_library_error(sync: SyncFilter) -> None:
+    with pytest.raises(ResultNotStored, match="not JSON-encodable") as caught:
+        sync.process(ROUTE, report("out"), lambda fwd: object(), message_id="m1", cache_result=True)
+    assert isinstance(caught.value, FilterError) and isinstance(caught.value, ValueError)
