@@ -240,7 +240,7 @@ class Filter:
         rec = await self.engine.handle(route, message, trace, act)
         if failed:
             raise failed[0]
-        if cache and rec.decision is Decision.DUPLICATE and rec.reason == REDELIVERED:
+        if cache and not ran and rec.decision is Decision.DUPLICATE and rec.reason == REDELIVERED:
             return await self._kept(rec)
         return Outcome(rec, ran=bool(ran), result=ran[0] if ran else None)
 

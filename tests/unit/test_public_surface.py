@@ -280,3 +280,18 @@ def test_a_result_that_cannot_be_kept_raises_a_library_error(sync: SyncFilter) -
     with pytest.raises(ResultNotStored, match="not JSON-encodable") as caught:
         sync.process(ROUTE, report("out"), lambda fwd: object(), message_id="m1", cache_result=True)
     assert isinstance(caught.value, FilterError) and isinstance(caught.value, ValueError)
+
+
+def test_on_a_shadow_route_a_redelivery_runs_the_body_and_returns_its_own_result_not_a_kept_one(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "filter.yaml"
+    path.write_text(
+        f"store: {{backend: sqlite, path: {tmp_path / 'state.db'}}}\n"
+        f"records: {{backend: sqlite, path: {tmp_path / 'records.db'}}}\n"
+        f"routes:\n  - {{name: {ROUTE}, destination: phase3, key: [payload.game], mode: shadow, cache_result: true}}\n"
+    )
+    with SyncFilter(path) as f:
+        f.process(ROUTE, report("out"), lambda fwd: "first", message_id="m1")
+        again = f.process(ROUTE, report("out"), lambda fwd: "second", message_id="m1")
+    assert (again.ran, again.result, again.cached) == (True, "second", False)
