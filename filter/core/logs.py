@@ -8,8 +8,8 @@ logger of the filter's is `get_logger("pubsub_filter.<part>")`, which logs:
   that is how the `pubsub-filter` commands (`filter.observability.logsetup.configure`)
   write their JSON or console lines, exactly as they always did;
 - otherwise through `logging.getLogger("pubsub_filter.<part>")`: silent until the
-  application configures logging (`filter/__init__.py` gives `pubsub_filter` a
-  `NullHandler`, so not even Python's last resort prints its warnings). The record's
+  application configures logging (`pubsub_filter` has a `NullHandler`, so not even
+  Python's last resort prints its warnings). The record's
   message is `event key=value ...`; the fields are also in `record.pubsub_filter`.
 
 Neither way lets a payload or a credential into a line (the keys in `FORBIDDEN`).
@@ -22,6 +22,13 @@ from collections.abc import MutableMapping
 from typing import Any
 
 import structlog
+
+# A library stays silent until the application configures logging: without a handler of its own,
+# Python's last resort would print the library's warnings to stderr. Set here, where every
+# module that logs gets its logger (the modules' own `logging.getLogger(__name__)` are under `filter`).
+for _name in ("pubsub_filter", "filter"):
+    logging.getLogger(_name).addHandler(logging.NullHandler())
+del _name
 
 #: Keys dropped from every line, whoever logged them: payloads and credentials.
 FORBIDDEN = ("authorization", "token", "payload", "data", "body")
