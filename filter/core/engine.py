@@ -26,14 +26,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import structlog
-
 from filter.core import decision_line
 from filter.core.attributes import fence_attributes, forward_attributes
 from filter.core.config import Config, Route
 from filter.core.fingerprint import NOT_JSON, PayloadError, message_fingerprint
 from filter.core.heartbeat import Heartbeat
 from filter.core.judge import Decided, Outgoing, decide
+from filter.core.logs import get_logger
 from filter.core.model import Decision, DecisionRecord, KeyState, Lease, Message
 from filter.core.ports import (
     UNOBSERVED,
@@ -49,14 +48,24 @@ from filter.core.routes import RouteRules
 from filter.core.transitions import claimed, forwarded
 from filter.core.unsettled import FailedOpen
 
-log = structlog.get_logger("pubsub_filter.engine")
+log = get_logger("pubsub_filter.engine")
 
 #: How often a lost compare-and-set on the claim is retried before answering `contended`.
 CLAIM_ATTEMPTS = 3
 
+
+@dataclass(frozen=True, slots=True)
+class Worked:
+    """What the caller's work returns when its result is kept with the forward (`cache_result`)."""
+
+    published_id: str
+    result: str  # JSON text, committed with the forward (`KeyState.results`)
+
+
 #: The caller's own work in place of the publish (the in-process API): it gets what a forward
-#: would publish (data and attributes) and returns what the record shows as `published_id`.
-Act = Callable[[bytes, Mapping[str, str]], Awaitable[str]]
+#: would publish (data and attributes) and returns what the record shows as `published_id`
+#: (with the result to keep, a `Worked`).
+Act = Callable[[bytes, Mapping[str, str]], Awaitable[str | Worked]]
 
 T = TypeVar("T")
 
@@ -346,7 +355,7 @@ class Engine:
         out.attributes.update(fence_attributes(key, held.fence))
         try:
             async with heartbeat:
-                rec.published_id = await self._publish(d, out)
+                rec.published_id, result = _sent(await self._publish(d, out))
         except PublishFailed as exc:
             await self._release(d, heartbeat.held)
             return _failed(rec, exc)
@@ -359,7 +368,7 @@ class Engine:
         if heartbeat.extended:
             rec.extra["heartbeats"] = heartbeat.extended
         now = self.clock.now()
-        new = forwarded(decided.state, msg, d.fp, held.fence, out, now, now + self._retention(route))
+        new = forwarded(decided.state, msg, d.fp, held.fence, out, now, now + self._retention(route), result)
         try:
             committed = await self._commit(d, heartbeat.held, new)
         except Exception as exc:  # whatever the store raised: the publish landed, so this is an ack
@@ -401,7 +410,7 @@ class Engine:
             return
         log.info("lease_released", route=d.route.name, key=d.key, fence=fence)
 
-    async def _publish(self, d: Delivery, out: Outgoing | None = None) -> str:
+    async def _publish(self, d: Delivery, out: Outgoing | None = None) -> str | Worked:
         """Send what a forward sends, to the destination or to the caller's work: its id there."""
         # Everything inside the try: any failure here must become PublishFailed, so the caller
         # releases the lease and the message is nacked, never left holding the key.
@@ -422,7 +431,7 @@ class Engine:
             # as in `_publish_and_commit`: nothing but the ack would stop this copy's redelivery
             # (the caller's own work excepted: its cancel is the caller's, see `_work`)
             publish = self._publish(d)
-            d.rec.published_id = await (publish if d.act is not None else self._despite_one_cancel(publish))
+            d.rec.published_id = _sent(await (publish if d.act is not None else self._despite_one_cancel(publish)))[0]
         except PublishFailed as exc:
             return _failed(d.rec, exc, after=d.rec.reason)
         d.rec.decision = decision
@@ -476,7 +485,12 @@ class Engine:
         return rec
 
 
-async def _work(act: Act, data: bytes, attributes: Mapping[str, str]) -> str:
+def _sent(published: str | Worked) -> tuple[str, str | None]:
+    """(the id the record shows, the result to keep with the forward)."""
+    return (published.published_id, published.result) if isinstance(published, Worked) else (published, None)
+
+
+async def _work(act: Act, data: bytes, attributes: Mapping[str, str]) -> str | Worked:
     """The caller's work, whose every way of not returning is a failed forward: the lease is
     released, nothing committed, the decision recorded `failed` (cause work), and the caller
     (`filter.inprocess`) raises what its body raised. That includes what is not an `Exception`

@@ -6,19 +6,20 @@ from collections.abc import Awaitable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from typing import Literal, Protocol, TypedDict
 
+from filter.core.errors import FilterError
 from filter.core.model import DecisionRecord, KeyState, Message
 
 
-class Failure(Exception):
+class Failure(FilterError):
     """An operational failure already worded for the user: printed as is, exit 1 (any layer may
     raise it; `runtime.operational` prints it)."""
 
 
-class StoreUnavailable(Exception):
+class StoreUnavailable(FilterError):
     """The state store could not answer in time. The route's `on_store_error` decides."""
 
 
-class PublishFailed(Exception):
+class PublishFailed(FilterError):
     """The destination did not confirm the publish. The source message must be nacked."""
 
 

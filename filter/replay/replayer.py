@@ -18,6 +18,7 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 from filter.backends.gcp import TRANSIENT, acknowledge, modify_ack_deadline
 from filter.core.config import Config
 from filter.core.envelope import effective_publish_time
+from filter.core.errors import FilterError
 from filter.core.model import Decision, Message
 from filter.core.ports import PublishFailed
 from filter.replay.deadletter import DeadLetter, ReplayFailure
@@ -36,7 +37,7 @@ DEFAULT_ACK_DEADLINE = 60
 PULL_ATTEMPTS = 3
 
 
-class PullFailed(Exception):
+class PullFailed(FilterError):
     """The dead-letter subscription could not be read: the run stops early (exit 1)."""
 
 
