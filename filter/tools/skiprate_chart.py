@@ -6,8 +6,8 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the rows' type only: skiprate imports this module to draw them
-    from filter.tools.skiprate import SkipRow
+if TYPE_CHECKING:  # the rows' type only
+    from filter.tools.skiprows import SkipRow
 
 CHART_HINT = "pip install 'pubsub-filter[chart]'"
 
