@@ -158,7 +158,14 @@ def test_a_partial_payload_cut_from_raw_rows_is_byte_identical(
     r: Route, old: list[Any], new: list[Any], seen: bool
 ) -> None:
     fast, generic = rules_pair(r)
-    document = {"meta": {"z": 1.50, "a": [1.0, "\\u00e9"]}, "k": 1, "rows": new, "tail": None}
+    document = {
+        "meta": {"z": 1.50, "a": [1.0, "\\u00e9"]},
+        "k": 1,
+        "also": [1.0, {"b": 2, "a": [3]}, "x", []],  # a top-level list other than the rows
+        "rows": new,
+        "big": 12345678901234567890123,
+        "tail": None,
+    }
     data = json.dumps(document).encode()
     if seen:
         fast.scheme(data)  # the rows the fingerprint decoded, as on a forward
