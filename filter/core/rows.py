@@ -178,15 +178,31 @@ def digest_typed(typed: TypedRows, before: Before | None = None, memo: Memo | No
         memo.seen = dict(zip(contents, pairs, strict=True))
     stored: Mapping[str, tuple[str, Any]] = before.raw if type(before) is Stored else (before or {})
     names = before.names if type(before) is Stored else ()
-    out: RowDigests = {}
+    out = Compared(before)
+    added, changed = out.added, out.changed
     for (key, fp), row in zip(pairs, found, strict=True):
         was = stored.get(key)
         if was is not None and was[0] == fp:
             fields = was[1]  # as stored: packed checksums, or a mapping of them
             out[key] = (fp, Packed(names, fields) if type(fields) is str else fields)
         else:
+            (added if was is None else changed).append(key)
             out[key] = (fp, field_checksums(typed.as_dict(row)))
     return out if len(out) == len(found) else None
+
+
+class Compared(dict[str, tuple[str, Mapping[str, str]]]):
+    """Digests that were compared with `against` as they were computed, row by row: the rows
+    found `added` and `changed`, in order, so that `diff` against the same state need not
+    look every row up again."""
+
+    __slots__ = ("added", "against", "changed")
+
+    def __init__(self, against: Before | None):
+        super().__init__()
+        self.against = against
+        self.added: list[str] = []
+        self.changed: list[str] = []
 
 
 class Unkept(dict[str, tuple[str, Mapping[str, str]]]):
@@ -310,13 +326,19 @@ class RowDiff:
 def diff(old: Before, new: RowDigests) -> RowDiff:
     d = RowDiff(total=len(new))
     fingerprints = old.raw if type(old) is Stored else old  # read the stored rows only where they changed
-    for key, (fp, fields) in new.items():
-        before = fingerprints.get(key)
-        if before is None:
-            d.added.append(key)
-        elif before[0] != fp:
-            d.changed.append(key)
-            old_fields = old[key][1]
-            d.fields[key] = sorted({f for f in fields.keys() | old_fields.keys() if fields.get(f) != old_fields.get(f)})
-    d.removed = [k for k in fingerprints if k not in new]
+    if type(new) is Compared and new.against is old:
+        d.added, d.changed = list(new.added), list(new.changed)
+    else:
+        for key, (fp, _) in new.items():
+            before = fingerprints.get(key)
+            if before is None:
+                d.added.append(key)
+            elif before[0] != fp:
+                d.changed.append(key)
+    for key in d.changed:
+        fields, old_fields = new[key][1], old[key][1]
+        d.fields[key] = sorted({f for f in fields.keys() | old_fields.keys() if fields.get(f) != old_fields.get(f)})
+    # every row not added was stored: as many as were stored means none was removed
+    if len(new) - len(d.added) != len(fingerprints):
+        d.removed = [k for k in fingerprints if k not in new]
     return d

@@ -118,6 +118,19 @@ def test_digests_of_fast_path_rows_equal_digests_of_generic_rows(r: Route, old: 
     assert fast.row_digests(data) == generic.row_digests(data)
 
 
+@settings(max_examples=300, deadline=None)
+@given(FAST_ROUTES, REPORTS, REPORTS)
+def test_the_diff_the_fast_path_found_while_digesting_is_the_diff_compared_afresh(
+    r: Route, old: list[Any], new: list[Any]
+) -> None:
+    fast, generic = rules_pair(r)
+    before = rows.decode(rows.encode(generic.row_digests(json.dumps({"k": 1, "rows": old}).encode()) or {}))
+    digests = fast.row_digests(json.dumps({"k": 1, "rows": new}).encode(), before)
+    if before is None or digests is None:
+        return
+    assert rows.diff(before, digests) == rows.diff(before, dict(digests))
+
+
 @pytest.mark.parametrize(
     "report",
     [
