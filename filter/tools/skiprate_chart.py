@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 from filter.core.errors import FilterError
 
-if TYPE_CHECKING:  # the rows' type only: skiprate imports this module to draw them
-    from filter.tools.skiprate import SkipRow
+if TYPE_CHECKING:  # the rows' type only
+    from filter.tools.skiprows import SkipRow
 
 CHART_HINT = "pip install 'pubsub-filter[chart]'"
 
