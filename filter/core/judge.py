@@ -16,6 +16,7 @@ look at the state, `explain` calls it to say why; read it top to bottom:
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,25 +36,29 @@ class Verdict:
     reason: str
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Outgoing:
     """What a forward publishes (the data, possibly only the changed rows) and then commits."""
 
     data: bytes
-    attributes: dict[str, str]
+    attributes: Mapping[str, str]
     rows: bytes | None = None
     full_fingerprint: str | None = None
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Decided:
     """`decide`'s answer: the verdict, the state it was decided on, what a forward sends, and
-    details for the record (which rows and fields changed)."""
+    details for the record (which rows and fields changed). One per look at the state."""
 
     verdict: Verdict
     state: KeyState | None
     out: Outgoing
-    details: dict[str, Any] = field(default_factory=dict)
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def previous_fingerprint(self) -> str | None:
+        return self.state.fingerprint if self.state is not None else None
 
 
 def decide(
@@ -68,12 +73,12 @@ def decide(
     """The whole decision for `msg` (payload fingerprint `fp`) against `state`, the stored state for its key."""
     if state is not None and state.expired(now):
         state = state.forgotten()
-    decided = Decided(judge(rules.route, msg, fp, state, now, bypass), state, Outgoing(msg.data, {}))
-    if decided.verdict.decision is Decision.SUPPRESSED and _noise_only(rules, msg, state, rng):
-        decided.verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
-    elif decided.verdict.decision is Decision.FORWARDED:
-        _what_to_send(rules, msg, fp, decided)
-    return decided
+    verdict = judge(rules.route, msg, fp, state, now, bypass)
+    if verdict.decision is Decision.SUPPRESSED and _noise_only(rules, msg, state, rng):
+        verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
+    elif verdict.decision is Decision.FORWARDED:
+        return Decided(verdict, state, *_what_to_send(rules, msg, fp, state))
+    return Decided(verdict, state, Outgoing(msg.data, {}))
 
 
 def judge(
@@ -128,31 +133,34 @@ def _noise_only(rules: RouteRules, msg: Message, state: KeyState | None, rng: ra
     )
 
 
-def _what_to_send(rules: RouteRules, msg: Message, fp: str, decided: Decided) -> None:
-    """Fill in what a forward commits (full fingerprint, row digests) and sends (all rows, or the changed ones)."""
-    state, out, details = decided.state, decided.out, decided.details
-    if rules.full_scheme is not None:
-        out.full_fingerprint = rules.full_scheme(msg.data)[1]
+def _what_to_send(rules: RouteRules, msg: Message, fp: str, state: KeyState | None) -> tuple[Outgoing, dict[str, Any]]:
+    """What a forward commits (full fingerprint, row digests) and sends (all rows, or the changed
+    ones), and the details for its record."""
+    full = rules.full_scheme(msg.data)[1] if rules.full_scheme is not None else None
     before = rows.decode(state.rows) if state is not None and rules.tracks_rows else None
     typed = rules.typed_rows(msg.data)  # decoded once (usually kept from the fingerprint) for both uses
     digests = rules.row_digests(msg.data, before, typed)
+    details: dict[str, Any] = {}
     if digests is None:
-        return
-    out.rows = rows.encode(digests)
-    if out.rows is None:
+        return Outgoing(msg.data, {}, None, full), details
+    kept = rows.encode(digests)
+    if kept is None:
         details["rows_state"] = "too large to keep"
     if before is None:
-        return
+        return Outgoing(msg.data, {}, kept, full), details
     diff = rows.diff(before, digests)
     details.update(diff.summary())
+    data: bytes = msg.data
+    attributes: Mapping[str, str] = {}
     content_changed = state is not None and state.fingerprint not in (None, fp)
     if rules.route.rows_mode == "changed" and content_changed:
         if diff.any:
             # The typed path digests every row under its own key, in row order (the generic
             # path, taken on a shared key, digests fewer): then the digests' keys are the rows'.
             keys = list(digests) if typed is not None and len(digests) == len(typed.rows) else None
-            out.data, out.attributes = partial(rules, msg.data, diff, typed, keys)
+            data, attributes = partial(rules, msg.data, diff, typed, keys)
         else:
             # The fingerprint says the content changed and no row digest does (rows that are
             # not objects, say): forward it whole.
             details["rows_forwarded"] = "whole payload: the change is outside the row digests"
+    return Outgoing(data, attributes, kept, full), details

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
+from filter.core.answer import answer_for
 from filter.core.attributes import ATTR_FENCE, ATTR_KEY, ATTR_KEY_SHA256
 from filter.core.config import Config, load
 from filter.core.engine import Engine, WorkFailed
@@ -98,11 +99,11 @@ class Outcome(Generic[T]):
 
     @property
     def acked(self) -> bool:
-        return self.record.acked
+        return answer_for(self.record).ack
 
     @property
     def committed(self) -> bool:
-        return self.ran and self.record.extra.get("committed", True) is not False and self.record.fence is not None
+        return self.ran and self.record.committed and self.record.fence is not None
 
     @property
     def skipped(self) -> bool:

@@ -24,9 +24,10 @@ from typing import Any, TypeVar, overload
 
 import msgspec
 
+from filter.core.answer import answer_for
 from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError, parse_envelope
-from filter.core.model import Decision, Message
+from filter.core.model import Message
 from filter.inprocess.api import Filter, Forward, Outcome, SyncFilter, is_async_function
 
 T = TypeVar("T")
@@ -45,11 +46,7 @@ class Nack(Exception):
 
     @property
     def status(self) -> int:
-        if self.outcome.decision is Decision.REJECTED:
-            return 404 if self.outcome.record.extra.get("cause") == "unknown_route" else 400
-        if self.outcome.decision is Decision.CONTENDED or self.outcome.record.extra.get("cause") == "store":
-            return 503
-        return 500
+        return answer_for(self.outcome.record).status
 
 
 # --- messages from each handler shape ------------------------------------------------

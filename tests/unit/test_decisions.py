@@ -227,6 +227,30 @@ async def test_redelivery_of_the_message_in_flight_is_contended_not_acked(world:
     assert (await world.send("reports", report("out"), message_id="7")).decision is Decision.DUPLICATE
 
 
+async def test_a_claim_lost_to_the_same_change_is_suppressed_without_the_lost_attempts_row_details(
+    world: World,
+) -> None:
+    # Two instances read the same state and both decide to forward the same change; the other
+    # one's forward commits before our claim, so ours loses the race and decides again on what
+    # it committed: suppressed, and its record says nothing of the rows the lost attempt saw.
+    await world.send("reports", report("out", "out"))
+    changed = report("in", "out", scraped="10:00")
+    other = world.make_engine("two")
+
+    class ClaimsAfterTheOther(SqliteStore):
+        async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
+            assert (await world.send("reports", changed, engine=other)).decision is Decision.FORWARDED
+            return await super().claim(route, key, seen, new)
+
+    store = ClaimsAfterTheOther(world.tmp_path / "state.db")
+    late = Engine(world.config, store, world.publisher, world.recorder, world.clock, "three")
+    rec = await world.send("reports", changed, engine=late)
+    assert (rec.decision, rec.reason) == (Decision.SUPPRESSED, "unchanged since last forward")
+    assert dict(rec.extra) == {}, rec.extra
+    assert len(world.publisher.published) == 2
+    await store.close()
+
+
 # --- stale --------------------------------------------------------------------------
 
 
