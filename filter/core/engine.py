@@ -11,8 +11,9 @@ Read `Engine._decide_and_act` top to bottom:
 5. **record** the decision (one log line, one row, off the request path).
 
 The engine knows nothing of HTTP, Firestore or Pub/Sub: it talks to the interfaces in
-`ports`. Push, pull and replay are thin surfaces that call `Engine.handle`; the in-process
-API (`inprocess`) passes it the caller's work as `act`, run in place of the publish.
+`ports`. Push, pull and replay are thin surfaces that call `Engine.handle`. A forward sends
+through one port, `ports.Sender`: the destination's publisher (`Publishing`), or the sender
+the caller passes (the in-process API's: the caller's body in place of the publish).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -42,6 +43,7 @@ from filter.core.ports import (
     DecisionRecorder,
     Publisher,
     PublishFailed,
+    Sender,
     StateStore,
     StoreUnavailable,
 )
@@ -54,15 +56,7 @@ log = structlog.get_logger("pubsub_filter.engine")
 #: How often a lost compare-and-set on the claim is retried before answering `contended`.
 CLAIM_ATTEMPTS = 3
 
-#: The caller's own work in place of the publish (the in-process API): it gets what a forward
-#: would publish (data and attributes) and returns what the record shows as `published_id`.
-Act = Callable[[bytes, Mapping[str, str]], Awaitable[str]]
-
 T = TypeVar("T")
-
-
-class WorkFailed(PublishFailed):
-    """The caller's work (in place of the publish) raised: the lease is released, the message nacked."""
 
 
 class SystemClock:
@@ -80,7 +74,6 @@ class Delivery:
     fp: str
     message_fp: str
     raw: bool  # the payload is not JSON
-    act: Act | None  # the caller's work in place of the publish; None: publish
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +87,7 @@ class Acted:
     heartbeats: int = 0
     cause: Cause | None = None
     failure: str | None = None
+    error: PublishFailed | None = None  # what the send raised: the caller's to raise, for its own sender
 
 
 NOT_ACTED = Acted()
@@ -126,12 +120,26 @@ class Beaten:
     current: KeyState | None
 
 
+class Publishing:
+    """The forward port over the destination's publisher."""
+
+    cause = Cause.PUBLISH
+    lands_despite_cancel = True  # Pub/Sub may deliver what it was handed, whatever we do
+    attribute_limits = True
+
+    def __init__(self, publisher: Publisher):
+        self.publisher = publisher
+
+    async def send(self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None) -> str:
+        return await self.publisher.publish(destination, data, attributes, ordering_key)
+
+
 class Engine:
     def __init__(
         self,
         config: Config,
         store: StateStore,
-        publisher: Publisher,
+        publisher: Publisher | None,  # None: every `handle` passes its own sender (in-process)
         recorder: DecisionRecorder,
         clock: Clock | None = None,
         instance: str | None = None,
@@ -140,6 +148,7 @@ class Engine:
         self.config = config
         self.store = store
         self.publisher = publisher
+        self.publishing = Publishing(publisher) if publisher is not None else None
         self.recorder = recorder
         self.clock = clock or SystemClock()
         self.instance = instance or uuid.uuid4().hex[:12]
@@ -166,7 +175,8 @@ class Engine:
             steps.push_async_callback(self._abandon_deciding, grace)
             # Pub/Sub's close flushes what it holds: a stalled publish lands or fails now, and its
             # decision commits or releases, rather than be abandoned and published again.
-            steps.push_async_callback(self.publisher.close)
+            if self.publisher is not None:
+                steps.push_async_callback(self.publisher.close)
             # A surface may have cancelled them once already: past their publish a cancel is taken
             # back (`_despite_one_cancel`), so their commits and records come first.
             await self._wait_deciding(grace)
@@ -196,38 +206,48 @@ class Engine:
         return not any(task is not current for task in self._deciding.values())
 
     async def handle(
-        self, route_name: str, msg: Message, trace: str | None = None, act: Act | None = None
+        self, route_name: str, msg: Message, trace: str | None = None, via: Sender | None = None
     ) -> DecisionRecord:
-        """Decide `msg` and act on it: publish, or with `act`, run the caller's work in its place."""
-        done = asyncio.get_running_loop().create_future()
-        self._deciding[done] = asyncio.current_task()
+        """Decide `msg` and act on it: a forward sends through `via`, by default the publisher.
+
+        The record is written (or on its way, as the recorder promises) when this returns. With
+        `via`, the caller's own sender, a send that failed is recorded and then raised here."""
+        sender = via or self.publishing
+        if sender is None:
+            raise TypeError("this engine has no publisher: pass the sender a forward sends through")
+        finished = asyncio.get_running_loop().create_future()
+        self._deciding[finished] = asyncio.current_task()
         try:
             with self.telemetry.decision(route_name, msg):  # telemetry: the decision's span
-                rec = await self._handle(route_name, msg, trace, act)
-                await self.recorded()  # nothing ran since `_finish` recorded it
-                return rec
+                rec, done = await self._handle(route_name, msg, trace, sender)
+                await self.recorded()
         finally:
-            del self._deciding[done]
-            done.set_result(None)
+            del self._deciding[finished]
+            finished.set_result(None)
+        if via is not None and done.acted.error is not None:
+            raise done.acted.error
+        return rec
 
     async def recorded(self) -> None:
-        """Wait for the commit that holds the record just made (by `handle`, or by `reject`, which
-        is synchronous: call this right after it, with nothing awaited in between). An answer
-        goes out only once its decision is recorded."""
+        """Wait for the commit that holds the records made so far (`handle` and `reject` wait for
+        their own; a surface answering a cancelled `handle` waits for the record it made). An
+        answer goes out only once its decision is recorded."""
         if (committing := self.recorder.committing()) is not None:
             await self._despite_one_cancel(committing)
 
-    async def _handle(self, route_name: str, msg: Message, trace: str | None, act: Act | None) -> DecisionRecord:
+    async def _handle(
+        self, route_name: str, msg: Message, trace: str | None, sender: Sender
+    ) -> tuple[DecisionRecord, Done]:
         started = time.perf_counter()
         rules = self.rules.get(route_name)
         if rules is None:
-            unknown = Done(Decision.REJECTED, f"unknown route {route_name!r}", cause=Cause.UNKNOWN_ROUTE)
-            return self._finish(route_name, msg, unknown, started, trace)
+            done = Done(Decision.REJECTED, f"unknown route {route_name!r}", cause=Cause.UNKNOWN_ROUTE)
+            return self._finish(route_name, msg, done, started, trace), done
         self.in_flight += 1
         try:
-            done = await self._decide_and_act(rules, msg, act)
+            done = await self._decide_and_act(rules, msg, sender)
         except PayloadError as exc:
-            return self._finish(route_name, msg, Done(Decision.REJECTED, str(exc)), started, trace)
+            done = Done(Decision.REJECTED, str(exc))
         except asyncio.CancelledError:
             # Abandoned (a shutdown that could not wait): any lease is released by now; the
             # message is answered with no decision, so say so in its record and log line.
@@ -235,39 +255,41 @@ class Engine:
             raise
         finally:
             self.in_flight -= 1
-        return self._finish(route_name, msg, done, started, trace)
+        return self._finish(route_name, msg, done, started, trace), done
 
-    def reject(
+    async def reject(
         self,
         route_name: str,
         msg: Message | None,
         reason: str,
         *,
-        started: float | None = None,
         trace: str | None = None,
         message_id: str | None = None,
         cause: Cause | None = None,
     ) -> DecisionRecord:
-        """Record a message that was not understood (the surface answers 4xx)."""
+        """Record a message that was not understood (the surface answers 4xx); returns once the
+        record is written, as `handle` does."""
         rejected = Done(Decision.REJECTED, reason, cause=cause)
-        return self._finish(route_name, msg, rejected, started or time.perf_counter(), trace, message_id)
+        rec = self._finish(route_name, msg, rejected, time.perf_counter(), trace, message_id)
+        await self.recorded()
+        return rec
 
-    async def _decide_and_act(self, rules: RouteRules, msg: Message, act: Act | None) -> Done:
+    async def _decide_and_act(self, rules: RouteRules, msg: Message, sender: Sender) -> Done:
         route = rules.route
         if not rules.accepts_subscription(msg.subscription):
             raise PayloadError(f"pushed from subscription {msg.subscription!r}, route expects {route.subscription!r}")
-        if act is None and (unforwardable := rules.unforwardable(msg.attributes)) is not None:
+        if sender.attribute_limits and (unforwardable := rules.unforwardable(msg.attributes)) is not None:
             raise PayloadError(unforwardable)  # the same on every delivery: rejected, not a failing publish
         # 1. extract
         payload, fp = rules.scheme(msg.data)
         key = rules.key_of(payload, msg.attributes)
         bypass = rules.bypassed(payload, msg.attributes)
-        d = Delivery(route, msg, key, fp, message_fingerprint(msg.data, msg.attributes), payload is NOT_JSON, act)
+        d = Delivery(route, msg, key, fp, message_fingerprint(msg.data, msg.attributes), payload is NOT_JSON)
         # 2. look
         try:
             state = self.failed_open.view(route.name, key, await self.store.read(route.name, key))
         except StoreUnavailable as exc:
-            return await self._store_down(d, exc)
+            return await self._store_down(d, sender, exc)
         for _ in range(CLAIM_ATTEMPTS):
             now = self.clock.now()
             # 3. decide: each look at the state is decided afresh, and only the last one is recorded
@@ -278,16 +300,16 @@ class Engine:
                 if route.enforced:
                     return Done(verdict.decision, verdict.reason, d, decided)
                 # shadow mode: publish what enforce mode would hold back, record what it would do
-                return await self._forward_unleased(d, verdict.decision, verdict.reason, decided)
+                return await self._forward_unleased(d, sender, verdict.decision, verdict.reason, decided)
             try:
                 claim = await self._claim(d, decided.state, now)
             except StoreUnavailable as exc:
-                return await self._store_down(d, exc)
+                return await self._store_down(d, sender, exc)
             if isinstance(claim, Beaten):
                 # someone wrote first: decide again on what they wrote, no second read
                 state = self.failed_open.view(route.name, key, claim.current)
                 continue
-            acted = await self._publish_and_commit(d, decided, claim)
+            acted = await self._publish_and_commit(d, sender, decided, claim)
             if acted.failure is not None:
                 return Done(Decision.FAILED, acted.failure, d, decided, acted)
             return Done(Decision.FORWARDED, verdict.reason, d, decided, acted)
@@ -332,17 +354,17 @@ class Engine:
             log.debug("lease_acquired", route=route, key=key, fence=lease.fence)
         return Claimed(held, lease.fence)
 
-    async def _publish_and_commit(self, d: Delivery, decided: Decided, claim: Claimed) -> Acted:
-        if d.act is not None:
+    async def _publish_and_commit(self, d: Delivery, sender: Sender, decided: Decided, claim: Claimed) -> Acted:
+        if not sender.lands_despite_cancel:
             # The caller's own work runs in the caller's task: its cancel (a timeout on a stuck
-            # body) reaches the work and fails the forward (`_work`); only the commit past a
-            # work that returned is waited for through a cancel (`_commit`).
-            return await self._publish_and_commit_now(d, decided, claim)
+            # body) reaches the work and fails the forward; only the commit past a work that
+            # returned is waited for through a cancel (`_commit`).
+            return await self._publish_and_commit_now(d, sender, decided, claim)
         # Once the publish is handed over it may land whatever we do, so a shutdown's cancel
         # waits for its outcome and the commit: abandoned, the nacked copy is published again.
-        return await self._despite_one_cancel(self._publish_and_commit_now(d, decided, claim))
+        return await self._despite_one_cancel(self._publish_and_commit_now(d, sender, decided, claim))
 
-    async def _publish_and_commit_now(self, d: Delivery, decided: Decided, claim: Claimed) -> Acted:
+    async def _publish_and_commit_now(self, d: Delivery, sender: Sender, decided: Decided, claim: Claimed) -> Acted:
         route, key, msg, held = d.route, d.key, d.msg, claim.held
         heartbeat = Heartbeat(self.store, route.name, key, held, self.config.lease, self.clock)
         out = Outgoing(
@@ -353,10 +375,10 @@ class Engine:
         )
         try:
             async with heartbeat:
-                published_id = await self._publish(d, out)
+                published_id = await self._publish(d, sender, out)
         except PublishFailed as exc:
             await self._release(d, heartbeat.held)
-            return _failed(exc, claim.fence)
+            return _failed(exc, sender, claim.fence)
         except asyncio.CancelledError:
             # Cancelled twice (a shutdown that will not wait): the message will be redelivered,
             # so free the key now rather than make the redelivery wait out the lease.
@@ -366,7 +388,7 @@ class Engine:
         now = self.clock.now()
         new = forwarded(decided.state, msg, d.fp, held.fence, out, now, now + self._retention(route))
         try:
-            committed = await self._commit(d, heartbeat.held, new)
+            committed = await self._commit(d, sender, heartbeat.held, new)
         except Exception as exc:  # whatever the store raised: the publish landed, so this is an ack
             # Published but not recorded: the lease expires and the next copy of this
             # content is forwarded once more. Never nack here: that would publish twice now.
@@ -377,11 +399,11 @@ class Engine:
             return replace(sent, committed=False)
         return sent
 
-    def _commit(self, d: Delivery, held: KeyState, new: KeyState) -> Awaitable[bool]:
+    def _commit(self, d: Delivery, sender: Sender, held: KeyState, new: KeyState) -> Awaitable[bool]:
         commit = self.store.commit(d.route.name, d.key, held, new)
         # The caller's work has run: its effect is done, so its commit is waited for through the
         # caller's cancel. A publish's commit already is (`_publish_and_commit`).
-        return self._despite_one_cancel(commit) if d.act is not None else commit
+        return commit if sender.lands_despite_cancel else self._despite_one_cancel(commit)
 
     async def _release(self, d: Delivery, held: KeyState) -> None:
         """Free the key for the redelivery, to the end through any cancel (`_to_the_end`)."""
@@ -405,43 +427,41 @@ class Engine:
             return
         log.info("lease_released", route=d.route.name, key=d.key, fence=fence)
 
-    async def _publish(self, d: Delivery, out: Outgoing | None = None) -> str:
-        """Send what a forward sends, to the destination or to the caller's work: its id there."""
+    async def _publish(self, d: Delivery, sender: Sender, out: Outgoing | None = None) -> str:
+        """Send what a forward sends through `sender`: its id where it went."""
         # Everything inside the try: any failure here must become PublishFailed, so the caller
         # releases the lease and the message is nacked, never left holding the key.
         try:
             attributes = forward_attributes(d.route.name, d.msg, d.fp, out.attributes if out is not None else {})
             data = out.data if out is not None else d.msg.data
-            if d.act is not None:
-                return await _work(d.act, data, attributes)
-            return await self.publisher.publish(d.route.destination, data, attributes, d.msg.ordering_key)
+            return await sender.send(d.route.destination, data, attributes, d.msg.ordering_key)
         except PublishFailed:
             raise
         except Exception as exc:  # a publisher bug must still nack, never lose the message
             raise PublishFailed(f"{type(exc).__name__}: {exc}") from exc
 
     async def _forward_unleased(
-        self, d: Delivery, decision: Decision, reason: str, decided: Decided | None = None
+        self, d: Delivery, sender: Sender, decision: Decision, reason: str, decided: Decided | None = None
     ) -> Done:
         """Publish with no lease and no commit (shadow mode, fail-open): `decision` once it went out."""
         try:
             # as in `_publish_and_commit`: nothing but the ack would stop this copy's redelivery
-            # (the caller's own work excepted: its cancel is the caller's, see `_work`)
-            publish = self._publish(d)
-            acted = Acted(await (publish if d.act is not None else self._despite_one_cancel(publish)))
+            # (the caller's own work excepted: its cancel is the caller's)
+            publish = self._publish(d, sender)
+            acted = Acted(await (self._despite_one_cancel(publish) if sender.lands_despite_cancel else publish))
         except PublishFailed as exc:
-            acted = _failed(exc)
+            acted = _failed(exc, sender)
         if acted.failure is not None:
             return Done(Decision.FAILED, f"{reason}; {acted.failure}", d, decided, acted)
         return Done(decision, reason, d, decided, acted)
 
-    async def _store_down(self, d: Delivery, exc: StoreUnavailable) -> Done:
+    async def _store_down(self, d: Delivery, sender: Sender, exc: StoreUnavailable) -> Done:
         route = d.route
         log.error("store_unavailable", route=route.name, key=d.key, error=str(exc), policy=route.on_store_error)
         reason = f"store unavailable: {exc}"
         if route.on_store_error == "retry":
             return Done(Decision.FAILED, reason, d, cause=Cause.STORE)
-        done = await self._forward_unleased(d, Decision.FAIL_OPEN, reason)
+        done = await self._forward_unleased(d, sender, Decision.FAIL_OPEN, reason)
         if done.decision is Decision.FAIL_OPEN:
             self.failed_open.remember(route.name, d.key, d.fp, d.msg.publish_time, self.clock.now())
         return done
@@ -511,22 +531,6 @@ class Engine:
         return rec
 
 
-async def _work(act: Act, data: bytes, attributes: Mapping[str, str]) -> str:
-    """The caller's work, whose every way of not returning is a failed forward: the lease is
-    released, nothing committed, the decision recorded `failed` (cause work), and the caller
-    (`filter.inprocess`) raises what its body raised. That includes what is not an `Exception`
-    (a `KeyboardInterrupt`, a `SystemExit`, a `GeneratorExit`) and the caller's own cancel of
-    the work: none may leave the key leased, the decision unrecorded, or the loop stopped."""
-    try:
-        return await act(data, attributes)
-    except WorkFailed:
-        raise  # the caller said why itself
-    except asyncio.CancelledError as exc:
-        raise WorkFailed("cancelled while it ran") from exc
-    except BaseException as exc:  # see the docstring: the caller raises it again
-        raise WorkFailed(f"{type(exc).__name__}: {exc}") from exc
-
-
 async def _to_the_end(work: Awaitable[None]) -> None:
     """Run `work` to its end through any cancel, then let the cancel go on. For a release: the
     store call is bounded by the store's own budget, and a cancel that cut it short would
@@ -551,10 +555,9 @@ CANCELLED = Done(
 )
 
 
-def _failed(exc: PublishFailed, fence: int | None = None) -> Acted:
+def _failed(exc: PublishFailed, sender: Sender, fence: int | None = None) -> Acted:
     """A publish (or the caller's work) that failed: nack, saying which."""
-    cause = _cause(exc)
-    return Acted(fence=fence, cause=cause, failure=f"{cause} failed: {exc}")
+    return Acted(fence=fence, cause=sender.cause, failure=f"{sender.cause} failed: {exc}", error=exc)
 
 
 def _details(d: Delivery | None, decided: Decided | None) -> Mapping[str, Any]:
@@ -576,10 +579,6 @@ _LEVELS = {
     Decision.REJECTED: "warning",
     Decision.FAILED: "error",
 }
-
-
-def _cause(exc: PublishFailed) -> Cause:
-    return Cause.WORK if isinstance(exc, WorkFailed) else Cause.PUBLISH
 
 
 def _describe(exc: BaseException) -> str:

@@ -103,9 +103,7 @@ async def _rejected(engine: Engine, route: str, exc: Exception) -> Outcome[Any]:
     """Recorded and logged as the sidecar records a body it cannot read, and, as there, the
     answer (the Nack) waits for the commit that holds the record. Runs on the filter's loop:
     the records' connection is the loop's, and a commit of its may be open."""
-    rec = engine.reject(route, None, str(exc), message_id=getattr(exc, "message_id", None))
-    await engine.recorded()
-    return Outcome(rec)
+    return Outcome(await engine.reject(route, None, str(exc), message_id=getattr(exc, "message_id", None)))
 
 
 def _acked(outcome: Outcome[T]) -> Outcome[T]:

@@ -115,19 +115,16 @@ def create_app(
             # Lifecycle lines (lease taken over, heartbeat failed...) then carry the request's trace too.
             structlog.contextvars.bind_contextvars(trace=trace)
         if route not in engine.rules:
-            rec = engine.reject(route, None, f"unknown route {route!r}", trace=trace, cause=Cause.UNKNOWN_ROUTE)
-            await engine.recorded()
+            rec = await engine.reject(route, None, f"unknown route {route!r}", trace=trace, cause=Cause.UNKNOWN_ROUTE)
             return _json({"decision": "rejected", "reason": rec.reason}, 404)
         try:
             async with asyncio.timeout(body_timeout):
                 body = await _body(request, max_body, headers.get(b"content-length"))
         except _TooLarge:
-            rec = engine.reject(route, None, f"body larger than {max_body} bytes", trace=trace)
-            await engine.recorded()
+            rec = await engine.reject(route, None, f"body larger than {max_body} bytes", trace=trace)
             return _json({"decision": "rejected", "reason": rec.reason}, 413)
         except TimeoutError:
-            rec = engine.reject(route, None, f"body not received in full within {body_timeout:g}s", trace=trace)
-            await engine.recorded()
+            rec = await engine.reject(route, None, f"body not received in full within {body_timeout:g}s", trace=trace)
             # the rest of the body may still arrive: it must not be read as the next request
             return _json({"decision": "rejected", "reason": rec.reason}, 408, {"Connection": "close"})
         except ClientDisconnect:
@@ -138,8 +135,7 @@ def create_app(
         try:
             msg = parse_envelope(body)
         except EnvelopeError as exc:
-            rec = engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
-            await engine.recorded()
+            rec = await engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
             return _json({"decision": "rejected", "reason": rec.reason}, 400)
         if parent is not None:
             token = REQUEST_PARENT.set(parent)  # the decision's parent: the push request's trace

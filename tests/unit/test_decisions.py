@@ -14,7 +14,7 @@ from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import parse
 from filter.core.engine import Engine
-from filter.core.model import Decision, DecisionRecord, KeyState, Message
+from filter.core.model import Cause, Decision, DecisionRecord, KeyState, Message
 from filter.core.ports import StoreUnavailable
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
@@ -452,11 +452,14 @@ async def test_an_act_runs_in_place_of_its_own_calls_publish_only(tmp_path: Path
     await publisher.started.wait()  # the publishing call is in flight while the act's call runs
     acted: list[bytes] = []
 
-    async def act(data: bytes, attributes: Mapping[str, str]) -> str:
-        acted.append(data)
-        return "in-process"
+    class Body:
+        cause, lands_despite_cancel, attribute_limits = Cause.WORK, False, False
 
-    rec = await engine.handle("reports", world.message({"game_date": "d2", "players": []}), act=act)
+        async def send(self, destination: str, data: bytes, attributes: Mapping[str, str], key: str | None) -> str:
+            acted.append(data)
+            return "in-process"
+
+    rec = await engine.handle("reports", world.message({"game_date": "d2", "players": []}), via=Body())
     gate.set()
     published = await publishing
     assert (rec.published_id, [json.loads(d)["game_date"] for d in acted]) == ("in-process", ["d2"])
