@@ -22,7 +22,7 @@ from typing import Any
 
 from filter.core import rows
 from filter.core.config import Route
-from filter.core.model import Decision, KeyState, Message
+from filter.core.model import UNKNOWN, Decision, KeyState, Message
 from filter.core.partial import partial
 from filter.core.routes import RouteRules
 
@@ -100,20 +100,22 @@ def judge(
         return Verdict(Decision.CONTENDED, "other content for this key is in flight")
     if bypass:
         return Verdict(Decision.FORWARDED, "bypass rule")
-    if lease is not None and lease.fingerprint != state.fingerprint and state.fingerprint == fingerprint:
+    downstream = state.downstream
+    if lease is not None and lease.fingerprint != state.fingerprint and downstream == fingerprint:
         # A holder's lease lapsed mid-forward (it died, or its commit never landed): its publish
-        # may have reached the destination, which then no longer holds what the state says.
+        # may have reached the destination, which then no longer holds what the state says. (The
+        # claim that takes the lease over writes this down as `UNKNOWN`: `transitions.claimed`.)
         return Verdict(Decision.FORWARDED, "a lapsed forward of other content may be downstream")
-    if state.fingerprint == fingerprint:
+    if downstream == fingerprint:
         if route.window is None or state.forwarded_at is None or now - state.forwarded_at < route.window:
             return Verdict(Decision.SUPPRESSED, "unchanged since last forward")
         if not _older(msg, state):
             return Verdict(Decision.FORWARDED, "unchanged, but the window expired")
-    elif state.fingerprint is None and not state.unsettled:
+    elif downstream is None:
         return Verdict(Decision.FORWARDED, "new key")
     if _older(msg, state) and route.stale == "suppress":
         return Verdict(Decision.STALE, "published before the last forwarded message")
-    if state.unsettled:
+    if downstream is UNKNOWN:
         return Verdict(Decision.FORWARDED, UNKNOWN_DOWNSTREAM)
     return Verdict(Decision.FORWARDED, "content changed")
 

@@ -61,6 +61,14 @@ ACKED = frozenset(
 )
 
 
+class Unknown(enum.Enum):
+    UNKNOWN = "unknown"
+
+
+#: What `KeyState.downstream` says when a forward may have landed unrecorded.
+UNKNOWN = Unknown.UNKNOWN
+
+
 @dataclass(frozen=True, slots=True)
 class Lease:
     """Who is publishing for a key right now, and until when that claim holds."""
@@ -106,12 +114,20 @@ class KeyState:
         return replace(self, lease=lease, fence=lease.fence if lease else self.fence)
 
     @property
-    def unsettled(self) -> bool:
-        """A forward happened, but what the destination holds is unknown (see `transitions.claimed`)."""
-        return self.fingerprint is None and self.forwarded_at is not None
+    def downstream(self) -> str | Unknown | None:
+        """What the destination holds, as far as this state knows: the content last forwarded
+        (its fingerprint), None when nothing was (a new key, or state forgotten), or `UNKNOWN`:
+        a forward may have landed unrecorded.
+
+        Derived from what is stored, so no stored format carries a new field: `UNKNOWN` is no
+        fingerprint after a forward, the marker `unknown_downstream` writes for every producer
+        (a claim over a lapsed forward of other content, this instance's fail-open memory)."""
+        if self.fingerprint is None and self.forwarded_at is not None:
+            return UNKNOWN
+        return self.fingerprint
 
     def unknown_downstream(self) -> KeyState:
-        """This state, with what the destination holds marked as unknown."""
+        """This state, with what the destination holds marked as unknown (`downstream`)."""
         return replace(self, fingerprint=None)
 
     def expired(self, now: float) -> bool:
