@@ -8,22 +8,30 @@
 # The config is read from $PUBSUB_FILTER_CONFIG (mounted from Secret Manager on Cloud
 # Run); the push endpoint listens on $PORT (Cloud Run sets it; default 8080).
 
-# --- build: a wheel of the project, installed with its dependencies into /opt/venv -----
+# --- build: the pinned dependencies, then a wheel of the project, into /opt/venv --------
 FROM python:3.11.13-slim-bookworm AS builder
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
 
 WORKDIR /src
+
+# The dependencies first, keyed on requirements.lock alone: an edit to the code or the docs
+# reuses this layer (grpcio and the rest are not reinstalled), and every build of a commit
+# gets the same versions. Only the runtime dependencies: no test extra, no build tools in
+# the venv. pip byte-compiles what it installs, so a cold start does not compile every
+# import (the runtime sets PYTHONDONTWRITEBYTECODE and cannot write there anyway).
+COPY requirements.lock ./
+RUN python -m venv /opt/venv \
+    && /opt/venv/bin/pip install --no-cache-dir --compile --no-deps -r requirements.lock
+
+# Then the project itself, with --no-deps: its dependencies are the lock's, and `pip check`
+# fails the build if the lock no longer satisfies pyproject.toml.
 COPY pyproject.toml README.md ./
 COPY filter ./filter
-
-# Only the runtime dependencies: no test extra, no build tools in the venv. pip
-# byte-compiles what it installs, so a cold start does not compile every import (the
-# runtime sets PYTHONDONTWRITEBYTECODE and cannot write there anyway).
-RUN python -m venv /opt/venv \
-    && python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
-    && /opt/venv/bin/pip install --no-cache-dir --compile /wheels/pubsub_filter-*.whl \
+RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
+    && /opt/venv/bin/pip install --no-cache-dir --compile --no-deps /wheels/pubsub_filter-*.whl \
+    && /opt/venv/bin/pip check \
     && /opt/venv/bin/pip uninstall --yes pip setuptools
 
 # --- runtime: python slim + the venv, nothing else ---------------------------------------

@@ -19,7 +19,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import duckdb, duckdb_extensions; duckdb_extensions.import_extension('spatial', con=duckdb.connect())"
 	touch $@ $(VENV)/.installed
 
-.PHONY: serve test lint unit install
+.PHONY: serve test lint unit install lock
 install: $(VENV)/.installed
 
 serve: $(VENV)/.installed
@@ -36,3 +36,14 @@ unit: $(VENV)/.installed-test
 
 test: lint
 	$(BIN)/pytest -q
+
+# requirements.lock: what `pip install .` resolves for the runtime dependencies, in a
+# throw-away venv (the image installs exactly these; see the Dockerfile).
+lock: | $(BIN)/python
+	rm -rf $(VENV)-lock
+	$(PYTHON) -m venv $(VENV)-lock
+	$(VENV)-lock/bin/pip install -q .
+	{ sed -n '/^#/p' requirements.lock; \
+	  $(VENV)-lock/bin/pip freeze --exclude-editable | grep -vi '^pubsub.filter'; } > requirements.lock.new
+	mv requirements.lock.new requirements.lock
+	rm -rf $(VENV)-lock

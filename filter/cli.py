@@ -9,11 +9,12 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import NoReturn
 
 from filter import __version__
-from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, Config, ConfigError, load
+from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, Config, ConfigError, Route, load
+from filter.core.errors import FilterError
+from filter.core.model import Message
 from filter.runtime import preflight
 from filter.runtime.operational import BIGQUERY, FIRESTORE, PUBSUB, Backend, describe, require
 
@@ -22,7 +23,7 @@ ATTRIBUTE_HELP = "a message attribute (repeatable), for keys and bypass rules th
 OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
 
 
-class UsageError(Exception):
+class UsageError(FilterError):
     """A bad argument or environment value: one line, exit 2."""
 
 
@@ -87,7 +88,25 @@ def cmd_serve(args: argparse.Namespace) -> int:
     port = _port(args)
     cfg = _config(args.config)
     preflight.check(cfg, args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    preflight.credentials(_backends(cfg))
     return serve(cfg, args.host, port)
+
+
+def _route(cfg: Config, name: str) -> Route:
+    route = cfg.route(name)
+    if route is None:
+        raise UsageError(f"no route {name!r} in the config (routes: {', '.join(r.name for r in cfg.routes)})")
+    return route
+
+
+def _message(args: argparse.Namespace) -> Message:
+    """The payload file, or the data of the push envelope it holds (said on stderr)."""
+    from filter.tools.payload import read_message
+
+    read = read_message(args.payload, dict(args.attribute))
+    if read.note is not None:
+        print(f"pubsub-filter {args.command}: {read.note}", file=sys.stderr)
+    return read.message
 
 
 def cmd_fingerprint(args: argparse.Namespace) -> int:
@@ -95,25 +114,18 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
     from filter.core.routes import RouteRules
 
     cfg = _config(args.config)
-    route = cfg.route(args.route)
-    if route is None:
-        print(
-            f"no route {args.route!r} in the config (routes: {', '.join(r.name for r in cfg.routes)})",
-            file=sys.stderr,
-        )
-        return 2
-    data = sys.stdin.buffer.read() if args.payload == "-" else Path(args.payload).read_bytes()
-    attributes = dict(args.attribute)
+    route = _route(cfg, args.route)
+    msg = _message(args)
     rules = RouteRules(route)
-    payload, fp = rules.scheme(data)
+    payload, fp = rules.scheme(msg.data)
     print(fp)
     if args.verbose:
         print(f"scheme: {route.scheme}{' (payload is not JSON: raw bytes)' if payload is NOT_JSON else ''}")
         try:
-            print(f"key: {rules.key_of(payload, attributes)}")
+            print(f"key: {rules.key_of(payload, msg.attributes)}")
         except ValueError as exc:
             print(f"key: cannot be extracted: {exc}")
-        print(f"message fingerprint: {message_fingerprint(data, attributes)}")
+        print(f"message fingerprint: {message_fingerprint(msg.data, msg.attributes)}")
     return 0
 
 
@@ -121,9 +133,11 @@ def cmd_explain(args: argparse.Namespace) -> int:
     from filter.tools.explain import run
 
     cfg = _config(args.config)
+    route = _route(cfg, args.route)
+    msg = _message(args)
     if cfg.store.backend == "firestore":
         require(FIRESTORE)
-    return run(cfg, args.route, args.payload, dict(args.attribute), args.format)
+    return run(cfg, route, msg, args.format)
 
 
 def cmd_skip_rate(args: argparse.Namespace) -> int:
@@ -140,14 +154,17 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
     cfg = _config(args.config)
     preflight.check(cfg, args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    preflight.credentials([PUBSUB, *(b for b in _backends(cfg) if b is not PUBSUB)])  # it pulls from Pub/Sub
     return run(cfg, args.route, health_port=args.health_port)
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
     from filter.replay.command import run
 
-    require(PUBSUB, *(_backends(_config(args.config)) if args.through_filter and args.config else ()))
-    return run(args)
+    def probe(cfg: Config | None) -> None:
+        require(PUBSUB, *(_backends(cfg) if args.through_filter and cfg is not None else ()))
+
+    return run(args, probe)
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
@@ -160,7 +177,7 @@ def cmd_provision(args: argparse.Namespace) -> int:
 
 
 def with_config(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--config", "-c", help=f"config file (default: ${CONFIG_ENV}, then ./filter.yaml)")
+    sp.add_argument("--config", "-c", metavar="F", help=f"config file (default: ${CONFIG_ENV}, then ./filter.yaml)")
 
 
 def _add_worker_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
@@ -173,7 +190,7 @@ def _add_worker_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
         "--health-port",
         type=int,
         default=None,
-        metavar="PORT",
+        metavar="P",
         help="serve /healthz, /readyz and /metrics on this port (default: pull.health_port; off when unset)",
     )
     sp.set_defaults(func=cmd_pull)
@@ -188,11 +205,18 @@ def _add_worker_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     sp.add_argument(
         "subscription",
         nargs="?",
+        metavar="SUBSCRIPTION",
         help="the dead-letter subscription (id or projects/P/subscriptions/S); "
         "default with --config and --route: <route subscription>-dlq-sub",
     )
-    sp.add_argument("--config", "-c", help="config file: needed by --through-filter and --route")
-    sp.add_argument("--project", help="default: the config's project, then $GOOGLE_CLOUD_PROJECT")
+    sp.add_argument(
+        "--config",
+        "-c",
+        metavar="F",
+        help=f"config file (default: ${CONFIG_ENV}, then ./filter.yaml when there); "
+        "needed by --through-filter and --route",
+    )
+    sp.add_argument("--project", metavar="P", help="default: the config's project, then $GOOGLE_CLOUD_PROJECT")
     sp.add_argument("--route", "-r", metavar="NAME", help="the route whose dead letters these are")
     sp.add_argument("--to", metavar="TOPIC", help="republish here instead of to each message's source topic")
     sp.add_argument(
@@ -211,8 +235,9 @@ def _add_worker_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
         help="only messages with attributes.NAME=VALUE or payload.a.b=VALUE (also !=); repeatable, all must hold",
     )
     sp.add_argument("--rate", metavar="N/s", help="at most N messages a second (also N/m, N/h)")
-    sp.add_argument("--since", metavar="WHEN", help="originally published at or after WHEN (24h, 7d or RFC 3339)")
-    sp.add_argument("--until", metavar="WHEN", help="originally published before WHEN (24h, 7d or RFC 3339)")
+    when = "24h, 7d, a date (2026-01-10) or an RFC 3339 time"
+    sp.add_argument("--since", metavar="WHEN", help=f"originally published at or after WHEN ({when})")
+    sp.add_argument("--until", metavar="WHEN", help=f"originally published before WHEN ({when})")
     sp.add_argument(
         "--wait", type=float, default=5.0, metavar="S", help="how long a pull waits for messages (default 5)"
     )
@@ -230,7 +255,7 @@ def _add_worker_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
     how = sp.add_mutually_exclusive_group(required=True)
     how.add_argument("--push-endpoint", metavar="BASE_URL", help="push subscriptions to BASE_URL/push/ROUTE")
     how.add_argument("--pull", action="store_true", help="pull subscriptions (for pubsub-filter pull)")
-    sp.add_argument("--project", help="default: the config's project, then $GOOGLE_CLOUD_PROJECT")
+    sp.add_argument("--project", metavar="P", help="default: the config's project, then $GOOGLE_CLOUD_PROJECT")
     sp.add_argument(
         "--source-topic",
         action="append",
@@ -261,24 +286,36 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("serve", help="run the push endpoint (Cloud Run)")
     with_config(sp)
     sp.add_argument(
-        "--host", default=os.environ.get("HOST", "0.0.0.0"), help="address to listen on (default: $HOST, then 0.0.0.0)"
+        "--host",
+        default=os.environ.get("HOST", "0.0.0.0"),
+        metavar="H",
+        help="address to listen on (default: $HOST, then 0.0.0.0)",
     )
-    sp.add_argument("--port", type=int, default=None, help="port to listen on (default: $PORT, then 8080)")
+    sp.add_argument("--port", type=int, default=None, metavar="P", help="port to listen on (default: $PORT, then 8080)")
     sp.set_defaults(func=cmd_serve)
 
     sp = sub.add_parser("check", help="validate a config file; exit 1 with every problem listed")
-    sp.add_argument("file", nargs="?", help="the config file (default: --config, $PUBSUB_FILTER_CONFIG, ./filter.yaml)")
+    sp.add_argument(
+        "file", nargs="?", metavar="F", help="the config file (default: --config, $PUBSUB_FILTER_CONFIG, ./filter.yaml)"
+    )
     with_config(sp)
     sp.set_defaults(func=cmd_check)
 
-    sp = sub.add_parser("fingerprint", help="print the payload fingerprint of a JSON file for a route")
+    sp = sub.add_parser(
+        "fingerprint",
+        help="print the payload fingerprint of a message's data for a route (a file, - for stdin, or a push envelope)",
+    )
     with_config(sp)
     sp.add_argument("--route", "-r", required=True, metavar="NAME", help="the route whose rules apply")
     sp.add_argument(
         "--attribute", "-a", action="append", default=[], type=_attribute, metavar="NAME=VALUE", help=ATTRIBUTE_HELP
     )
     sp.add_argument("--verbose", "-v", action="store_true", help="also print the key and message fingerprint")
-    sp.add_argument("payload", help="the message data (a file, or - for stdin)")
+    sp.add_argument(
+        "payload",
+        metavar="PAYLOAD",
+        help="the message data: a file, - for stdin, or a Pub/Sub push envelope (its message.data is used)",
+    )
     sp.set_defaults(func=cmd_fingerprint)
 
     sp = sub.add_parser("explain", help="what the filter would decide for a payload, and why (no side effects)")
@@ -287,21 +324,36 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument(
         "--attribute", "-a", action="append", default=[], type=_attribute, metavar="NAME=VALUE", help=ATTRIBUTE_HELP
     )
-    sp.add_argument("--format", choices=["text", "json"], default="text", help="text (default) or json")
-    sp.add_argument("payload", help="the message data (a file, or - for stdin)")
+    sp.add_argument(
+        "--format", choices=["text", "json"], default="text", metavar="text|json", help="text (default) or json"
+    )
+    sp.add_argument(
+        "payload",
+        metavar="PAYLOAD",
+        help="the message data: a file, - for stdin, or a Pub/Sub push envelope (its message.data is used)",
+    )
     sp.set_defaults(func=cmd_explain)
 
     sp = sub.add_parser("skip-rate", help="decisions and skip rate per route, hour or day")
     with_config(sp)
-    sp.add_argument("--since", default="24h", help="how far back (e.g. 1h, 24h, 7d; default 24h)")
+    sp.add_argument("--since", default="24h", metavar="WHEN", help="how far back (e.g. 1h, 24h, 7d; default 24h)")
     sp.add_argument(
         "--by",
         choices=["route", "hour", "day"],
         default="route",
+        metavar="route|hour|day",
         help="one row per route (default), or per route and hour or day",
     )
-    sp.add_argument("--format", choices=["table", "json", "csv"], default="table", help="table (default), json or csv")
-    sp.add_argument("--log", help="read decision log lines from FILE (- for stdin) instead of the records backend")
+    sp.add_argument(
+        "--format",
+        choices=["table", "json", "csv"],
+        default="table",
+        metavar="table|json|csv",
+        help="table (default), json or csv",
+    )
+    sp.add_argument(
+        "--log", metavar="FILE|-", help="read decision log lines from FILE (- for stdin) instead of the records backend"
+    )
     sp.add_argument("--watch", type=float, metavar="N", help="refresh every N seconds until Ctrl-C (not with --log -)")
     sp.add_argument(
         "--chart",

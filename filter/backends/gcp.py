@@ -8,6 +8,7 @@ say the same thing, and no surface imports another to reuse it.
 from __future__ import annotations
 
 import calendar
+import logging
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -18,10 +19,9 @@ from google.auth import exceptions as auth_exc
 from filter.core.config import ConfigError
 from filter.core.pubsub_names import Kind, PubsubNameError, check_name, is_full
 
-NO_CREDENTIALS = (
-    "no Google credentials: run `gcloud auth application-default login` (or use a service account), "
-    "or set PUBSUB_EMULATOR_HOST for the emulator"
-)
+#: how to get credentials, whichever backend needs them
+NO_CREDENTIALS_HOW = "run `gcloud auth application-default login` (or use a service account)"
+NO_CREDENTIALS = f"no Google credentials: {NO_CREDENTIALS_HOW}, or set PUBSUB_EMULATOR_HOST for the emulator"
 
 #: Errors worth another attempt: the service (or the path to it) is briefly unhappy and did not
 #: take the request. Not DeadlineExceeded: a publish that timed out may still have landed, and
@@ -72,10 +72,8 @@ def resolve_project(project: str | None) -> str:
                 "publisher:) or GOOGLE_CLOUD_PROJECT"
             ],
         )
-    import google.auth
-
     try:
-        _, found = google.auth.default()
+        _, found = quiet_default_credentials()
     except auth_exc.DefaultCredentialsError as exc:
         raise ConfigError(
             "publisher",
@@ -90,6 +88,22 @@ def resolve_project(project: str | None) -> str:
             ["no project for the Pub/Sub publisher: the default credentials name none; set `project:` in the config"],
         )
     return str(found)
+
+
+def quiet_default_credentials() -> tuple[Any, str | None]:
+    """`google.auth.default()` without its warning that the metadata server is not there.
+
+    Asked at start-up, where no credentials becomes the command's own one line; the warning
+    before it (a JSON log line once logging is set up) only confuses. Start-up is
+    single-threaded, so a brief global disable hides nothing else.
+    """
+    import google.auth
+
+    logging.disable(logging.WARNING)
+    try:
+        return google.auth.default()
+    finally:
+        logging.disable(logging.NOTSET)
 
 
 #: A chunk of ack ids that a call could not settle, and why: the caller logs or counts it.

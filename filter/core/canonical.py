@@ -18,10 +18,12 @@ from typing import Any
 
 import msgspec
 
+from filter.core.errors import FilterError
+
 PREFIX = "sha256:"
 
 
-class PayloadError(ValueError):
+class PayloadError(FilterError, ValueError):
     """The payload is JSON but does not have the shape the route describes."""
 
 

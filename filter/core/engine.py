@@ -27,14 +27,13 @@ from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
-import structlog
-
 from filter.core import decision_line
 from filter.core.attributes import fence_attributes, forward_attributes
 from filter.core.config import Config, Route
 from filter.core.fingerprint import NOT_JSON, PayloadError, message_fingerprint
 from filter.core.heartbeat import Heartbeat
 from filter.core.judge import Decided, Outgoing, decide
+from filter.core.logs import get_logger
 from filter.core.model import Cause, Decision, DecisionRecord, KeyState, Lease, Message
 from filter.core.ports import (
     UNOBSERVED,
@@ -46,12 +45,13 @@ from filter.core.ports import (
     Sender,
     StateStore,
     StoreUnavailable,
+    Worked,
 )
 from filter.core.routes import RouteRules
 from filter.core.transitions import claimed, forwarded
 from filter.core.unsettled import FailedOpen
 
-log = structlog.get_logger("pubsub_filter.engine")
+log = get_logger("pubsub_filter.engine")
 
 #: How often a lost compare-and-set on the claim is retried before answering `contended`.
 CLAIM_ATTEMPTS = 3
@@ -375,7 +375,7 @@ class Engine:
         )
         try:
             async with heartbeat:
-                published_id = await self._publish(d, sender, out)
+                published_id, result = _sent(await self._publish(d, sender, out))
         except PublishFailed as exc:
             await self._release(d, heartbeat.held)
             return _failed(exc, sender, claim.fence)
@@ -386,7 +386,7 @@ class Engine:
             raise
         sent = Acted(published_id, claim.fence, heartbeats=heartbeat.extended)
         now = self.clock.now()
-        new = forwarded(decided.state, msg, d.fp, held.fence, out, now, now + self._retention(route))
+        new = forwarded(decided.state, msg, d.fp, held.fence, out, now, now + self._retention(route), result)
         try:
             committed = await self._commit(d, sender, heartbeat.held, new)
         except Exception as exc:  # whatever the store raised: the publish landed, so this is an ack
@@ -427,8 +427,8 @@ class Engine:
             return
         log.info("lease_released", route=d.route.name, key=d.key, fence=fence)
 
-    async def _publish(self, d: Delivery, sender: Sender, out: Outgoing | None = None) -> str:
-        """Send what a forward sends through `sender`: its id where it went."""
+    async def _publish(self, d: Delivery, sender: Sender, out: Outgoing | None = None) -> str | Worked:
+        """Send what a forward sends through `sender`: its id where it went (and a result to keep)."""
         # Everything inside the try: any failure here must become PublishFailed, so the caller
         # releases the lease and the message is nacked, never left holding the key.
         try:
@@ -448,7 +448,9 @@ class Engine:
             # as in `_publish_and_commit`: nothing but the ack would stop this copy's redelivery
             # (the caller's own work excepted: its cancel is the caller's)
             publish = self._publish(d, sender)
-            acted = Acted(await (self._despite_one_cancel(publish) if sender.lands_despite_cancel else publish))
+            acted = Acted(
+                _sent(await (self._despite_one_cancel(publish) if sender.lands_despite_cancel else publish))[0]
+            )
         except PublishFailed as exc:
             acted = _failed(exc, sender)
         if acted.failure is not None:
@@ -529,6 +531,11 @@ class Engine:
         self.telemetry.decided(rec)  # telemetry: count it, describe it on its span
         _log_decision(rec)
         return rec
+
+
+def _sent(published: str | Worked) -> tuple[str, str | None]:
+    """(the id the record shows, the result to keep with the forward)."""
+    return (published.published_id, published.result) if isinstance(published, Worked) else (published, None)
 
 
 async def _to_the_end(work: Awaitable[None]) -> None:

@@ -5,7 +5,9 @@ same answer, and nothing here reads or writes a store. The engine calls `decide`
 look at the state, `explain` calls it to say why; read it top to bottom:
 
 1. state past its expiry is forgotten (a late TTL never decides);
-2. `judge`, the table: new, redelivered, in flight, bypassed, unchanged, stale, changed;
+2. `judge`, the table: new, redelivered, in flight, bypassed, unchanged, stale, changed; a
+   redelivery is the same message id with the same content: an id reused with other content
+   is decided on that content, and its reason says the id was reused;
 3. a suppression may be audited: unchanged in the selected fields but not in all of them
    is `noise_only`;
 4. a forward learns what it sends and commits: the row digests, and on a `rows_mode:
@@ -25,6 +27,12 @@ from filter.core.config import Route
 from filter.core.model import UNKNOWN, Decision, KeyState, Message
 from filter.core.partial import partial
 from filter.core.routes import RouteRules
+
+#: The reason of a redelivery: this message id, last forwarded with this content.
+REDELIVERED = "message already forwarded"
+
+#: Added to the reason of a message whose id was forwarded recently with other content.
+ID_REUSED = "the message id was reused with other content"
 
 #: The reason a forward gives when a forward of other content may have landed unrecorded.
 UNKNOWN_DOWNSTREAM = "what the destination holds is unknown: a forward may have landed unrecorded"
@@ -74,11 +82,16 @@ def decide(
     if state is not None and state.expired(now):
         state = state.forgotten()
     verdict = judge(rules.route, msg, fp, state, now, bypass)
+    details: dict[str, Any] = {}
+    if state is not None and _id_reused(state, msg.message_id, fp):
+        verdict = Verdict(verdict.decision, f"{verdict.reason}; {ID_REUSED}")
+        details["id_reused"] = True
     if verdict.decision is Decision.SUPPRESSED and _noise_only(rules, msg, state, rng):
         verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
     elif verdict.decision is Decision.FORWARDED:
-        return Decided(verdict, state, *_what_to_send(rules, msg, fp, state))
-    return Decided(verdict, state, Outgoing(msg.data, {}))
+        out, found = _what_to_send(rules, msg, fp, state)
+        return Decided(verdict, state, out, {**details, **found})
+    return Decided(verdict, state, Outgoing(msg.data, {}), details)
 
 
 def judge(
@@ -87,8 +100,8 @@ def judge(
     """The decision table. Pure: the same inputs always give the same verdict."""
     if state is None:
         return Verdict(Decision.FORWARDED, "new key")
-    if state.decided(msg.message_id) is not None:
-        return Verdict(Decision.DUPLICATE, "message already forwarded")
+    if (msg.message_id, fingerprint) in state.recent:  # a redelivery: this id, forwarded with this content
+        return Verdict(Decision.DUPLICATE, REDELIVERED)
     lease = state.lease
     if lease is not None and lease.live(now):
         if lease.message_id == msg.message_id:
@@ -118,6 +131,17 @@ def judge(
     if downstream is UNKNOWN:
         return Verdict(Decision.FORWARDED, UNKNOWN_DOWNSTREAM)
     return Verdict(Decision.FORWARDED, "content changed")
+
+
+def _id_reused(state: KeyState, message_id: str, fp: str) -> bool:
+    """`message_id` was forwarded recently, but never with this content: a caller's id (a request
+    id) reused for other content, or a producer's bug. Decided as the content it carries.
+
+    A redelivery is the pair: the id with content it was forwarded with is one, even after the
+    id was reused for other content (an id reused for B, then for A again, is A's redelivery).
+    """
+    seen = [f for mid, f in state.recent if mid == message_id]
+    return bool(seen) and fp not in seen
 
 
 def _older(msg: Message, state: KeyState) -> bool:

@@ -101,6 +101,9 @@ class KeyState:
     expires_at: float | None = None  # for the store's TTL: when the whole document may go
     rows: bytes | None = None  # per-row digests of the last forward (see filter.core.rows), routes with row_key
     full_fingerprint: str | None = None  # the last forward over all fields, for the noise audit
+    # (message id, fingerprint, JSON text): the in-process body's result kept with recent forwards
+    # (`cache_result`), oldest first, within `RESULTS_MAX_BYTES` (`filter.core.transitions`).
+    results: tuple[tuple[str, str, str], ...] = ()
     version: Any = field(default=None, compare=False)
 
     def decided(self, message_id: str) -> str | None:

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Literal, Protocol, TypedDict
 
+from filter.core.errors import FilterError
 from filter.core.model import Cause, DecisionRecord, KeyState, Message
 
 
-class Failure(Exception):
+class Failure(FilterError):
     """An operational failure already worded for the user: printed as is, exit 1 (any layer may
     raise it; `runtime.operational` prints it)."""
 
 
-class StoreUnavailable(Exception):
+class StoreUnavailable(FilterError):
     """The state store could not answer in time. The route's `on_store_error` decides."""
 
 
-class PublishFailed(Exception):
+class PublishFailed(FilterError):
     """The destination did not confirm the publish. The source message must be nacked."""
 
 
@@ -65,6 +67,14 @@ class Publisher(Protocol):
     async def close(self) -> None: ...
 
 
+@dataclass(frozen=True, slots=True)
+class Worked:
+    """What the caller's work sends back when its result is kept with the forward (`cache_result`)."""
+
+    published_id: str
+    result: str  # JSON text, committed with the forward (`KeyState.results`)
+
+
 class Sender(Protocol):
     """The one port a forward sends through: the destination's publisher (`engine.Publishing`)
     or, in-process, the caller's body in its place (`filter.inprocess`)."""
@@ -78,8 +88,11 @@ class Sender(Protocol):
     #: Bound by Pub/Sub's limits on attributes (a publish is; the caller's body is not).
     attribute_limits: bool
 
-    async def send(self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None) -> str:
-        """Send what a forward sends; the id the record shows as `published_id`.
+    async def send(
+        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None
+    ) -> str | Worked:
+        """Send what a forward sends; the id the record shows as `published_id` (with the result
+        to keep with the forward, a `Worked`).
 
         Raises `PublishFailed` when it did not go out (the lease is released, the message nacked)."""
 

@@ -19,11 +19,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import replace
 
-import structlog
-
+from filter.core.logs import get_logger
 from filter.core.model import KeyState
 
-log = structlog.get_logger("pubsub_filter.engine")
+log = get_logger("pubsub_filter.engine")
 
 #: Keys remembered at most: one long outage on a wide key space should not grow without bound.
 LIMIT = 100_000

@@ -141,6 +141,11 @@ class Telemetry:
             unit="1",
             description="Messages forwarded without a dedup decision (store unreachable), by route.",
         )
+        self._ids_reused = m.create_counter(
+            "pubsub_filter_ids_reused",
+            unit="1",
+            description="Messages whose id was forwarded recently with other content (decided as new), by route.",
+        )
         m.create_observable_counter(
             "pubsub_filter_records",
             callbacks=[self._observe("records")],
@@ -265,6 +270,8 @@ class Telemetry:
                 decided.latency.record(rec.latency_ms / 1000)
             if rec.decision is _FAIL_OPEN:
                 self._fail_open.add(1, {"route": rec.route})
+            if rec.extra and rec.extra.get("id_reused"):
+                self._ids_reused.add(1, {"route": rec.route})
         if self.tracing and PUBLISH_SPAN.get() is not None:  # in a decision that entered the SDK
             span = trace.get_current_span()
             if span.is_recording():

@@ -13,6 +13,7 @@ from google.auth.exceptions import DefaultCredentialsError
 
 from filter.backends.gcp import NO_CREDENTIALS, resolve_project
 from filter.core.config import Config, Route
+from filter.core.errors import FilterError
 from filter.observability.logsetup import configure
 from filter.pull.worker import PullWorker
 from filter.runtime.wiring import make_engine, make_telemetry, project_of
@@ -20,7 +21,7 @@ from filter.runtime.wiring import make_engine, make_telemetry, project_of
 log = structlog.get_logger("pubsub_filter.pull")
 
 
-class PullSetupError(Exception):
+class PullSetupError(FilterError):
     """The config cannot be pulled as asked (no subscription for a route, unknown route...)."""
 
 
@@ -76,12 +77,13 @@ def run(cfg: Config, route_names: Sequence[str] | None = None, health_port: int 
             subscriber=subscriber,
             health_port=health_port or cfg.pull.health_port,
             health_host=cfg.pull.health_host,
+            close_subscriber=True,  # before `stopped`, once the library's threads have ended
         )
         return await worker.run(install_signals=True)
 
     try:
         code = asyncio.run(main())
     finally:
-        subscriber.close()
+        subscriber.close()  # already closed by the worker, unless it never got that far
     log.debug("pull_exit", code=code, ran_s=round(time.monotonic() - started, 3))
     return code

@@ -22,7 +22,9 @@ engine releases its lease and the message is nacked, except that a publish alrea
 over is waited for and recorded, then acked), ack/nack what finished, flush the decision
 records, exit 0. A second signal skips the wait. After the streams are cancelled the
 client library no longer sends acks, so the last acks and nacks go out as unary
-`Acknowledge` / `ModifyAckDeadline(0)` calls on the same client.
+`Acknowledge` / `ModifyAckDeadline(0)` calls on the same client. The client's channel is
+closed only once the library's stream threads have ended (a thread still in an RPC would
+log `Cannot invoke RPC: Channel closed!`), and `stopped` is the last line.
 """
 
 from __future__ import annotations
@@ -30,8 +32,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import signal
 import threading
+import time
 from collections import defaultdict
 from collections.abc import Sequence
 from typing import Any
@@ -53,6 +57,30 @@ from filter.core.model import Message
 from filter.pull.health import ConsumerDeaths, HealthServer, Watchdog, health_app, stream_failures
 
 log = structlog.get_logger("pubsub_filter.pull")
+
+#: How long the library's stream threads get to end once their streams are closed, before
+#: the channel is closed under them (a thread stuck reconnecting to an unreachable Pub/Sub
+#: ends only then), and after.
+STREAM_THREADS_TIMEOUT, STREAM_THREADS_AFTER_CLOSE = 5.0, 2.0
+#: What the library logs when the worker closes a stream and then its channel, on purpose:
+#: it joins its stream thread for 1 s and warns if the thread is still in an RPC (the
+#: worker waits for that thread itself, `_join_stream_threads`); a stream that cannot reach
+#: Pub/Sub is reopened until its channel closes, which it then reports as an error.
+_SHUTDOWN_NOISE = {
+    "google.api_core.bidi": ("Background thread did not exit.", "Cannot invoke RPC: Channel closed!"),
+    "grpc._channel": ("Cannot invoke RPC: Channel closed!",),
+}
+
+
+class _ShutdownNoise(logging.Filter):
+    def __init__(self, texts: tuple[str, ...]):
+        super().__init__()
+        self.texts = texts
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(text in message for text in self.texts)
+
 
 #: Pub/Sub's bounds on an ack deadline, in seconds.
 MIN_ACK_DEADLINE, MAX_ACK_DEADLINE = 10, 600
@@ -98,6 +126,7 @@ class PullWorker:
         health_port: int | None = None,
         health_host: str = "0.0.0.0",
         watch_every: float | None = None,
+        close_subscriber: bool | None = None,
     ):
         self.engine = engine
         self.routes = list(routes)
@@ -105,7 +134,9 @@ class PullWorker:
         self.settings = settings or engine.config.pull
         self.grace = engine.config.server.shutdown_grace
         self.subscriber: Any = subscriber if subscriber is not None else pubsub_v1.SubscriberClient()
-        self._own_subscriber = subscriber is None
+        # closed at shutdown, after its threads ended: by default only a client made here
+        self._close_subscriber = subscriber is None if close_subscriber is None else close_subscriber
+        self._stream_threads: list[threading.Thread] = []
         self.paths = {r.name: pubsub_path(r.subscription or "", "subscription", project) for r in self.routes}
         self.handled = 0
         self.acked = 0
@@ -175,11 +206,14 @@ class PullWorker:
             if self.health is not None:
                 self.health.start()
             watch = asyncio.create_task(self.watchdog.run(self.watch_every))
+            before = set(threading.enumerate())
             for route in self.routes:
                 path = self.paths[route.name]
                 future = self.subscriber.subscribe(path, callback=self._callback(route.name, path), flow_control=flow)
                 self._streams[route.name] = future
                 future.add_done_callback(self._stream_done(route.name))
+            # `subscribe` starts each stream's threads before it returns: these are they.
+            self._stream_threads = [t for t in threading.enumerate() if t not in before]
             log.info(
                 "pulling",
                 routes=[r.name for r in self.routes],
@@ -286,6 +320,24 @@ class PullWorker:
     # --- shutdown ---------------------------------------------------------------------------
 
     async def _shutdown(self) -> None:
+        quiet = {name: _ShutdownNoise(texts) for name, texts in _SHUTDOWN_NOISE.items()}
+        for name, noise in quiet.items():
+            logging.getLogger(name).addFilter(noise)
+        try:
+            await self._shut_down()
+        finally:
+            for name, noise in quiet.items():
+                logging.getLogger(name).removeFilter(noise)
+        log.info(
+            "stopped",
+            instance=self.engine.instance,
+            handled=self.handled,
+            acked=self.acked,
+            nacked=self.nacked,
+        )
+
+    async def _shut_down(self) -> None:
+        """Streams, in-flight messages, late acks, the library's threads, the engine, the client."""
         self._closing = True
         for future in self._streams.values():
             future.cancel()  # stop pulling; the client nacks what it had not handed to us yet
@@ -309,19 +361,16 @@ class PullWorker:
         await asyncio.sleep(0)  # let the last done-callbacks run
         await asyncio.to_thread(self._send_late)
         await asyncio.to_thread(self._join_streams)
+        await asyncio.to_thread(self._join_stream_threads, STREAM_THREADS_TIMEOUT)
         await self.engine.close(deadline=self.grace)
-        if self._own_subscriber:
+        if self._close_subscriber:  # its threads are gone (normally): nothing is left to call on the channel
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.subscriber.close)
+            lingering = await asyncio.to_thread(self._join_stream_threads, STREAM_THREADS_AFTER_CLOSE)
+            if lingering:
+                log.warning("stream_threads_did_not_stop", threads=lingering)
         if self.health is not None:
             await self.health.stop()
-        log.info(
-            "stopped",
-            instance=self.engine.instance,
-            handled=self.handled,
-            acked=self.acked,
-            nacked=self.nacked,
-        )
 
     def _send_late(self) -> None:
         with self._late_lock:
@@ -343,6 +392,13 @@ class PullWorker:
                 log.warning("stream_did_not_stop", route=route)
             except Exception as exc:  # already reported by _stream_done
                 log.debug("stream_ended", route=route, error=_describe(exc))
+
+    def _join_stream_threads(self, timeout: float) -> list[str]:
+        """Wait for the threads `subscribe` started, which can outlive their closed streams; the names left."""
+        deadline = time.monotonic() + timeout
+        for thread in self._stream_threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return [t.name for t in self._stream_threads if t.is_alive()]
 
 
 def _describe(exc: BaseException | None) -> str:

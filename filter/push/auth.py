@@ -22,6 +22,8 @@ import requests
 from google.auth import exceptions as google_exceptions
 from google.auth import jwt
 
+from filter.core.errors import FilterError
+
 log = logging.getLogger(__name__)
 
 GOOGLE_ISSUERS = ("https://accounts.google.com", "accounts.google.com")
@@ -37,7 +39,7 @@ _FETCH_TIMEOUT = 10.0
 _CANNOT_FETCH = "cannot fetch Google certificates"
 
 
-class AuthError(Exception):
+class AuthError(FilterError):
     """A push request that must not be processed: 401 (who are you?), 403 (not you), or 503
     (`CertsUnavailable`: we cannot tell now)."""
 

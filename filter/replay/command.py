@@ -9,17 +9,18 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import google.cloud.pubsub_v1 as pubsub_v1
 from google.auth.exceptions import DefaultCredentialsError
 
 from filter.backends.gcp import NO_CREDENTIALS
-from filter.core.config import Config, load
+from filter.core.config import Config
 from filter.core.pubsub_names import PubsubNameError
 from filter.observability.logsetup import configure
 from filter.replay.deadletter import ReplayFailure
-from filter.replay.options import ReplayOptions, UsageError, options_from
+from filter.replay.options import ReplayOptions, UsageError, config_of, options_from
 from filter.replay.progress import summary
 from filter.replay.replayer import Replayer
 
@@ -40,15 +41,20 @@ def outcome(replayer: Replayer) -> Exit:
     return Exit.INCOMPLETE if counts.failed or counts.ack_failed or replayer.error else Exit.DONE
 
 
-def run(args: argparse.Namespace) -> int:
-    """Parse the options, replay, print the summary; the exit status is an `Exit`."""
-    configure(level=os.environ.get("LOG_LEVEL") or ("info" if args.verbose else "warning"), stream=sys.stderr)
-    cfg = load(args.config) if args.config else None
+def run(args: argparse.Namespace, probe: Callable[[Config | None], None] = lambda cfg: None) -> int:
+    """Parse the options, replay, print the summary; the exit status is an `Exit`.
+
+    `probe` checks that the backends the run will use answer, once the options are known good.
+    """
     try:
+        cfg = config_of(args)
         opts = options_from(args, cfg)
     except (UsageError, PubsubNameError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return Exit.USAGE
+    # logging is set up for a run, not for a usage error (and never by a command that stops there)
+    configure(level=os.environ.get("LOG_LEVEL") or ("info" if args.verbose else "warning"), stream=sys.stderr)
+    probe(cfg)
     try:
         subscriber = pubsub_v1.SubscriberClient()
         publisher, engine = _workers(opts, cfg)

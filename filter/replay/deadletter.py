@@ -13,6 +13,7 @@ from typing import Any
 
 from filter.backends.gcp import pubsub_path, timestamp
 from filter.core.envelope import ATTR_ORIGINAL_TIME
+from filter.core.errors import FilterError
 from filter.core.times import format_time, parse_time
 
 ATTR_ORIGINAL_ID = "filter_replay_original_message_id"
@@ -25,7 +26,7 @@ DL_PUBLISH_TIME = "CloudPubSubDeadLetterSourceTopicPublishTime"
 DL_DELIVERY_COUNT = "CloudPubSubDeadLetterSourceDeliveryCount"
 
 
-class ReplayFailure(Exception):
+class ReplayFailure(FilterError):
     """This message cannot be replayed now; the reason is counted and it stays dead-lettered."""
 
 

@@ -6,6 +6,7 @@ Every bad value is a `UsageError` naming its option (exit 2) before anything is 
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -13,14 +14,15 @@ from dataclasses import dataclass, field
 from filter.backends.gcp import pubsub_path, resolve_project
 from filter.core import times
 from filter.core.conditions import parse_where
-from filter.core.config import Config, Route
+from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, Config, ConfigError, Route, load
+from filter.core.errors import FilterError
 from filter.replay.selection import Selection, Where
 
 #: Messages per Pull request.
 BATCH = 100
 
 
-class UsageError(ValueError):
+class UsageError(FilterError, ValueError):
     """A bad option value: reported with the option's name, exit 2."""
 
 
@@ -63,12 +65,43 @@ def parse_where_option(text: str) -> Where:
         raise UsageError(f"--where {text!r}: {exc}") from None
 
 
+def config_of(args: argparse.Namespace) -> Config | None:
+    """The config as every command finds it (--config, $PUBSUB_FILTER_CONFIG, ./filter.yaml), if any.
+
+    Replaying a named subscription needs no config, so a missing ./filter.yaml is no error;
+    `--route` and `--through-filter` need one and say where it was looked for.
+    """
+    if args.config or os.environ.get(CONFIG_ENV) or os.path.exists(DEFAULT_CONFIG):
+        return load(args.config)
+    for option, given in (("--route", args.route), ("--through-filter", args.through_filter)):
+        if given:
+            raise UsageError(
+                f"{option} needs a config: --config, ${CONFIG_ENV} or ./{DEFAULT_CONFIG} (none of them is there)"
+            )
+    return None
+
+
+def _project(given: str | None) -> str:
+    try:
+        return resolve_project(given)
+    except ConfigError:  # its words are the publisher's; replay's fix is an option
+        why = (
+            "PUBSUB_EMULATOR_HOST is set, so no credentials name one"
+            if os.environ.get("PUBSUB_EMULATOR_HOST")
+            else "no default credentials name one"
+        )
+        raise UsageError(
+            f"no project for the dead-letter subscription ({why}): pass --project, set GOOGLE_CLOUD_PROJECT, "
+            "or set `project:` in the config"
+        ) from None
+
+
 def options_from(args: argparse.Namespace, cfg: Config | None) -> ReplayOptions:
     """The parsed command line (and `--config`, when given) → the run's options.
 
     UsageError for a bad option; PubsubNameError (also a usage error) for a name Pub/Sub would refuse.
     """
-    project = resolve_project(args.project or (cfg.project if cfg is not None else None))
+    project = _project(args.project or (cfg.project if cfg is not None else None))
     route = _route(args, cfg)
     subscription = args.subscription
     if not subscription:
@@ -80,7 +113,7 @@ def options_from(args: argparse.Namespace, cfg: Config | None) -> ReplayOptions:
         subscription = f"{route.subscription}-dlq-sub"
     if args.through_filter:
         if cfg is None:
-            raise UsageError("--through-filter needs --config: the routes and backends the decisions use")
+            raise UsageError("--through-filter needs a config: the routes and backends the decisions use")
         if args.to:
             raise UsageError("--to and --through-filter exclude each other")
     if args.max is not None and args.max < 1:
@@ -110,7 +143,7 @@ def _route(args: argparse.Namespace, cfg: Config | None) -> Route | None:
     if not args.route:
         return None
     if cfg is None:
-        raise UsageError("--route needs --config")
+        raise UsageError("--route needs a config: the route's subscription and rules")
     route = cfg.route(args.route)
     if route is None:
         raise UsageError(f"--route: no route {args.route!r} in the config")

@@ -19,6 +19,7 @@ from filter.backends.gcp import TRANSIENT, acknowledge, modify_ack_deadline
 from filter.core.answer import answer_for
 from filter.core.config import Config
 from filter.core.envelope import effective_publish_time
+from filter.core.errors import FilterError
 from filter.core.model import Decision, Message
 from filter.core.ports import PublishFailed
 from filter.replay.deadletter import DeadLetter, ReplayFailure
@@ -37,7 +38,7 @@ DEFAULT_ACK_DEADLINE = 60
 PULL_ATTEMPTS = 3
 
 
-class PullFailed(Exception):
+class PullFailed(FilterError):
     """The dead-letter subscription could not be read: the run stops early (exit 1)."""
 
 

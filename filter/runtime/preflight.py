@@ -1,4 +1,5 @@
-"""Can the files the config names be opened? Asked by `check` and before `serve` starts.
+"""Can the files the config names be opened, and are there credentials for the Google
+backends it uses? Asked by `check` (files) and before `serve` and `pull` start (both).
 
 The embedded backends open their files lazily or deep inside start-up: a missing
 directory showed up as a traceback, or (the outbox) as a 500 on the first forward.
@@ -17,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 from filter.core.config import Config, ConfigError
+from filter.runtime.operational import BIGQUERY, FIRESTORE, PUBSUB, Backend, Failure
 
 
 def problems(cfg: Config) -> list[str]:
@@ -80,3 +82,35 @@ def _appendable(key: str, path: Path) -> list[str]:
     except OSError as exc:
         return [f"{key}: cannot append to {str(path)!r}: {exc.strerror}"]
     return []
+
+
+def credentials(backends: list[Backend]) -> None:
+    """Raise `Failure` naming what to set when a Google backend would have no credentials.
+
+    Checked before any client exists: a client created without credentials fails deep in
+    start-up, after google-auth has logged its own warning about the metadata server, and
+    the line it leads to cannot know which emulator variable was forgotten.
+    """
+    needing = [b for b in backends if not os.environ.get(b.emulator_env)]
+    if not needing or _found_credentials():
+        return
+    from filter.backends.gcp import NO_CREDENTIALS_HOW
+
+    emulators = " or ".join(f"{b.emulator_env} for the {b.name} emulator" for b in needing)
+    line = f"no Google credentials: {NO_CREDENTIALS_HOW}, or set {emulators}"
+    on_emulators = [b.emulator_env for b in (PUBSUB, FIRESTORE, BIGQUERY) if os.environ.get(b.emulator_env)]
+    if on_emulators:  # half an emulator setup: the variable left out is the likely mistake
+        line += f" ({', '.join(on_emulators)} is set, {', '.join(b.emulator_env for b in needing)} is not)"
+    raise Failure(line)
+
+
+def _found_credentials() -> bool:
+    from google.auth.exceptions import DefaultCredentialsError
+
+    from filter.backends.gcp import quiet_default_credentials
+
+    try:
+        quiet_default_credentials()
+    except DefaultCredentialsError:
+        return False
+    return True

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import sys
 import time
 from dataclasses import asdict
 from typing import Any
@@ -19,7 +18,7 @@ from filter.backends.stores.sqlite import read_only
 from filter.core.config import Config, Route
 from filter.core.fingerprint import NOT_JSON, PayloadError, message_fingerprint
 from filter.core.judge import decide
-from filter.core.model import KeyState, Message
+from filter.core.model import Decision, KeyState, Message
 from filter.core.routes import RouteRules
 from filter.runtime.wiring import make_store
 
@@ -66,15 +65,13 @@ async def _stored(cfg: Config, route: str, key: str) -> KeyState | None:
         await store.close()
 
 
-async def explain(
-    cfg: Config, route: Route, data: bytes, attributes: dict[str, str], message_id: str
-) -> dict[str, Any]:
+async def explain(cfg: Config, route: Route, msg: Message) -> dict[str, Any]:
     rules = RouteRules(route)
+    data, attributes = msg.data, msg.attributes
     payload, fp = rules.scheme(data)
     key = rules.key_of(payload, attributes)
     state = await _stored(cfg, route.name, key)
     now = time.time()
-    msg = Message(data=data, attributes=attributes, message_id=message_id)
     # The engine audits a sample of suppressions; explain shows what the audit would find for
     # this message, whatever the route's rate (a route with no audit has nothing to compare).
     decided = decide(rules, msg, fp, state, now, rules.bypassed(payload, attributes), _AlwaysSampled())
@@ -133,16 +130,13 @@ def render(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run(cfg: Config, route_name: str, payload_path: str, attributes: dict[str, str], fmt: str) -> int:
-    route = cfg.route(route_name)
-    if route is None:
-        print(f"no route {route_name!r} (routes: {', '.join(r.name for r in cfg.routes)})", file=sys.stderr)
-        return 2
-    data = sys.stdin.buffer.read() if payload_path == "-" else open(payload_path, "rb").read()  # noqa: SIM115
+def run(cfg: Config, route: Route, msg: Message, fmt: str) -> int:
     try:
-        result = asyncio.run(explain(cfg, route, data, attributes, message_id="explain"))
+        result = asyncio.run(explain(cfg, route, msg))
     except PayloadError as exc:
-        print(f"rejected: {exc}", file=sys.stderr)
-        return 1
+        if fmt == "json":  # a script reading stdout gets the decision, as for any other message
+            rejected = {"route": route.name, "decision": str(Decision.REJECTED), "reason": f"payload rejected: {exc}"}
+            print(msgspec.json.encode(rejected).decode())
+        raise  # the command's one line on stderr, exit 1
     print(msgspec.json.encode(result).decode() if fmt == "json" else render(result))
     return 0

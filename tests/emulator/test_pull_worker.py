@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,8 +97,10 @@ class World:
         cfg.update(top)
         return cfg
 
-    def start(self, name: str = "pull", pubsub_host: str | None = None, log_level: str = "info") -> PullProcess:
-        path = write_config(self.tmp_path / f"{name}.yaml", self.config(name))
+    def start(
+        self, name: str = "pull", pubsub_host: str | None = None, log_level: str = "info", **top: Any
+    ) -> PullProcess:
+        path = write_config(self.tmp_path / f"{name}.yaml", self.config(name, **top))
         proc = PullProcess(
             path,
             self.tmp_path / f"{name}.log",
@@ -335,3 +338,40 @@ def test_a_subscription_that_does_not_exist_stops_the_worker_with_exit_1(world: 
     assert code == 1, proc.tail()
     [failed] = [e for e in proc.events() if e.get("message") == "pull_failed"]
     assert failed["route"] == ROUTE and "NotFound" in failed["error"]
+
+
+def test_sigterm_while_messages_stream_in_logs_nothing_after_stopped(
+    world: World, pubsub_emulator: PubsubEmulator
+) -> None:
+    """The library's stream threads end, and its channel closes, before the worker says `stopped`.
+
+    Messages keep arriving and every request to Pub/Sub is held 3 s, so when SIGTERM lands
+    the stream's thread is inside the receipt modack of a response: it outlives the
+    library's own 1 s join of it, and must not find its channel closed under it.
+    """
+    done = threading.Event()
+
+    def feed() -> None:
+        day = 0
+        while not done.is_set():
+            day += 1
+            world.publish(report(f"2026-03-{day % 28 + 1:02d}", seed=day), source="nbac")
+            done.wait(0.05)
+
+    with DelayProxy(pubsub_emulator.host, delay=3.0) as proxy:
+        # Forwards go to a local outbox: nothing in flight holds the shutdown up past the modack.
+        outbox = {"backend": "outbox", "path": str(world.tmp_path / "outbox.jsonl")}
+        proc = world.start(pubsub_host=proxy.host, publisher=outbox)
+        feeder = threading.Thread(target=feed, name="feed")
+        feeder.start()
+        try:
+            proc.wait_decisions(lambda ds: len(ds) >= 5, timeout=60)
+            proc.stop()
+        finally:
+            done.set()
+            feeder.join()
+    lines = proc.log_path.read_text().splitlines()
+    stopped = next(i for i, line in enumerate(lines) if '"message":"stopped"' in line)
+    assert lines[stopped + 1 :] == [], "\n".join(lines[stopped - 3 :])
+    noise = ("Background thread did not exit", "Channel closed", "Traceback", "stream_threads_did_not_stop")
+    assert not [line for line in lines if any(n in line for n in noise)], "\n".join(lines[stopped - 5 :])

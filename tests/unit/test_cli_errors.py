@@ -211,3 +211,75 @@ def test_an_unreachable_emulator_is_reported_within_seconds(
     assert proc.returncode == FAILED, proc.stderr
     line = one_line(proc.stderr)
     assert line.startswith(f"pubsub-filter {name}: ") and f"emulator at {address} ({variable}) is not reachable" in line
+
+
+# --- replay finds its config as every command does -----------------------------------------
+
+
+@pytest.fixture
+def in_config_dir(rows_config: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A working directory holding ./filter.yaml, and no $PUBSUB_FILTER_CONFIG; Pub/Sub never reached."""
+    monkeypatch.chdir(rows_config.parent)
+    monkeypatch.delenv("PUBSUB_FILTER_CONFIG", raising=False)
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "demo")
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")  # the probe of the API stands aside
+    return rows_config
+
+
+def test_replay_route_reads_the_config_in_the_working_directory(
+    in_config_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["replay", "--route", "nope"]) == USAGE
+    assert one_line(capsys.readouterr().err) == "pubsub-filter replay: --route: no route 'nope' in the config\n"
+
+
+def test_replay_route_reads_the_config_named_by_the_environment(
+    in_config_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.setenv("PUBSUB_FILTER_CONFIG", str(in_config_dir))
+    assert main(["replay", "--route", "nope"]) == USAGE
+    assert "--route: no route 'nope' in the config" in one_line(capsys.readouterr().err)
+
+
+def test_replay_route_without_any_config_says_where_it_looked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("PUBSUB_FILTER_CONFIG", raising=False)
+    monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "demo")
+    assert main(["replay", "--route", "injuries"]) == USAGE
+    err = one_line(capsys.readouterr().err)
+    assert err.startswith("pubsub-filter replay: --route needs a config") and "$PUBSUB_FILTER_CONFIG" in err, err
+
+
+@pytest.mark.usefixtures("no_credentials")
+def test_replay_without_a_project_says_so_in_its_own_words(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HTTPS_PROXY", "http://127.0.0.1:9")
+    assert main(["replay", "dlq-sub"]) == USAGE
+    err = one_line(capsys.readouterr().err)
+    assert err.startswith("pubsub-filter replay: no project") and "--project" in err, err
+
+
+def test_serve_on_the_pubsub_emulator_without_the_firestore_one_names_the_missing_variable(
+    rows_config: Path, tmp_path: Path
+) -> None:
+    """Before any client exists: no google-auth warning about the metadata server comes first."""
+    config = with_backend(rows_config, "store", "firestore")
+    env = {
+        "CLOUDSDK_CONFIG": str(tmp_path / "gcloud"),
+        "NO_GCE_CHECK": "True",
+        "PORT": str(free_port()),
+        "PUBSUB_EMULATOR_HOST": "127.0.0.1:9",
+    }
+    proc, _ = _run(["serve", "-c", str(config), "--host", "127.0.0.1"], env, tmp_path, credentials=False)
+    assert proc.returncode == FAILED, proc.stderr
+    line = one_line(proc.stderr)
+    assert "set FIRESTORE_EMULATOR_HOST for the Firestore emulator" in line, line
+    assert "PUBSUB_EMULATOR_HOST is set, FIRESTORE_EMULATOR_HOST is not" in line, line
+    assert proc.stdout == "", "no log line (google-auth's included) before the error"

@@ -1,5 +1,6 @@
-"""The README's command reference stays complete: every subcommand and every option the
-parser knows is in its Commands section, and every option says what it is for in --help."""
+"""The README's command reference stays complete and exact: every subcommand and every option the
+parser knows is in its Commands section with the metavar --help prints, and every option says what it
+is for in --help."""
 
 from __future__ import annotations
 
@@ -69,3 +70,78 @@ def test_the_infra_readme_skip_rate_formula_names_every_skipped_and_decided_deci
     skipped, decided = formula.split("decided =", 1)
     assert all(d in skipped for d in SKIPPED), skipped
     assert all(d in decided for d in DECIDED), decided
+
+
+# --- the README's command table against the parser -------------------------------------------
+
+
+def synopses() -> dict[str, str]:
+    """Each command's synopsis in the README table (markdown's `\\|` read as `|`), by command."""
+    found = {}
+    for line in commands_section().splitlines():
+        m = re.match(r"\| `pubsub-filter ([a-z-]+)([^`]*)` \|", line)
+        if m:
+            found[m.group(1)] = m.group(2).replace("\\|", "|")
+    return found
+
+
+def metavar(action: argparse.Action) -> str | None:
+    """What --help prints after the flag (None for a flag that takes no value)."""
+    if action.nargs == 0:
+        return None
+    if action.metavar is not None:
+        return str(action.metavar)
+    if action.choices:
+        return "|".join(map(str, action.choices))
+    return action.dest.upper() if action.option_strings else action.dest
+
+
+def written(synopsis: str, action: argparse.Action) -> tuple[str, str | None] | None:
+    """(what precedes the flag, the metavar written after it) for the first of its flags in the synopsis."""
+    for flag in action.option_strings:
+        m = re.search(rf"(?<![\w-])({re.escape(flag)})(?![\w-])(?: ([^\s\[\]()|]+(?:\|[^\s\[\]()|]+)*))?", synopsis)
+        if m:
+            return synopsis[: m.start(1)].rstrip()[-1:], m.group(2)
+    return None
+
+
+def table_mismatches() -> list[str]:
+    table = synopses()
+    found = []
+    for name, parser in subcommands().items():
+        synopsis = table.get(name)
+        if synopsis is None:
+            found.append(f"{name}: no row in the README's table")
+            continue
+        known = set()
+        for action in parser._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            known.update(action.option_strings)
+            expected = metavar(action)
+            if not action.option_strings:  # a positional: its metavar as a word, in brackets if optional
+                shown = f"[{expected}]" if action.nargs == "?" else expected
+                if not re.search(rf"(?<![\w-]){re.escape(shown)}(?![\w-])", synopsis):
+                    found.append(f"{name}: positional {shown} (README: {synopsis.strip()})")
+                continue
+            seen = written(synopsis, action)
+            flag = action.option_strings[0]
+            if seen is None:
+                found.append(f"{name}: {flag} missing")
+                continue
+            before, meta = seen
+            if meta != expected:
+                found.append(f"{name}: {flag} {meta or '-'} in the README, {expected or '-'} in --help")
+            if action.required and before in ("[", "|"):
+                found.append(f"{name}: {flag} is required but shown in brackets")
+            if not action.required and before not in ("[", "(", "|"):
+                found.append(f"{name}: {flag} is optional but shown without brackets")
+        for flag in re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", synopsis):
+            if flag not in known:
+                found.append(f"{name}: {flag} is in the README but not in the parser")
+    return found
+
+
+def test_the_readme_command_table_matches_the_parser_option_for_option() -> None:
+    mismatches = table_mismatches()
+    assert not mismatches, "\n".join(mismatches)

@@ -17,6 +17,7 @@ from filter.backends.stores.sqlite import SqliteStore
 from filter.cli import main
 from filter.core.config import load
 from filter.core.engine import Engine
+from filter.core.envelope import parse_envelope
 from filter.core.model import Lease, Message
 from filter.core.transitions import claimed
 from filter.runtime.wiring import make_store
@@ -229,3 +230,92 @@ def test_explain_reads_a_state_file_an_earlier_version_wrote_without_upgrading_i
     result = explain(path, tmp_path, report, capsys)
     assert (result["stored"]["source_message_id"], result["stored"]["fingerprint"]) == ("m-old", "sha256:old")
     assert (tmp_path / "state.db").read_bytes() == before
+
+
+# --- errors and inputs as a user meets them ------------------------------------------------
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def test_explain_of_a_payload_without_its_key_says_so_in_the_commands_own_words(
+    setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, _ = setup
+    file = tmp_path / "bad.json"
+    file.write_text('{"players": []}')
+    assert main(["explain", "--config", str(path), "--route", "injury", str(file)]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("pubsub-filter explain: payload rejected: ") and err.count("\n") == 1, err
+
+
+def test_explain_as_json_prints_a_rejection_as_a_json_decision(
+    setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, _ = setup
+    file = tmp_path / "bad.json"
+    file.write_text('{"players": []}')
+    assert main(["explain", "--config", str(path), "--route", "injury", "--format", "json", str(file)]) == 1
+    result = json.loads(capsys.readouterr().out)
+    assert (result["route"], result["decision"]) == ("injury", "rejected")
+    assert "key field payload.game_date is missing" in result["reason"]
+
+
+def test_explain_of_an_unknown_route_is_a_usage_error_in_the_commands_own_words(
+    setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, report = setup
+    file = tmp_path / "payload.json"
+    file.write_text(json.dumps(report))
+    assert main(["explain", "--config", str(path), "--route", "nope", str(file)]) == 2
+    assert capsys.readouterr().err == "pubsub-filter explain: no route 'nope' in the config (routes: injury)\n"
+
+
+@pytest.fixture
+def quick_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The quick start's config, its state in a fresh directory."""
+    monkeypatch.chdir(tmp_path)
+    return EXAMPLES / "filter.yaml"
+
+
+def test_explain_decodes_the_quick_starts_push_envelope_and_says_it_did(
+    quick_start: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    envelope = EXAMPLES / "push-injury.json"
+    args = ["explain", "-c", str(quick_start), "-r", "injury-report", "--format", "json", str(envelope)]
+    assert main(args) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out)
+    assert (result["decision"], result["key"]) == ("forwarded", "2025-01-10")
+    assert "is a Pub/Sub push envelope" in captured.err and captured.err.count("\n") == 1, captured.err
+
+
+def test_explain_of_a_redelivered_push_envelope_says_duplicate_as_the_server_would(
+    quick_start: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    envelope = EXAMPLES / "push-injury.json"
+    cfg = load(quick_start)
+    message = parse_envelope(envelope.read_bytes())
+    engine = Engine(cfg, make_store(cfg), MemoryPublisher(), MemoryRecorder())
+
+    async def forward_it() -> None:
+        await engine.handle("injury-report", message)
+        await engine.store.close()
+
+    asyncio.run(forward_it())
+    capsys.readouterr()  # the engine's own decision line
+    args = ["explain", "-c", str(quick_start), "-r", "injury-report", "--format", "json", str(envelope)]
+    assert main(args) == 0
+    assert json.loads(capsys.readouterr().out)["decision"] == "duplicate"
+
+
+def test_fingerprint_of_a_push_envelope_is_that_of_its_data(
+    quick_start: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    envelope = EXAMPLES / "push-injury.json"
+    data = tmp_path / "data.json"
+    data.write_bytes(parse_envelope(envelope.read_bytes()).data)
+    assert main(["fingerprint", "-c", str(quick_start), "-r", "injury-report", str(data)]) == 0
+    expected = capsys.readouterr().out
+    assert main(["fingerprint", "-c", str(quick_start), "-r", "injury-report", str(envelope)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == expected and "is a Pub/Sub push envelope" in captured.err

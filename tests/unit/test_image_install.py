@@ -1,9 +1,10 @@
 """What the Docker image does, without Docker: wheel -> fresh venv -> `pubsub-filter serve`.
 
 The wheel is built from exactly the files the image's build context holds (the
-.dockerignore allow-list: pyproject.toml, README.md, filter/), installed with its
-runtime dependencies only into a new venv that, as in the image, holds no pip or
-setuptools. The installed console script must then serve a push end to end on $PORT and exit
+.dockerignore allow-list: requirements.lock, pyproject.toml, README.md, filter/) and
+installed as the image installs it: the pinned runtime dependencies of requirements.lock
+first, then the wheel with --no-deps, `pip check`ed, into a new venv that, as in the
+image, holds no pip or setuptools. The installed console script must then serve a push end to end on $PORT and exit
 0 on SIGTERM. Every module of the package must import there, and every backend of the
 config reference must be constructible from a config through the project's own wiring, so
 a dependency that only the test extra brings in fails here, not in the Cloud Run image.
@@ -23,6 +24,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 import urllib.error
 import urllib.request
 import venv
@@ -31,9 +33,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILD_CONTEXT = ("pyproject.toml", "README.md", "filter")
+BUILD_CONTEXT = ("requirements.lock", "pyproject.toml", "README.md", "filter")
+LOCK = ROOT / "requirements.lock"
+DOCKERFILE = ROOT / "Dockerfile"
 
 MINIMAL_CONFIG = """\
 routes:
@@ -149,12 +156,15 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _run([*pip, "wheel", *isolation, "--no-deps", "--wheel-dir", str(wheels), str(context)], timeout=300)
     (wheel,) = wheels.glob("pubsub_filter-*.whl")
 
-    # Like the image's venv once built: the project and its dependencies, no pip, no
-    # setuptools. This interpreter's pip installs into it.
+    # Like the image's venv once built: the locked dependencies, then the project without
+    # resolving any, checked; no pip, no setuptools. This interpreter's pip installs into it.
     env_dir = base / "venv"
     venv.EnvBuilder(with_pip=False, clear=True).create(env_dir)
     bin_dir = env_dir / "bin"
-    _run([*pip, "--python", str(bin_dir / "python"), "install", str(wheel)], timeout=600)
+    into = [*pip, "--python", str(bin_dir / "python")]
+    _run([*into, "install", "--no-deps", "-r", str(context / "requirements.lock")], timeout=600)
+    _run([*into, "install", "--no-deps", str(wheel)], timeout=300)
+    _run([*into, "check"], timeout=120)
     return bin_dir
 
 
@@ -338,3 +348,76 @@ def test_installed_service_forwards_a_push_on_port_and_exits_0_on_sigterm(served
     except subprocess.TimeoutExpired:
         pytest.fail(f"serve did not exit within 30 s of SIGTERM:\n{served.output()}")
     assert code == 0, served.output()
+
+
+# --- the dependency lock and the Dockerfile's layers -----------------------------------------
+
+
+def locked() -> dict[str, Version]:
+    """requirements.lock as {canonical name: pinned version}; every line must be an exact pin."""
+    pins: dict[str, Version] = {}
+    for line in LOCK.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        req = Requirement(line)
+        (spec,) = req.specifier
+        assert spec.operator == "==" and not req.extras and not req.marker, f"not an exact pin: {line}"
+        pins[canonicalize_name(req.name)] = Version(spec.version)
+    return pins
+
+
+def runtime_dependencies() -> list[Requirement]:
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        return [Requirement(d) for d in tomllib.load(f)["project"]["dependencies"]]
+
+
+def test_the_lock_pins_every_runtime_dependency_within_pyprojects_specifiers() -> None:
+    pins = locked()
+    missing = [str(r) for r in runtime_dependencies() if canonicalize_name(r.name) not in pins]
+    outside = [
+        f"{r.name}=={pins[canonicalize_name(r.name)]} is outside {r.specifier}"
+        for r in runtime_dependencies()
+        if canonicalize_name(r.name) in pins
+        and not r.specifier.contains(pins[canonicalize_name(r.name)], prereleases=True)
+    ]
+    assert not missing, f"requirements.lock lacks {missing}: run `make lock`"
+    assert not outside, "requirements.lock: " + "; ".join(outside) + " (run `make lock`)"
+
+
+def test_the_lock_holds_no_test_or_build_tool_and_not_the_project_itself() -> None:
+    pins = locked()
+    assert not {"pytest", "mypy", "ruff", "pip", "setuptools", "wheel", "pubsub-filter"} & set(pins)
+
+
+def _builder_stage() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the builder stage, continuation lines joined."""
+    joined = DOCKERFILE.read_text(encoding="utf-8").replace("\\\n", " ")
+    lines = [ln.strip() for ln in joined.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    instructions = [(ln.split(None, 1)[0].upper(), ln.split(None, 1)[1]) for ln in lines]
+    froms = [i for i, (op, _) in enumerate(instructions) if op == "FROM"]
+    (start,) = [i for i in froms if instructions[i][1].endswith(" AS builder")]
+    end = min([i for i in froms if i > start], default=len(instructions))
+    return instructions[start:end]
+
+
+def test_the_image_installs_the_locked_dependencies_in_a_layer_before_the_source_is_copied() -> None:
+    stage = _builder_stage()
+
+    def first(predicate: Any) -> int:
+        return next(i for i, step in enumerate(stage) if predicate(*step))
+
+    copy_lock = first(lambda op, args: op == "COPY" and args.split() == ["requirements.lock", "./"])
+    install_lock = first(lambda op, args: op == "RUN" and "-r requirements.lock" in args)
+    copy_source = first(lambda op, args: op == "COPY" and ("filter" in args.split() or "pyproject.toml" in args))
+    assert copy_lock < install_lock < copy_source, stage
+    assert all(op != "COPY" for op, _ in stage[copy_lock + 1 : install_lock]), "only the lock keys the layer"
+    lock_run = stage[install_lock][1]
+    assert "--no-deps" in lock_run, "the lock is complete: nothing else may be resolved"
+    wheel_run = next(args for op, args in stage[copy_source:] if op == "RUN" and "pubsub_filter-" in args)
+    assert "--no-deps" in wheel_run and "pip check" in wheel_run, wheel_run
+
+
+def test_the_build_context_lets_the_lock_in() -> None:
+    allowed = {ln.strip() for ln in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()}
+    assert {"*", "!requirements.lock", "!pyproject.toml", "!README.md", "!filter/"} <= allowed

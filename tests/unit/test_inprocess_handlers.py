@@ -19,6 +19,7 @@ from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import Config, parse
 from filter.core.engine import Engine
 from filter.core.envelope import make_envelope
+from filter.core.errors import UnknownRouteError
 from filter.core.model import Decision, Message
 from filter.inprocess import Filter, Forward, SyncFilter
 from filter.inprocess.handlers import Nack, on_cloudevent, on_payload, on_push
@@ -237,14 +238,14 @@ async def test_a_shadow_route_runs_the_body_for_unchanged_content_and_records_th
     assert fences == [1, None]  # the would-be suppression ran without a lease
 
 
-def test_a_handler_on_a_route_the_config_lacks_is_a_nack_with_a_404(sync: SyncFilter) -> None:
-    @on_payload(sync, "no-such-route")
-    def handle(payload: Any) -> None:
-        raise AssertionError("the body must not run")
+def test_decorating_a_handler_for_a_route_the_config_lacks_fails_at_decoration_naming_the_routes(
+    sync: SyncFilter,
+) -> None:
+    with pytest.raises(UnknownRouteError, match=r"unknown route 'no-such-route'.*reports"):
 
-    with pytest.raises(Nack, match="unknown route") as caught:
-        handle(report("out"))
-    assert caught.value.status == 404
+        @on_payload(sync, "no-such-route")
+        def handle(payload: Any) -> None:
+            raise AssertionError("the body must not run")
 
 
 def committed_decisions(path: Path) -> list[tuple[str, str]]:

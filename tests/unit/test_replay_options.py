@@ -62,7 +62,7 @@ def test_a_malformed_where_names_the_option() -> None:
 
 
 def test_through_filter_needs_a_config() -> None:
-    with pytest.raises(UsageError, match="--through-filter needs --config"):
+    with pytest.raises(UsageError, match="--through-filter needs a config"):
         options_from(args("orders-dlq-sub", through_filter=True), None)
 
 

@@ -28,13 +28,12 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable
 
-import structlog
-
 from filter.backends.records.batch import BatchingRecorder
 from filter.backends.records.sqlite import SqliteSink
+from filter.core.logs import get_logger
 from filter.core.model import DecisionRecord
 
-log = structlog.get_logger("pubsub_filter.records")
+log = get_logger("pubsub_filter.records")
 
 
 class InlineSqliteRecorder:

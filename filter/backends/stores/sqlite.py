@@ -68,7 +68,9 @@ _TRIGGERS = (
     "BEGIN DELETE FROM key_rows WHERE route = new.route AND key = new.key; END",
 )
 
-_ADDED_COLUMNS = {"rows": "BLOB", "full_fingerprint": "TEXT"}  # columns newer than the first release
+# Columns newer than the first release. `results` (the in-process API's kept results) is NULL when
+# there are none: a process of an earlier version sharing the file never reads it.
+_ADDED_COLUMNS = {"rows": "BLOB", "full_fingerprint": "TEXT", "results": "TEXT"}
 # What `_values()` holds, in order: every column but the key, the version and the old `rows`.
 _WRITTEN = (
     "fingerprint",
@@ -84,12 +86,14 @@ _WRITTEN = (
     "lease_message_id",
     "expires_at",
     "full_fingerprint",
+    "results",
 )
 _SET = ", ".join(f"{c} = ?" for c in _WRITTEN)
 _READ = (
     "SELECT version, fingerprint, forwarded_at, message_id, publish_time, recent, fence, lease_holder, lease_fence, "
     "lease_expires, lease_fingerprint, lease_message_id, expires_at, "
-    "COALESCE(s.rows, (SELECT r.rows FROM key_rows r WHERE r.route = s.route AND r.key = s.key)), full_fingerprint "
+    "COALESCE(s.rows, (SELECT r.rows FROM key_rows r WHERE r.route = s.route AND r.key = s.key)), full_fingerprint, "
+    "results "
     "FROM key_state s WHERE s.route = ? AND s.key = ?"
 )
 _INSERT = (
@@ -131,10 +135,11 @@ _COMMIT_NO_ROWS = _COMMIT.replace(" WHERE", ", rows = NULL WHERE", 1)
 
 # Straight into the tuple of pairs the state holds, in C (a list that is not of pairs is an error, as before).
 _decode_recent = msgspec.json.Decoder(tuple[tuple[Any, Any], ...]).decode
+_decode_results = msgspec.json.Decoder(tuple[tuple[str, str, str], ...]).decode
 
 
 def _row_to_state(row: tuple[Any, ...]) -> KeyState:
-    (version, fp, fwd_at, mid, pub, recent, fence, holder, lfence, lexp, lfp, lmid, exp, rows, full_fp) = row
+    (version, fp, fwd_at, mid, pub, recent, fence, holder, lfence, lexp, lfp, lmid, exp, rows, full_fp, results) = row
     lease = Lease(holder, lfence, lexp, lfp, lmid) if holder is not None else None
     return KeyState(
         fingerprint=fp,
@@ -147,6 +152,7 @@ def _row_to_state(row: tuple[Any, ...]) -> KeyState:
         expires_at=exp,
         rows=rows,
         full_fingerprint=full_fp,
+        results=_decode_results(results) if results else (),
         version=version,
     )
 
@@ -167,6 +173,7 @@ def _values(s: KeyState) -> tuple[Any, ...]:
         le.message_id if le else None,
         s.expires_at,
         s.full_fingerprint,
+        msgspec.json.encode([list(r) for r in s.results]).decode() if s.results else None,
     )
 
 
@@ -388,8 +395,9 @@ def _read_only_sql(db: sqlite3.Connection, tables: set[str]) -> str:
     if "key_rows" in tables:
         rows = f"COALESCE({rows}, {from_table})"
     full = "full_fingerprint" if "full_fingerprint" in columns else "NULL"
+    results = "results" if "results" in columns else "NULL"
     return (
         "SELECT version, fingerprint, forwarded_at, message_id, publish_time, recent, fence, lease_holder, "
-        f"lease_fence, lease_expires, lease_fingerprint, lease_message_id, expires_at, {rows}, {full} "
+        f"lease_fence, lease_expires, lease_fingerprint, lease_message_id, expires_at, {rows}, {full}, {results} "
         "FROM key_state s WHERE s.route = ? AND s.key = ?"
     )
