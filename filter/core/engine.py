@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from filter.core import decision_line
 from filter.core.attributes import fence_attributes, forward_attributes
 from filter.core.config import Config, Route
+from filter.core.errors import FilterUsageError
 from filter.core.fingerprint import NOT_JSON, PayloadError, message_fingerprint
 from filter.core.heartbeat import Heartbeat
 from filter.core.judge import Decided, Outgoing, decide
@@ -214,7 +215,7 @@ class Engine:
         `via`, the caller's own sender, a send that failed is recorded and then raised here."""
         sender = via or self.publishing
         if sender is None:
-            raise TypeError("this engine has no publisher: pass the sender a forward sends through")
+            raise FilterUsageError("this engine has no publisher: pass the sender a forward sends through")
         finished = asyncio.get_running_loop().create_future()
         self._deciding[finished] = asyncio.current_task()
         try:
