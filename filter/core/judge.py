@@ -18,12 +18,13 @@ look at the state, `explain` calls it to say why; read it top to bottom:
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from filter.core import rows
 from filter.core.config import Route
-from filter.core.model import Decision, KeyState, Message
+from filter.core.model import UNKNOWN, Decision, KeyState, Message
 from filter.core.partial import partial
 from filter.core.routes import RouteRules
 
@@ -43,25 +44,29 @@ class Verdict:
     reason: str
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Outgoing:
     """What a forward publishes (the data, possibly only the changed rows) and then commits."""
 
     data: bytes
-    attributes: dict[str, str]
+    attributes: Mapping[str, str]
     rows: bytes | None = None
     full_fingerprint: str | None = None
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Decided:
     """`decide`'s answer: the verdict, the state it was decided on, what a forward sends, and
-    details for the record (which rows and fields changed)."""
+    details for the record (which rows and fields changed). One per look at the state."""
 
     verdict: Verdict
     state: KeyState | None
     out: Outgoing
-    details: dict[str, Any] = field(default_factory=dict)
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def previous_fingerprint(self) -> str | None:
+        return self.state.fingerprint if self.state is not None else None
 
 
 def decide(
@@ -76,16 +81,17 @@ def decide(
     """The whole decision for `msg` (payload fingerprint `fp`) against `state`, the stored state for its key."""
     if state is not None and state.expired(now):
         state = state.forgotten()
-    decided = Decided(judge(rules.route, msg, fp, state, now, bypass), state, Outgoing(msg.data, {}))
+    verdict = judge(rules.route, msg, fp, state, now, bypass)
+    details: dict[str, Any] = {}
     if state is not None and _id_reused(state, msg.message_id, fp):
-        verdict = decided.verdict
-        decided.verdict = Verdict(verdict.decision, f"{verdict.reason}; {ID_REUSED}")
-        decided.details["id_reused"] = True
-    if decided.verdict.decision is Decision.SUPPRESSED and _noise_only(rules, msg, state, rng):
-        decided.verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
-    elif decided.verdict.decision is Decision.FORWARDED:
-        _what_to_send(rules, msg, fp, decided)
-    return decided
+        verdict = Verdict(verdict.decision, f"{verdict.reason}; {ID_REUSED}")
+        details["id_reused"] = True
+    if verdict.decision is Decision.SUPPRESSED and _noise_only(rules, msg, state, rng):
+        verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
+    elif verdict.decision is Decision.FORWARDED:
+        out, found = _what_to_send(rules, msg, fp, state)
+        return Decided(verdict, state, out, {**details, **found})
+    return Decided(verdict, state, Outgoing(msg.data, {}), details)
 
 
 def judge(
@@ -107,20 +113,22 @@ def judge(
         return Verdict(Decision.CONTENDED, "other content for this key is in flight")
     if bypass:
         return Verdict(Decision.FORWARDED, "bypass rule")
-    if lease is not None and lease.fingerprint != state.fingerprint and state.fingerprint == fingerprint:
+    downstream = state.downstream
+    if lease is not None and lease.fingerprint != state.fingerprint and downstream == fingerprint:
         # A holder's lease lapsed mid-forward (it died, or its commit never landed): its publish
-        # may have reached the destination, which then no longer holds what the state says.
+        # may have reached the destination, which then no longer holds what the state says. (The
+        # claim that takes the lease over writes this down as `UNKNOWN`: `transitions.claimed`.)
         return Verdict(Decision.FORWARDED, "a lapsed forward of other content may be downstream")
-    if state.fingerprint == fingerprint:
+    if downstream == fingerprint:
         if route.window is None or state.forwarded_at is None or now - state.forwarded_at < route.window:
             return Verdict(Decision.SUPPRESSED, "unchanged since last forward")
         if not _older(msg, state):
             return Verdict(Decision.FORWARDED, "unchanged, but the window expired")
-    elif state.fingerprint is None and not state.unsettled:
+    elif downstream is None:
         return Verdict(Decision.FORWARDED, "new key")
     if _older(msg, state) and route.stale == "suppress":
         return Verdict(Decision.STALE, "published before the last forwarded message")
-    if state.unsettled:
+    if downstream is UNKNOWN:
         return Verdict(Decision.FORWARDED, UNKNOWN_DOWNSTREAM)
     return Verdict(Decision.FORWARDED, "content changed")
 
@@ -151,31 +159,34 @@ def _noise_only(rules: RouteRules, msg: Message, state: KeyState | None, rng: ra
     )
 
 
-def _what_to_send(rules: RouteRules, msg: Message, fp: str, decided: Decided) -> None:
-    """Fill in what a forward commits (full fingerprint, row digests) and sends (all rows, or the changed ones)."""
-    state, out, details = decided.state, decided.out, decided.details
-    if rules.full_scheme is not None:
-        out.full_fingerprint = rules.full_scheme(msg.data)[1]
+def _what_to_send(rules: RouteRules, msg: Message, fp: str, state: KeyState | None) -> tuple[Outgoing, dict[str, Any]]:
+    """What a forward commits (full fingerprint, row digests) and sends (all rows, or the changed
+    ones), and the details for its record."""
+    full = rules.full_scheme(msg.data)[1] if rules.full_scheme is not None else None
     before = rows.decode(state.rows) if state is not None and rules.tracks_rows else None
     typed = rules.typed_rows(msg.data)  # decoded once (usually kept from the fingerprint) for both uses
     digests = rules.row_digests(msg.data, before, typed)
+    details: dict[str, Any] = {}
     if digests is None:
-        return
-    out.rows = rows.encode(digests)
-    if out.rows is None:
+        return Outgoing(msg.data, {}, None, full), details
+    kept = rows.encode(digests)
+    if kept is None:
         details["rows_state"] = "too large to keep"
     if before is None:
-        return
+        return Outgoing(msg.data, {}, kept, full), details
     diff = rows.diff(before, digests)
     details.update(diff.summary())
+    data: bytes = msg.data
+    attributes: Mapping[str, str] = {}
     content_changed = state is not None and state.fingerprint not in (None, fp)
     if rules.route.rows_mode == "changed" and content_changed:
         if diff.any:
             # The typed path digests every row under its own key, in row order (the generic
             # path, taken on a shared key, digests fewer): then the digests' keys are the rows'.
             keys = list(digests) if typed is not None and len(digests) == len(typed.rows) else None
-            out.data, out.attributes = partial(rules, msg.data, diff, typed, keys)
+            data, attributes = partial(rules, msg.data, diff, typed, keys)
         else:
             # The fingerprint says the content changed and no row digest does (rows that are
             # not objects, say): forward it whole.
             details["rows_forwarded"] = "whole payload: the change is outside the row digests"
+    return Outgoing(data, attributes, kept, full), details

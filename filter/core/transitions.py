@@ -21,16 +21,14 @@ def claimed(state: KeyState | None, lease: Lease, keep_until: float) -> KeyState
     Everything else stays as it was (a released lease must leave the last forward intact),
     except when the lease taken over held other content than the state records: its holder
     may have published it, and our lease is about to overwrite the only trace of that. The
-    claim then writes the content downstream as unknown (`KeyState.unsettled`), so that if
-    this forward fails or dies too, the next message for the key is still forwarded.
+    claim then writes the content downstream as unknown (`KeyState.unknown_downstream`), so
+    that if this forward fails or dies too, the next message for the key is still forwarded.
     """
     base = state or KeyState()
-    fingerprint = base.fingerprint
-    if base.lease is not None and base.lease.fingerprint != base.fingerprint:
-        fingerprint = None
+    if base.lease is not None and base.fingerprint is not None and base.lease.fingerprint != base.fingerprint:
+        base = base.unknown_downstream()
     return replace(
         base,
-        fingerprint=fingerprint,
         fence=lease.fence,
         lease=lease,
         expires_at=max(base.expires_at or 0.0, keep_until),

@@ -1,8 +1,8 @@
 """The engine in-process: decide one message and, when it is a forward, run the caller's work under the lease.
 
-The same decision as the sidecar, with the caller's work in place of the publish
-(`Engine.handle(..., act=...)`): claim the fenced lease, run the body while the heartbeat
-keeps the lease, commit the new fingerprint only after the body returned. So:
+The same decision as the sidecar, with the caller's work in place of the publish (the body
+is the forward's sender, `Engine.handle(..., via=...)`): claim the fenced lease, run the body
+while the heartbeat keeps the lease, commit the new fingerprint only after the body returned. So:
 
 - the body runs only for a forward; any other decision says why it did not run;
 - a body that raises, whatever it raises (`KeyboardInterrupt`, `StopIteration`... too), or
@@ -34,13 +34,14 @@ from typing import Any, Generic, TypeVar
 
 import msgspec
 
+from filter.core.answer import answer_for
 from filter.core.attributes import ATTR_FENCE, ATTR_KEY, ATTR_KEY_SHA256
 from filter.core.config import Config, load
-from filter.core.engine import Engine, Worked, WorkFailed
+from filter.core.engine import Engine
 from filter.core.errors import FilterError, FilterTypeError, FilterUsageError, ResultNotStored
 from filter.core.judge import REDELIVERED
-from filter.core.model import Decision, DecisionRecord, Message
-from filter.core.ports import Clock, PublishFailed
+from filter.core.model import Cause, Decision, DecisionRecord, Message
+from filter.core.ports import Clock, PublishFailed, Worked
 from filter.core.transitions import RESULTS_MAX_BYTES
 from filter.inprocess.messages import to_message
 from filter.runtime.wiring import make_recorder, make_store
@@ -106,11 +107,11 @@ class Outcome(Generic[T]):
 
     @property
     def acked(self) -> bool:
-        return self.record.acked
+        return answer_for(self.record).ack
 
     @property
     def committed(self) -> bool:
-        return self.ran and self.record.extra.get("committed", True) is not False and self.record.fence is not None
+        return self.ran and self.record.committed and self.record.fence is not None
 
     @property
     def skipped(self) -> bool:
@@ -118,19 +119,49 @@ class Outcome(Generic[T]):
         return self.acked and not self.ran
 
 
-class _NoPublisher:
-    """In-process, every forward runs the caller's work: nothing is published."""
+class WorkFailed(PublishFailed):
+    """The caller's body (in place of the publish) did not return: the lease is released, the
+    decision recorded `failed` (cause work), and the caller gets `raised`, what the body raised."""
 
-    async def publish(
-        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None = None
-    ) -> str:
-        raise PublishFailed("the in-process API runs the caller's work, never a publish")
+    def __init__(self, description: str, raised: BaseException | None = None):
+        super().__init__(description)
+        self.raised: BaseException = self if raised is None else raised
 
-    async def ping(self) -> None:
-        return None
 
-    async def close(self) -> None:
-        return None
+class _Body(Generic[T]):
+    """The forward's sender in-process: the caller's body runs in place of the publish.
+
+    Every way of the body not returning is a failed forward (`WorkFailed`): what is not an
+    `Exception` too (a `KeyboardInterrupt`, a `SystemExit`, a `GeneratorExit`), and the caller's
+    own cancel of the body. None may leave the key leased, the decision unrecorded, or the loop
+    stopped; the engine raises the `WorkFailed` once the decision is recorded.
+    """
+
+    cause = Cause.WORK
+    lands_despite_cancel = False  # the caller's cancel (a timeout on a stuck body) reaches the body
+    attribute_limits = False  # nothing goes to Pub/Sub
+
+    def __init__(self, route: str, body: Callable[[Forward], Awaitable[T]], cache: bool):
+        self.route = route
+        self.body = body
+        self.cache = cache  # keep the result with the forward (`cache_result`)
+        self.ran = False
+        self.result: T | None = None
+
+    async def send(
+        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None
+    ) -> str | Worked:
+        try:
+            self.result = await _awaitable(self.body(Forward(self.route, data, attributes)))
+            sent = Worked(IN_PROCESS, _encoded(self.result)) if self.cache else IN_PROCESS
+        except WorkFailed:
+            raise  # the body said why itself (`SyncFilter`'s, from the caller's thread)
+        except asyncio.CancelledError as exc:
+            raise WorkFailed("cancelled while it ran", exc) from exc
+        except BaseException as exc:  # see the docstring: the caller raises it again
+            raise WorkFailed(f"{type(exc).__name__}: {exc}", exc) from exc
+        self.ran = True
+        return sent
 
 
 def _config(config: Config | str | os.PathLike[str] | None) -> Config:
@@ -167,7 +198,7 @@ class Filter:
             self.engine = config
         else:
             cfg = _config(config)
-            self.engine = Engine(cfg, make_store(cfg), _NoPublisher(), make_recorder(cfg), clock)
+            self.engine = Engine(cfg, make_store(cfg), None, make_recorder(cfg), clock)  # each call sends via its body
         self.closed = False
         self._calls: Counter[asyncio.Task[Any] | None] = Counter()  # calls under way, by the task making them
         self._idle = asyncio.Event()  # set as each call ends
@@ -226,23 +257,16 @@ class Filter:
     async def _process(
         self, route: str, message: Message, body: Callable[[Forward], Awaitable[T]], trace: str | None, cache: bool
     ) -> Outcome[T]:
-        ran: list[T] = []
-        failed: list[BaseException] = []
-
-        async def act(data: bytes, attributes: Mapping[str, str]) -> str | Worked:
-            try:
-                ran.append(await _awaitable(body(Forward(route, data, attributes))))
-                return Worked(IN_PROCESS, _encoded(ran[0])) if cache else IN_PROCESS
-            except BaseException as exc:
-                failed.append(exc)
-                raise
-
-        rec = await self.engine.handle(route, message, trace, act)
-        if failed:
-            raise failed[0]
-        if cache and not ran and rec.decision is Decision.DUPLICATE and rec.reason == REDELIVERED:
-            return await self._kept(rec)
-        return Outcome(rec, ran=bool(ran), result=ran[0] if ran else None)
+        sender = _Body(route, body, cache)
+        try:
+            rec = await self.engine.handle(route, message, trace, sender)
+        except WorkFailed as failed:
+            raised = failed.raised
+        else:
+            if cache and not sender.ran and rec.decision is Decision.DUPLICATE and rec.reason == REDELIVERED:
+                return await self._kept(rec)
+            return Outcome(rec, ran=sender.ran, result=sender.result)
+        raise raised  # what the body raised, outside the handler: its own context, not ours
 
     async def _kept(self, rec: DecisionRecord) -> Outcome[Any]:
         """A redelivery's outcome, with the result kept when its message was forwarded (if still kept)."""
@@ -398,7 +422,6 @@ class SyncFilter:
     ) -> Outcome[T]:
         # The loop asks for the body through `calls`; the decision's end arrives there too (None).
         calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
-        raised: list[BaseException] = []
 
         async def run_here(forward: Forward) -> T:
             done: concurrent.futures.Future[T] = concurrent.futures.Future()
@@ -411,15 +434,17 @@ class SyncFilter:
         decided.add_done_callback(lambda _: calls.put(None))
         try:
             while (call := calls.get()) is not None:
-                _run_body(body, *call, raised)
+                _run_body(body, *call)
         except BaseException:
             # Interrupted while waiting for the loop (a Ctrl-C): the body cannot run here any
             # more, so the decision is cancelled (the lease released, `failed` recorded).
             decided.cancel()
             raise
-        if raised:  # the decision is over (recorded `failed`): the body's own exception, as it was
-            raise raised[0]
-        return decided.result()
+        try:
+            return decided.result()
+        except WorkFailed as failed:
+            raised = failed.__cause__ or failed
+        raise raised  # the decision is over (recorded `failed`): the body's own exception, as it was
 
     def close(self) -> None:
         """Wait for the calls under way on other threads (each ends when its body does), then write
@@ -451,22 +476,20 @@ class SyncFilter:
         self.close()
 
 
-def _run_body(
-    body: Callable[[Forward], T], forward: Forward, done: concurrent.futures.Future[T], raised: list[BaseException]
-) -> None:
+def _run_body(body: Callable[[Forward], T], forward: Forward, done: concurrent.futures.Future[T]) -> None:
     """Run `body` on this (the caller's) thread and tell the loop how it ended.
 
     The loop gets the result, or a `WorkFailed` saying what the body raised: the loop cannot
     carry the exception itself (`StopIteration` cannot be set on a future, a `KeyboardInterrupt`
-    would end the loop's thread). The caller gets the body's own exception, from `raised`.
+    would end the loop's thread). The `WorkFailed` comes back out of the decision, and the
+    caller gets the body's own exception, its `__cause__`.
     """
     if not done.set_running_or_notify_cancel():
         return  # the decision was cancelled before its body ran
     try:
         result = body(forward)
     except BaseException as exc:  # re-raised on this thread once the decision is over
-        raised.append(exc)
-        done.set_exception(WorkFailed(f"{type(exc).__name__}: {exc}"))
+        done.set_exception(_failed(f"{type(exc).__name__}: {exc}", exc))
         return
     if inspect.isawaitable(result):
         if inspect.iscoroutine(result):
@@ -475,10 +498,16 @@ def _run_body(
             f"the body returned an awaitable ({type(result).__name__}): it was not run; SyncFilter runs a "
             "plain function's body, use Filter (the async API) for an async def"
         )
-        raised.append(error)
-        done.set_exception(WorkFailed(f"TypeError: {error}"))
+        done.set_exception(_failed(f"TypeError: {error}", error))
         return
     done.set_result(result)
+
+
+def _failed(description: str, exc: BaseException) -> WorkFailed:
+    """A `WorkFailed` the loop can carry (it raises itself there) for `exc`, raised on the caller's thread."""
+    failed = WorkFailed(description)
+    failed.__cause__ = exc
+    return failed
 
 
 async def _awaited(coro: Coroutine[Any, Any, T]) -> T:

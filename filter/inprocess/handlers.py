@@ -23,10 +23,11 @@ from typing import Any, TypeVar, overload
 
 import msgspec
 
+from filter.core.answer import answer_for
 from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError
 from filter.core.errors import FilterError, FilterTypeError, UnknownRouteError
-from filter.core.model import Decision, Message
+from filter.core.model import Message
 from filter.inprocess.api import Filter, Forward, Outcome, SyncFilter, is_async_function
 from filter.inprocess.messages import payload_message, push_message
 
@@ -46,11 +47,7 @@ class Nack(FilterError):
 
     @property
     def status(self) -> int:
-        if self.outcome.decision is Decision.REJECTED:
-            return 404 if self.outcome.record.extra.get("cause") == "unknown_route" else 400
-        if self.outcome.decision is Decision.CONTENDED or self.outcome.record.extra.get("cause") == "store":
-            return 503
-        return 500
+        return answer_for(self.outcome.record).status
 
 
 # --- messages from each handler shape ------------------------------------------------
@@ -81,9 +78,7 @@ async def _rejected(engine: Engine, route: str, exc: Exception) -> Outcome[Any]:
     """Recorded and logged as the sidecar records a body it cannot read, and, as there, the
     answer (the Nack) waits for the commit that holds the record. Runs on the filter's loop:
     the records' connection is the loop's, and a commit of its may be open."""
-    rec = engine.reject(route, None, str(exc), message_id=getattr(exc, "message_id", None))
-    await engine.recorded()
-    return Outcome(rec)
+    return Outcome(await engine.reject(route, None, str(exc), message_id=getattr(exc, "message_id", None)))
 
 
 def _acked(outcome: Outcome[T]) -> Outcome[T]:

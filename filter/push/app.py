@@ -18,10 +18,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from filter.core.answer import answer_for
 from filter.core.counters import counts
 from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError, parse_envelope
-from filter.core.model import Decision, DecisionRecord
+from filter.core.model import Cause
 from filter.observability.probes import backend_problems, metrics_routes, telemetry_of
 from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, request_trace, trace_of
 
@@ -34,17 +35,6 @@ class _TooLarge(Exception):
 
 def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(msgspec.json.encode(body), status, headers, media_type="application/json")
-
-
-def status_for(rec: DecisionRecord) -> int:
-    if rec.acked:
-        return 200
-    cause = rec.extra.get("cause")
-    if rec.decision is Decision.REJECTED:
-        return 404 if cause == "unknown_route" else 400
-    if rec.decision is Decision.CONTENDED or cause == "store":
-        return 503
-    return 500
 
 
 _READ_HEADERS = frozenset((b"content-length", *REQUEST_HEADERS))
@@ -125,19 +115,16 @@ def create_app(
             # Lifecycle lines (lease taken over, heartbeat failed...) then carry the request's trace too.
             structlog.contextvars.bind_contextvars(trace=trace)
         if route not in engine.rules:
-            rec = engine.reject(route, None, f"unknown route {route!r}", trace=trace, cause="unknown_route")
-            await engine.recorded()
+            rec = await engine.reject(route, None, f"unknown route {route!r}", trace=trace, cause=Cause.UNKNOWN_ROUTE)
             return _json({"decision": "rejected", "reason": rec.reason}, 404)
         try:
             async with asyncio.timeout(body_timeout):
                 body = await _body(request, max_body, headers.get(b"content-length"))
         except _TooLarge:
-            rec = engine.reject(route, None, f"body larger than {max_body} bytes", trace=trace)
-            await engine.recorded()
+            rec = await engine.reject(route, None, f"body larger than {max_body} bytes", trace=trace)
             return _json({"decision": "rejected", "reason": rec.reason}, 413)
         except TimeoutError:
-            rec = engine.reject(route, None, f"body not received in full within {body_timeout:g}s", trace=trace)
-            await engine.recorded()
+            rec = await engine.reject(route, None, f"body not received in full within {body_timeout:g}s", trace=trace)
             # the rest of the body may still arrive: it must not be read as the next request
             return _json({"decision": "rejected", "reason": rec.reason}, 408, {"Connection": "close"})
         except ClientDisconnect:
@@ -148,8 +135,7 @@ def create_app(
         try:
             msg = parse_envelope(body)
         except EnvelopeError as exc:
-            rec = engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
-            await engine.recorded()
+            rec = await engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
             return _json({"decision": "rejected", "reason": rec.reason}, 400)
         if parent is not None:
             token = REQUEST_PARENT.set(parent)  # the decision's parent: the push request's trace
@@ -159,7 +145,7 @@ def create_app(
                 REQUEST_PARENT.reset(token)
         else:
             rec = await engine.handle(route, msg, trace)
-        status = status_for(rec)
+        answer = answer_for(rec)
         out: dict[str, Any] = {
             "decision": str(rec.decision),
             "reason": rec.reason,
@@ -172,7 +158,7 @@ def create_app(
             out["enforced"] = False
         if rec.published_id:
             out["published_id"] = rec.published_id
-        return _json(out, status, {"Retry-After": "1"} if status == 503 else None)
+        return _json(out, answer.status, {"Retry-After": "1"} if answer.retry_after else None)
 
     async def healthz(_: Request) -> Response:
         return _json({"status": "ok", "in_flight": engine.in_flight, "counts": dict(counts)})

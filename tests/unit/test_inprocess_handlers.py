@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import sqlite3
@@ -263,11 +264,10 @@ async def test_an_async_handler_raises_its_nack_for_an_unreadable_body_only_once
         recorder = f.engine.recorder
         assert isinstance(recorder, InlineSqliteRecorder)
         # Two records in one step: the recorder then expects company, and the next record waits for its step's commit.
-        f.engine.reject(ROUTE, None, "company", message_id="company-1")
-        f.engine.reject(ROUTE, None, "company", message_id="company-2")
-        waiting = recorder.committing()
-        assert waiting is not None
-        await waiting
+        await asyncio.gather(
+            f.engine.reject(ROUTE, None, "company", message_id="company-1"),
+            f.engine.reject(ROUTE, None, "company", message_id="company-2"),
+        )
 
         @on_push(f, ROUTE)
         async def handle(envelope: Any) -> None:
