@@ -27,9 +27,17 @@ from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, reques
 
 log = structlog.get_logger("pubsub_filter.push")
 
+#: Characters of a made-up route name kept in its record and decision line (anyone may send one).
+MAX_ROUTE_NAME = 200
+
 
 class _TooLarge(Exception):
     pass
+
+
+def cut(name: str) -> str:
+    """A name a request made up, as its record and log lines keep it: at most `MAX_ROUTE_NAME` characters."""
+    return name if len(name) <= MAX_ROUTE_NAME else name[:MAX_ROUTE_NAME] + "…"
 
 
 def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -92,7 +100,7 @@ def create_app(
                 await authenticator.verify(request.headers.get("authorization"))
             except AuthError as exc:
                 counts["auth_rejected"] += 1
-                log.warning("push_unauthorized", route=route, status=exc.status, reason=exc.reason)
+                log.warning("push_unauthorized", route=cut(route), status=exc.status, reason=exc.reason)
                 return _json({"error": exc.reason}, exc.status)
         headers = headers_of(request)
         # the log line's trace, and the decision's parent (`tracing.request_trace`: one parse)
@@ -101,6 +109,7 @@ def create_app(
             # Lifecycle lines (lease taken over, heartbeat failed...) then carry the request's trace too.
             structlog.contextvars.bind_contextvars(trace=trace)
         if route not in engine.rules:
+            route = cut(route)
             rec = engine.reject(route, None, f"unknown route {route!r}", trace=trace, cause="unknown_route")
             await engine.recorded()
             return _json({"decision": "rejected", "reason": rec.reason}, 404)

@@ -143,8 +143,12 @@ async def test_decision_counts_on_metrics_match_the_decision_records(rig: Rig) -
             if s.name == "pubsub_filter_decisions_total"
         }
     )
-    recorded = Counter((r.route, str(r.decision), "true" if r.enforced else "false") for r in rig.recorder.records)
+    label = rig.telemetry.route_label  # a made-up route is counted under the one shared label
+    recorded = Counter(
+        (label(r.route), str(r.decision), "true" if r.enforced else "false") for r in rig.recorder.records
+    )
     assert counted == recorded
+    assert counted[("(unknown)", "rejected", "true")] == 1
     assert sum(recorded.values()) == 6
 
 
