@@ -22,6 +22,7 @@ from filter.core.counters import counts
 from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError, parse_envelope
 from filter.core.model import Decision, DecisionRecord
+from filter.core.numerals import bounded_int, digits_of
 from filter.observability.probes import backend_problems, metrics_routes, telemetry_of
 from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, request_trace, trace_of
 
@@ -70,9 +71,11 @@ def headers_of(request: Request) -> dict[bytes, str]:
 
 
 async def _body(request: Request, limit: int, declared: str | None) -> bytes:
-    # isascii: '²'.isdigit() is True, and int('²') raises
-    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
-        raise _TooLarge
+    if declared is not None and declared.isascii() and declared.isdigit():
+        # more digits than `limit` has: larger, whatever they are (and never handed to int())
+        size = bounded_int(declared, digits_of(limit))
+        if size is None or size > limit:
+            raise _TooLarge
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
