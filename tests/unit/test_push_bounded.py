@@ -13,6 +13,8 @@ import tracemalloc
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from filter.core.config import load
 from filter.core.engine import Engine
 from filter.observability.telemetry import UNKNOWN_ROUTE, from_config
@@ -42,6 +44,7 @@ async def push_made_up(app: Any, start: int, stop: int) -> None:
         assert status == 404
 
 
+@pytest.mark.loop_may_block("50,000 requests: debug mode would make it 10x slower; gc and tracemalloc in its body")
 async def test_fifty_thousand_made_up_route_names_leave_metrics_and_memory_flat(quick_start: Path) -> None:
     engine, app = served(quick_start)
     try:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from filter.backends.stores.sqlite import PURGE_BATCH, SqliteStore
 from filter.core.model import KeyState, Lease
 
@@ -37,6 +39,7 @@ async def test_a_purge_keeps_a_key_whose_lease_is_live(tmp_path: Path) -> None:
     await store.close()
 
 
+@pytest.mark.loop_may_block("it inserts 200,000 keys in its body; it times each claim itself")
 async def test_the_stores_own_purge_of_many_expired_keys_holds_no_claim_for_long(tmp_path: Path) -> None:
     """200,000 expired keys once took one claim 0.5-2 s to delete, all of it on the event loop."""
     expired = 200_000
