@@ -397,3 +397,12 @@ async def test_a_cancel_while_a_shadow_forward_waits_for_its_records_commit_stil
         assert ("s1", "forwarded") in stored(quick_start.parent / "filter-decisions.db")
     finally:
         await close(engine)
+
+
+async def test_a_record_made_after_close_is_counted_dropped_and_waits_for_nothing(tmp_path: Path) -> None:
+    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(Kept()))
+    recorder.record(a_record("a"))
+    await recorder.close()
+    recorder.record(a_record("late"))
+    assert recorder.committing() is None
+    assert (recorder.fallback.dropped, stored(tmp_path / "d.db")) == (1, [("a", "suppressed")])

@@ -82,6 +82,9 @@ class InlineSqliteRecorder:
         except RuntimeError:  # no loop to hold up: written now, on the caller's thread
             self._report(1, self._insert([record]))
             return
+        if self._stopping:
+            self._defer(record, "closed")  # no writer any more: the batching recorder counts it dropped
+            return
         if self._recorded - self._done >= self.max_waiting:
             self._defer(record, "waiting")  # the writer is far behind: its queue is full
             return
