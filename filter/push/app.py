@@ -23,14 +23,23 @@ from filter.core.counters import counts
 from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError, parse_envelope
 from filter.core.model import Cause
+from filter.core.numerals import bounded_int, digits_of
 from filter.observability.probes import backend_problems, metrics_routes, telemetry_of
 from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, request_trace, trace_of
 
 log = structlog.get_logger("pubsub_filter.push")
 
+#: Characters of a made-up route name kept in its record and decision line (anyone may send one).
+MAX_ROUTE_NAME = 200
+
 
 class _TooLarge(Exception):
     pass
+
+
+def cut(name: str) -> str:
+    """A name a request made up, as its record and log lines keep it: at most `MAX_ROUTE_NAME` characters."""
+    return name if len(name) <= MAX_ROUTE_NAME else name[:MAX_ROUTE_NAME] + "…"
 
 
 def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -52,9 +61,11 @@ def headers_of(request: Request) -> dict[bytes, str]:
 
 
 async def _body(request: Request, limit: int, declared: str | None) -> bytes:
-    # isascii: '²'.isdigit() is True, and int('²') raises
-    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
-        raise _TooLarge
+    if declared is not None and declared.isascii() and declared.isdigit():
+        # more digits than `limit` has: larger, whatever they are (and never handed to int())
+        size = bounded_int(declared, digits_of(limit))
+        if size is None or size > limit:
+            raise _TooLarge
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -106,7 +117,7 @@ def create_app(
                     log.warning("push_auth_unavailable", route=route, reason=exc.reason)
                     return _json({"error": exc.reason}, 503, {"Retry-After": "1"})
                 counts["auth_rejected"] += 1
-                log.warning("push_unauthorized", route=route, status=exc.status, reason=exc.reason)
+                log.warning("push_unauthorized", route=cut(route), status=exc.status, reason=exc.reason)
                 return _json({"error": exc.reason}, exc.status)
         headers = headers_of(request)
         # the log line's trace, and the decision's parent (`tracing.request_trace`: one parse)
@@ -115,6 +126,7 @@ def create_app(
             # Lifecycle lines (lease taken over, heartbeat failed...) then carry the request's trace too.
             structlog.contextvars.bind_contextvars(trace=trace)
         if route not in engine.rules:
+            route = cut(route)
             rec = await engine.reject(route, None, f"unknown route {route!r}", trace=trace, cause=Cause.UNKNOWN_ROUTE)
             return _json({"decision": "rejected", "reason": rec.reason}, 404)
         try:

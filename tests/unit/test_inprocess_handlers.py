@@ -282,8 +282,8 @@ async def test_an_async_handler_raises_its_nack_for_an_unreadable_body_only_once
 def test_a_sync_handler_records_its_rejection_on_the_filters_loop_thread_not_the_callers(
     sync: SyncFilter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The records' connection is the loop's: a write from the caller's thread could land inside a
-    commit the loop has open, and go with it when that commit is rolled back."""
+    """The records' connection is the recorder's writer thread's: a write from the caller's thread could
+    land inside a commit the writer has open, and go with it when that commit is rolled back."""
     recorder = sync.engine.recorder
     assert isinstance(recorder, InlineSqliteRecorder)
     writers: list[str] = []
@@ -301,5 +301,5 @@ def test_a_sync_handler_records_its_rejection_on_the_filters_loop_thread_not_the
 
     with pytest.raises(Nack):
         handle(b'{"message": {"messageId": "bad-1", "data": "!!"}}')
-    assert writers == ["pubsub-filter"]
+    assert writers == ["records-inline-writer"]  # the recorder's own thread: never the caller's
     assert ("bad-1", "rejected") in committed_decisions(sync.engine.config.records.path)
