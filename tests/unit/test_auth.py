@@ -15,6 +15,10 @@ import filter.push.auth as auth_module
 from filter.push.auth import AuthError, Principal, PushAuthenticator
 from tests.support.oidc import LocalGoogleCerts, SigningKey, google_claims
 
+#: Its bodies generate RSA keys (~0.1 s each, on the loop's thread) and call the authenticator
+#: directly: no requests are served here.
+pytestmark = pytest.mark.loop_may_block("test bodies generate RSA keys; nothing is served")
+
 AUD = "https://filter.example.run.app/push"
 SA = "pusher@example-project.iam.gserviceaccount.com"
 
