@@ -32,6 +32,9 @@ from tests.contract.conftest import BACKENDS, COLLECTION
 from tests.support.clock import ManualClock
 from tests.support.emulators import FirestoreEmulator
 
+#: Its bodies start worker processes and read their pipes, blocking: nothing is served here.
+pytestmark = pytest.mark.loop_may_block("test bodies read worker processes' pipes; nothing is served")
+
 ROOT = Path(__file__).resolve().parents[2]
 ROUTE = "reports"
 READ_TIMEOUT = 60.0  # a bound on a wait for a worker's line, never a stand-in for one

@@ -83,10 +83,17 @@ def contention() -> float:
     return max(1.0, os.getloadavg()[0] / cpus)
 
 
+#: Tiers not watched yet: their tests drive Google's clients against emulators, some of whose calls
+#: block by design (a publish's `.result()`), and have not been measured under the watch.
+UNWATCHED_TIERS = ("emulator", "e2e")
+
+
 def watch_coroutine_tests(items: list[pytest.Item]) -> None:
-    """Give every coroutine test the `loop_watch` fixture (from `pytest_collection_modifyitems`)."""
+    """Give every coroutine test the `loop_watch` fixture (from `pytest_collection_modifyitems`),
+    but those of `UNWATCHED_TIERS`."""
     for item in items:
         function = getattr(item, "function", None)
         coroutine = function is not None and inspect.iscoroutinefunction(function)
-        if coroutine and isinstance(item, pytest.Function) and "loop_watch" not in item.fixturenames:
+        unwatched = any(item.get_closest_marker(tier) is not None for tier in UNWATCHED_TIERS)
+        if coroutine and not unwatched and isinstance(item, pytest.Function) and "loop_watch" not in item.fixturenames:
             item.fixturenames.insert(0, "loop_watch")

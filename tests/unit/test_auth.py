@@ -24,6 +24,10 @@ from filter.push.auth import AuthError, CertsUnavailable, Principal, PushAuthent
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.oidc import LocalGoogleCerts, SigningKey, google_claims
 
+#: Its bodies generate RSA keys (~0.1 s each, on the loop's thread) and call the authenticator
+#: directly: no requests are served here.
+pytestmark = pytest.mark.loop_may_block("test bodies generate RSA keys; nothing is served")
+
 AUD = "https://filter.example.run.app/push"
 SA = "pusher@example-project.iam.gserviceaccount.com"
 
