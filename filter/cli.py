@@ -19,7 +19,7 @@ from filter.runtime import preflight
 from filter.runtime.operational import BIGQUERY, FIRESTORE, PUBSUB, Backend, describe, require
 
 ATTRIBUTE_HELP = "a message attribute (repeatable), for keys and bypass rules that read attributes"
-#: exit codes (the README's "Exit codes" table)
+#: exit codes (the "Exit codes" table of docs/cli.md)
 OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
 
 

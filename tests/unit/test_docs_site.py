@@ -95,3 +95,18 @@ def test_no_doc_page_speaks_of_seed_notes_or_of_who_asked() -> None:
         if NOT_THE_PRODUCT.search(line)
     ]
     assert not hits, "\n".join(hits)
+
+
+def test_every_docs_page_the_code_points_a_user_at_exists_with_the_section_named() -> None:
+    pointers = [
+        (source, match)
+        for source in sorted((ROOT / "filter").rglob("*.py"))
+        for match in re.finditer(r'docs/([\w-]+\.md)(?:[,:] "([^"]+)")?', source.read_text(encoding="utf-8"))
+    ]
+    assert pointers
+    for source, match in pointers:
+        page = ROOT / "docs" / match.group(1)
+        assert page.is_file(), f"{source.relative_to(ROOT)} names {match.group(0)}"
+        if match.group(2):
+            headings = [line for line in page.read_text(encoding="utf-8").splitlines() if line.startswith("#")]
+            assert any(match.group(2) in h for h in headings), f"{source.relative_to(ROOT)} names {match.group(0)}"
