@@ -19,7 +19,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from filter.core import rows
+from filter.core import fields, rows
 from filter.core.config import Route
 from filter.core.model import Decision, KeyState, Message
 from filter.core.partial import partial
@@ -73,6 +73,8 @@ def decide(
         decided.verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
     elif decided.verdict.decision is Decision.FORWARDED:
         _what_to_send(rules, msg, fp, decided)
+    if decided.verdict.decision in _HELD_BACK and rules.tracks_fields and rules.selects is not None:
+        _excluded_changed(rules, msg, state, decided.details)
     return decided
 
 
@@ -128,11 +130,56 @@ def _noise_only(rules: RouteRules, msg: Message, state: KeyState | None, rng: ra
     )
 
 
+_HELD_BACK = (Decision.SUPPRESSED, Decision.NOISE_ONLY)
+
+
+def _excluded_changed(rules: RouteRules, msg: Message, state: KeyState | None, details: dict[str, Any]) -> None:
+    """Which fields outside the selection changed since the last forward, for `tune`."""
+    before = fields.decode(state.rows) if state is not None else None
+    if before is None or rules.selects is None:
+        return
+    payload = rules.payload_of(msg.data)
+    if type(payload) is dict:
+        changed = fields.excluded_changed(payload, before, rules.unselected, rules.selects)
+        fields.named("excluded_changed", changed, details)
+
+
+def _fields_forwarded(rules: RouteRules, msg: Message, fp: str, decided: Decided) -> None:
+    """A whole-payload forward stores its field checksums and records which selected fields changed."""
+    payload = rules.payload_of(msg.data)
+    if type(payload) is not dict:
+        return
+    state, details, selects = decided.state, decided.details, rules.selects
+    now = fields.Now(payload, selects)
+    decided.out.rows = now.blob(fp)
+    if decided.out.rows is None:
+        details["fields_state"] = "too many fields to keep"
+    if state is None or (state.fingerprint is None and state.forwarded_at is None):
+        return  # a new key: nothing to compare with
+    before = fields.decode(state.rows)
+    if before is None:
+        details["fields_changed"] = None  # unknown: the last forward stored no field checksums
+        return
+    changed = now.changed(before, selects)
+    fields.named("fields_changed", changed, details)
+    clocks, old = now.clocks, before.clocks
+    increased = [k for k in changed if k in clocks and k in old and _grew(old[k], clocks[k])]
+    if increased:
+        fields.named("fields_increased", increased, details)
+
+
+def _grew(old: float | str, new: float | str) -> bool:
+    return type(old) is type(new) and new > old  # type: ignore[operator]
+
+
 def _what_to_send(rules: RouteRules, msg: Message, fp: str, decided: Decided) -> None:
     """Fill in what a forward commits (full fingerprint, row digests) and sends (all rows, or the changed ones)."""
     state, out, details = decided.state, decided.out, decided.details
     if rules.full_scheme is not None:
         out.full_fingerprint = rules.full_scheme(msg.data)[1]
+    if rules.tracks_fields:
+        _fields_forwarded(rules, msg, fp, decided)
+        return
     before = rows.decode(state.rows) if state is not None and rules.tracks_rows else None
     typed = rules.typed_rows(msg.data)  # decoded once (usually kept from the fingerprint) for both uses
     digests = rules.row_digests(msg.data, before, typed)
@@ -145,6 +192,7 @@ def _what_to_send(rules: RouteRules, msg: Message, fp: str, decided: Decided) ->
         return
     diff = rows.diff(before, digests)
     details.update(diff.summary())
+    fields.named("fields_changed", sorted({f for names in diff.fields.values() for f in names}), details)
     content_changed = state is not None and state.fingerprint not in (None, fp)
     if rules.route.rows_mode == "changed" and content_changed:
         if diff.any:

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
-from filter.core import rows
+from filter.core import fields, rows
 from filter.core.attributes import own_attributes_at_most, unforwardable
 from filter.core.conditions import holds
 from filter.core.config import Route
 from filter.core.fingerprint import NOT_JSON, PayloadError, Scheme, TypedRows, compile_scheme
 from filter.core.paths import MISSING
+
+#: How many decoded payloads a route keeps for its decisions (each is taken out by its
+#: decision; the oldest goes first when messages decided otherwise leave theirs behind).
+_KEPT = 64
 
 
 class RouteRules:
@@ -28,6 +33,36 @@ class RouteRules:
         self.tracks_rows = route.rows is not None and bool(route.row_key) and route.scheme == "canonical"
         self.row_memo = rows.Memo()  # the last forward's rows: most of the next forward's are the same
         self.own_attributes_at_most = own_attributes_at_most(route)
+        # whole-payload routes keep a checksum per top-level field (`filter.core.fields`)
+        self.tracks_fields = route.rows is None and route.scheme == "canonical"
+        self.selects: Callable[[str], bool] | None = fields.selector(route)
+        # the fields a suppression looks at: the excluded ones (all but the included, with `include`)
+        self.unselected: tuple[str, ...] | None = None if route.include else tuple(route.exclude)
+        self._decoded: dict[int, tuple[bytes, Any]] = {}
+        if self.tracks_fields:
+            self.scheme = replace(self.scheme, decode=self._remembering(self.scheme.decode))
+
+    def _remembering(self, decode: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
+        """`decode`, keeping the last payloads it decoded for `payload_of`: the decision reads
+        the fields of the payload the fingerprint decoded, never decoding it a second time."""
+        kept = self._decoded
+
+        def remember(data: bytes) -> Any:
+            payload = decode(data)
+            if len(kept) >= _KEPT:
+                kept.pop(next(iter(kept), 0), None)  # the oldest: dicts keep insertion order
+            kept[id(data)] = (data, payload)  # holding `data` keeps its id from being reused
+            return payload
+
+        self._decode_again = decode
+        return remember
+
+    def payload_of(self, data: bytes) -> Any:
+        """The payload the fingerprint decoded from `data` (decoded again only if it was forgotten)."""
+        seen = self._decoded.pop(id(data), None)
+        if seen is not None and seen[0] is data:
+            return seen[1]  # taken out: a second look at the message (a lost claim race) decodes again
+        return self._decode_again(data)
 
     def typed_rows(self, data: bytes) -> TypedRows | None:
         """The rows as the fingerprint's fast path decodes them (included fields only), if it vouches for them."""
