@@ -269,8 +269,8 @@ class BigQueryReader:
             stamp = dt.datetime.fromtimestamp(since, dt.UTC)
             params.append(bigquery.ScalarQueryParameter("since", "TIMESTAMP", stamp))
         sql = (
-            "SELECT time, decision, enforced, key, reason, fingerprint, previous_fingerprint, "
-            f"TO_JSON_STRING(extra) AS extra\nFROM `{self.table}`\n{where}\nORDER BY time"
+            "SELECT time, decision, enforced, key, reason, fingerprint, previous_fingerprint, extra\n"
+            f"FROM `{self.table}`\n{where}\nORDER BY time"
         )
         job = self.client.query(sql, job_config=bigquery.QueryJobConfig(query_parameters=params))
         return [_decision_row(row) for row in job.result(timeout=self.job_timeout)]
