@@ -23,6 +23,7 @@ pays a checksum per top-level field, a suppression one per field outside the sel
 
 from __future__ import annotations
 
+import math
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Mapping
@@ -132,14 +133,17 @@ def clock_value(value: Any) -> float | str | None:
     ISO 8601 date or time (kept as the string: one producer writes them one way, and then they
     compare as text as they compare as times; no parse on the forward path)."""
     t = type(value)
-    if t is int or t is float:
-        return float(value)
+    if t is float:
+        return value if math.isfinite(value) else None
+    if t is int:
+        return float(value) if -_FLOAT_INT <= value <= _FLOAT_INT else None  # beyond: no float to compare
     if t is str and 10 <= len(value) <= 40 and value[4:5] == "-" and value[7:8] == "-" and value[:4].isdigit():
         return str(value)
     return None
 
 
 _CLOCKISH = frozenset({int, float, str})
+_FLOAT_INT = 2**1023
 
 
 def decode(blob: bytes | None) -> Before | None:

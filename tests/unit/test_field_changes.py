@@ -87,3 +87,11 @@ def test_a_decoded_payload_is_not_decoded_again_for_the_decision() -> None:
     payload, _ = r.scheme(data)
     assert r.payload_of(data) is payload
     assert r.payload_of(data) == payload and r.payload_of(data) is not payload  # forgotten: decoded again
+
+
+def test_a_number_beyond_float_range_is_a_field_like_any_other_not_a_clock() -> None:
+    r = rules()
+    huge = 10**400
+    _, state = step(r, {"id": 1, "n": huge, "x": 1e308}, None, 1)
+    second, _ = step(r, {"id": 1, "n": huge + 1, "x": 1e308}, state, 2)
+    assert second.details == {"fields_changed": ["n"]}  # changed; not comparable as a clock
