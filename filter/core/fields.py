@@ -82,19 +82,29 @@ class Before:
 class Now:
     """A forward's payload, field by field: names sorted, checksums packed in that order, clock values."""
 
-    __slots__ = ("clocks", "names", "packed")
+    __slots__ = ("changed_all", "clocks", "names", "packed")
 
-    def __init__(self, payload: Mapping[str, Any], counts: Callable[[str], bool] | None):
+    def __init__(self, payload: Mapping[str, Any], counts: Callable[[str], bool] | None, before: Before | None):
         names = sorted(payload)
         values = list(map(payload.__getitem__, names))
         crcs = list(map(zlib.crc32, map(_encode, values)))
         self.names = names
         self.packed = struct.pack(f">{len(crcs)}I", *crcs).hex()  # what f"{crc:08x}" each gives, in one call
-        self.clocks = {
-            n: c
-            for n, v in zip(names, values, strict=True)
-            if type(v) in _CLOCKISH and (counts is None or counts(n)) and (c := clock_value(v)) is not None
-        }
+        # Clock values: those of the last forward carry over (a field that did not change has
+        # the same value); only the fields that changed are looked at, usually one or two.
+        looked_at: Iterable[str]
+        self.changed_all: list[str] | None  # every field that changed, selected or not (None: nothing to compare)
+        if before is None:
+            self.changed_all, looked_at, self.clocks = None, names, {}
+        else:
+            self.changed_all = looked_at = self.changed(before, None)
+            self.clocks = {k: v for k, v in before.clocks.items() if k in payload}  # a copy: `before` is shared
+        for n in looked_at:
+            c = clock_value(payload.get(n)) if counts is None or counts(n) else None
+            if c is None:
+                self.clocks.pop(n, None)
+            else:
+                self.clocks[n] = c
 
     def changed(self, before: Before, counts: Callable[[str], bool] | None) -> list[str]:
         """The selected fields whose checksum differs from the last forward's (or that came or went)."""

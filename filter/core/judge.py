@@ -135,7 +135,7 @@ _HELD_BACK = (Decision.SUPPRESSED, Decision.NOISE_ONLY)
 
 def _excluded_changed(rules: RouteRules, msg: Message, state: KeyState | None, details: dict[str, Any]) -> None:
     """Which fields outside the selection changed since the last forward, for `tune`."""
-    before = fields.decode(state.rows) if state is not None else None
+    before = rules.fields_before(state.rows) if state is not None else None
     if before is None or rules.selects is None:
         return
     payload = rules.payload_of(msg.data)
@@ -150,17 +150,18 @@ def _fields_forwarded(rules: RouteRules, msg: Message, fp: str, decided: Decided
     if type(payload) is not dict:
         return
     state, details, selects = decided.state, decided.details, rules.selects
-    now = fields.Now(payload, selects)
+    new_key = state is None or (state.fingerprint is None and state.forwarded_at is None)
+    before = None if state is None else rules.fields_before(state.rows)
+    now = fields.Now(payload, selects, before)
     decided.out.rows = now.blob(fp)
     if decided.out.rows is None:
         details["fields_state"] = "too many fields to keep"
-    if state is None or (state.fingerprint is None and state.forwarded_at is None):
-        return  # a new key: nothing to compare with
-    before = fields.decode(state.rows)
-    if before is None:
+    if new_key:
+        return  # nothing to compare with
+    if before is None or now.changed_all is None:
         details["fields_changed"] = None  # unknown: the last forward stored no field checksums
         return
-    changed = now.changed(before, selects)
+    changed = now.changed_all if selects is None else [n for n in now.changed_all if selects(n)]
     fields.named("fields_changed", changed, details)
     clocks, old = now.clocks, before.clocks
     increased = [k for k in changed if k in clocks and k in old and _grew(old[k], clocks[k])]

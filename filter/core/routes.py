@@ -18,6 +18,10 @@ from filter.core.paths import MISSING
 _KEPT = 64
 
 
+#: How many stored field states a route keeps decoded (a few hundred bytes each).
+_KEPT_STATES = 1024
+
+
 class RouteRules:
     """A route compiled once: how to key, fingerprint and bypass its messages."""
 
@@ -39,6 +43,7 @@ class RouteRules:
         # the fields a suppression looks at: the excluded ones (all but the included, with `include`)
         self.unselected: tuple[str, ...] | None = None if route.include else tuple(route.exclude)
         self._decoded: dict[int, tuple[bytes, Any]] = {}
+        self._befores: dict[bytes, fields.Before] = {}
         if self.tracks_fields:
             self.scheme = replace(self.scheme, decode=self._remembering(self.scheme.decode))
 
@@ -56,6 +61,21 @@ class RouteRules:
 
         self._decode_again = decode
         return remember
+
+    def fields_before(self, blob: bytes | None) -> fields.Before | None:
+        """The stored field state, decoded once per stored value: a key's suppressions between
+        two forwards all read the same blob."""
+        if not blob:
+            return None
+        seen = self._befores.get(blob)
+        if seen is None:
+            seen = fields.decode(blob)
+            if seen is None:
+                return None
+            if len(self._befores) >= _KEPT_STATES:
+                self._befores.pop(next(iter(self._befores)), None)
+            self._befores[blob] = seen
+        return seen
 
     def payload_of(self, data: bytes) -> Any:
         """The payload the fingerprint decoded from `data` (decoded again only if it was forgotten)."""

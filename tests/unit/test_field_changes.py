@@ -71,7 +71,7 @@ def test_the_recorded_names_are_capped_with_a_count_of_the_rest() -> None:
 
 
 def test_the_field_state_is_read_by_the_row_state_reader_and_not_mistaken_for_rows() -> None:
-    blob = fields.Now({"a": 5}, None).blob("sha256:" + "a" * 64)
+    blob = fields.Now({"a": 5}, None, None).blob("sha256:" + "a" * 64)
     assert blob is not None
     before = fields.decode(blob)
     assert before is not None and before.names == ["a"] and before.clocks == {"a": 5.0}
