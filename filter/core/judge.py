@@ -73,8 +73,10 @@ def decide(
         decided.verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
     elif decided.verdict.decision is Decision.FORWARDED:
         _what_to_send(rules, msg, fp, decided)
-    if decided.verdict.decision in _HELD_BACK and rules.tracks_fields and rules.selects is not None:
-        _excluded_changed(rules, msg, state, decided.details)
+    if rules.tracks_fields:
+        if decided.verdict.decision in _HELD_BACK and rules.selects is not None:
+            _excluded_changed(rules, msg, state, decided.details)
+        rules.forget(msg.data)  # whatever was decided: the payload is not kept past its decision
     return decided
 
 
@@ -182,6 +184,8 @@ def _what_to_send(rules: RouteRules, msg: Message, fp: str, decided: Decided) ->
         _fields_forwarded(rules, msg, fp, decided)
         return
     before = rows.decode(state.rows) if state is not None and rules.tracks_rows else None
+    if before is not None and fields.PAYLOAD in before.raw:
+        before = None  # the field state of a whole-payload route (its config changed): no rows to compare
     typed = rules.typed_rows(msg.data)  # decoded once (usually kept from the fingerprint) for both uses
     digests = rules.row_digests(msg.data, before, typed)
     if digests is None:

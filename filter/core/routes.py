@@ -77,6 +77,10 @@ class RouteRules:
             self._befores[blob] = seen
         return seen
 
+    def forget(self, data: bytes) -> None:
+        """Let go of the payload decoded from `data` (its entry holds `data`, so no other object has its id)."""
+        self._decoded.pop(id(data), None)
+
     def payload_of(self, data: bytes) -> Any:
         """The payload the fingerprint decoded from `data` (decoded again only if it was forgotten)."""
         seen = self._decoded.pop(id(data), None)

@@ -95,3 +95,24 @@ def test_a_number_beyond_float_range_is_a_field_like_any_other_not_a_clock() -> 
     _, state = step(r, {"id": 1, "n": huge, "x": 1e308}, None, 1)
     second, _ = step(r, {"id": 1, "n": huge + 1, "x": 1e308}, state, 2)
     assert second.details == {"fields_changed": ["n"]}  # changed; not comparable as a clock
+
+
+def test_a_route_switched_from_whole_payload_to_rows_starts_its_row_state_afresh() -> None:
+    whole = rules()
+    doc = {"id": 1, "players": [{"p": "a", "s": "out"}]}
+    _, state = step(whole, doc, None, 1)
+    assert state is not None and fields.decode(state.rows) is not None  # field checksums stored
+    by_rows = rules(rows="payload.players", row_key=["p"], rows_mode="changed", removed_rows="tombstone")
+    changed = {"id": 1, "players": [{"p": "a", "s": "in"}]}
+    decided, _ = step(by_rows, changed, state, 2)
+    assert decided.verdict.decision is Decision.FORWARDED
+    assert "rows_removed" not in decided.details  # the field state is not a row that went away
+    assert json.loads(decided.out.data) == changed
+
+
+def test_every_decision_lets_go_of_the_payload_it_was_given() -> None:
+    r = rules()
+    _, state = step(r, {"id": 1, "status": "out"}, None, 1)
+    for n in range(2, 200):
+        step(r, {"id": 1, "status": "out"}, state, n)  # suppressions of a route that selects every field
+    assert len(r._decoded) == 0
