@@ -161,3 +161,20 @@ def test_the_readme_worked_example_prints_what_the_readme_shows(capsys: pytest.C
         assert main(argv.split()[1:]) == 0
         out = capsys.readouterr().out.splitlines()
         assert (out[-int(tail) :] if tail else out) == lines, command
+
+
+def test_gcloud_entries_and_docker_lines_read_as_our_own_lines(tmp_path: Path) -> None:
+    from filter.backends.records.log_lines import rows_from_log
+
+    ours = Path(__file__).resolve().parents[2] / "examples" / "scores-decisions.jsonl"
+    lines = [json.loads(line) for line in ours.read_text(encoding="utf-8").splitlines()]
+    stamp = lambda t: dt.datetime.fromtimestamp(t, dt.UTC).isoformat().replace("+00:00", "Z")  # noqa: E731
+    gcloud = tmp_path / "gcloud.json"
+    gcloud.write_text(json.dumps([{"jsonPayload": line, "timestamp": stamp(line["time"])} for line in lines]))
+    docker = tmp_path / "docker.log"
+    docker.write_text(
+        "".join(json.dumps({"log": json.dumps(line) + "\n", "stream": "stdout"}) + "\n" for line in lines)
+    )
+    expected = analyse(rows_from_log(str(ours), "scores", None)).as_dict()
+    for source in (gcloud, docker):
+        assert analyse(rows_from_log(str(source), "scores", None)).as_dict() == expected, source

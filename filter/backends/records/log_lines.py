@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import gzip
+import itertools
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -250,23 +251,28 @@ def _row_of(obj: Any, route: str, since: float | None) -> DecisionRow | None:
 
 def rows_from_log(source: str, route: str, since: float | None) -> list[DecisionRow]:
     """One route's decisions from log lines in `source` (the sources `counts_from_log` reads),
-    in time order; lines that cannot be read are skipped (`skip-rate` counts and reports them)."""
+    in time order; lines that cannot be read are skipped (`skip-rate` counts and reports them).
+    Read line by line, as `counts_from_log` does; only the gcloud array is read whole."""
     found: list[DecisionRow] = []
     with _open(source) as fh:
-        data = fh.read()
-    text = data.removeprefix(b"\xef\xbb\xbf").lstrip()
-    if _is_array(text.split(b"\n", 1)[0]):
-        try:
-            entries = _decode_any(text)
-        except msgspec.DecodeError:
-            return []
-        objects: Iterable[Any] = entries if isinstance(entries, list) else []
-    else:
-        objects = _objects(text.splitlines())
-    for obj in objects:
-        row = _row_of(obj, route, since)
-        if row is not None:
-            found.append(row)
+        first = b""
+        for first in fh:
+            first = first.removeprefix(b"\xef\xbb\xbf").lstrip()
+            if first:
+                break
+        objects: Iterable[Any]
+        if _is_array(first):
+            try:
+                entries = _decode_any(first + fh.read())
+            except msgspec.DecodeError:
+                return []
+            objects = entries if isinstance(entries, list) else []
+        else:
+            objects = _objects(itertools.chain([first], fh))
+        for obj in objects:
+            row = _row_of(obj, route, since)
+            if row is not None:
+                found.append(row)
     found.sort(key=lambda r: r["time"])
     return found
 
