@@ -1,6 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make serve   — install into .venv and run the filter on the embedded default (port $PORT, default 8080)
-#   make test    — install the test extra and run lint, types and every test tier (starts its own emulators)
+#   make test    — install the test extra and run lint, types and every test tier (starts its own emulators),
+#                  the bench smoke (tests/unit/test_bench_smoke.py) among them
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -19,7 +20,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import duckdb, duckdb_extensions; duckdb_extensions.import_extension('spatial', con=duckdb.connect())"
 	touch $@ $(VENV)/.installed
 
-.PHONY: serve test lint unit install lock
+.PHONY: serve test lint unit install lock bench-smoke
 install: $(VENV)/.installed
 
 serve: $(VENV)/.installed
@@ -33,6 +34,10 @@ lint: $(VENV)/.installed-test
 
 unit: $(VENV)/.installed-test
 	$(BIN)/pytest tests/unit -q
+
+# every bench in bench/, one tiny round each (`--smoke`); `make test` runs these too
+bench-smoke: $(VENV)/.installed-test
+	$(BIN)/pytest tests/unit/test_bench_smoke.py -q
 
 test: lint
 	$(BIN)/pytest -q

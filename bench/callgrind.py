@@ -1,5 +1,10 @@
 """Instructions a Python snippet executes, counted by callgrind: a measure that does not move
-with the load on a shared machine (ratios of these are what the benches report)."""
+with the load on a shared machine (ratios of these are what the benches report).
+
+Under a bench's `--smoke` (`harness.SMOKE_ENV` set) the snippet runs without valgrind and
+the "count" is its wall time in nanoseconds: the child's code still runs end to end, in a
+fraction of callgrind's time, and the figures mean nothing.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,10 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+from harness import smoking
 
 
 def instructions(
@@ -16,6 +24,10 @@ def instructions(
     """Run `python -c code *args` under callgrind (hash seed fixed) and return the instruction count.
     `only`: count only inside that function (callgrind's name for it, `--toggle-collect`)."""
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(pythonpath)}
+    if smoking():
+        t0 = time.perf_counter_ns()
+        subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=cwd, check=True)
+        return time.perf_counter_ns() - t0
     toggle = [f"--toggle-collect={only}"] if only else []
     proc = subprocess.run(
         ["valgrind", "--tool=callgrind", "--callgrind-out-file=/dev/null", *toggle, sys.executable, "-c", code, *args],

@@ -53,7 +53,6 @@ import datetime as dt
 import json
 import math
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -68,13 +67,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import harness  # bench/harness.py: this script's directory is on sys.path; puts the repository there too
+from harness import free_port, quantile
 
-from filter.core.model import ACKED  # noqa: E402
-from filter.core.times import parse_time  # noqa: E402
-from tests.support.emulators import (  # noqa: E402
+from filter.core.model import ACKED
+from filter.core.times import parse_time
+from tests.support.emulators import (
     JVM_FLAGS,
     Emulator,
     EmulatorError,
@@ -82,10 +80,9 @@ from tests.support.emulators import (  # noqa: E402
     PubsubEmulator,
     java,
 )
-from tests.support.net import free_port  # noqa: E402
-from tests.support.payloads import STATUSES, injury_report  # noqa: E402
-from tests.support.pubsub_helpers import PubsubAdmin, unique  # noqa: E402
-from tests.support.serve import ServeProcess, write_config  # noqa: E402
+from tests.support.payloads import STATUSES, injury_report
+from tests.support.pubsub_helpers import PubsubAdmin, unique
+from tests.support.serve import ServeProcess, write_config
 
 ROUTE = "injury-report"
 Outcome = tuple[str, float, float]  # the acked decision, when (epoch s), ms spent deciding (in the handler)
@@ -373,8 +370,8 @@ class Result:
 class World:
     admin: PubsubAdmin
     pubsub: PubsubEmulator
-    firestore: FirestoreEmulator
-    datastore: DatastoreEmulator
+    firestore: FirestoreEmulator | None  # started only where a system uses it (see `emulators`)
+    datastore: DatastoreEmulator | None
     work: Path
     args: argparse.Namespace
     stream: list[Item]
@@ -422,7 +419,7 @@ class World:
             self.work / f"{tag}-serve.log",
             env={
                 "PUBSUB_EMULATOR_HOST": self.pubsub.host,
-                "FIRESTORE_EMULATOR_HOST": self.firestore.host,
+                **({"FIRESTORE_EMULATOR_HOST": self.firestore.host} if self.firestore else {}),
                 "GOOGLE_CLOUD_PROJECT": self.pubsub.project,
             },
             name="ours",
@@ -441,10 +438,11 @@ class World:
             return Counter(str(d.get("decision")) for d in proc.decisions())
 
         endpoint = proc.url(f"/push/{ROUTE}")
-        store_pid = self.firestore.pid if self.args.store == "firestore" else None
+        store_pid = self.firestore.pid if self.firestore and self.args.store == "firestore" else None
         return proc, endpoint, outcomes, attempts, proc.proc.pid if proc.proc else None, store_pid
 
     def _start_theirs(self, dest: str, tag: str, bare: bool = False) -> tuple[Any, ...]:
+        assert self.datastore is not None, "started for theirs and bare"
         server = TheirServer(
             self.work,
             {
@@ -560,23 +558,19 @@ class World:
 # --- the run ------------------------------------------------------------------------------
 
 
-def machine() -> dict[str, Any]:
-    cpu = "?"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    return {"nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version()}
-
-
 @contextlib.contextmanager
-def emulators(work: Path) -> Iterator[tuple[PubsubEmulator, FirestoreEmulator, DatastoreEmulator]]:
-    emus = (PubsubEmulator(log_dir=work), FirestoreEmulator(log_dir=work), DatastoreEmulator(log_dir=work))
+def emulators(
+    work: Path, firestore: bool, datastore: bool
+) -> Iterator[tuple[PubsubEmulator, FirestoreEmulator | None, DatastoreEmulator | None]]:
+    """The Pub/Sub emulator, and the Firestore and Datastore ones where asked for; all stopped at the end."""
+    fs = FirestoreEmulator(log_dir=work) if firestore else None
+    ds = DatastoreEmulator(log_dir=work) if datastore else None
+    pubsub = PubsubEmulator(log_dir=work)
+    emus = [e for e in (pubsub, fs, ds) if e is not None]
     try:
         for emu in emus:
             emu.start()
-        yield emus
+        yield pubsub, fs, ds
     finally:
         for emu in emus:
             with contextlib.suppress(EmulatorError):
@@ -605,11 +599,6 @@ def ratio(results: list[Result], num: str, den: str) -> tuple[float, list[float]
         n.rate / d.rate for n in results for d in results if n.system == num and d.system == den and n.round == d.round
     ]
     return (statistics.median(per), [round(x, 2) for x in per]) if per else None
-
-
-def quantile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
 
 
 def latency(pairs: list[tuple[str, float]]) -> dict[str, dict[str, float]]:
@@ -677,11 +666,7 @@ def table(summary: dict[str, Any]) -> str:
                 f"{s['pubsub_cpu_ms_per_msg']:.2f}",
             ]
         )
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True)) + " |"]
-    lines.append("|-" + "-|-".join("-" * w for w in widths) + "-|")
-    lines += ["| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows]
-    return "\n".join(lines)
+    return harness.markdown_table(head, rows)
 
 
 def _interrupt(signum: int, _frame: Any) -> None:
@@ -736,7 +721,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", action="store_true", help="print the full summary as JSON too")
     ap.add_argument("--keep", type=Path, help="write logs, configs and records here (kept) instead of a temp dir")
+    harness.add_smoke(ap)
     args = ap.parse_args(argv)
+    harness.smoke(args, messages=6, keys=2, rounds=1, rows=2, warmup=2, timeout=120.0, systems="ours", store="sqlite")
     if args.window is None:
         from filter.backends.publishers.pubsub import MAX_LATENCY
 
@@ -760,10 +747,10 @@ def main(argv: list[str] | None = None) -> int:
     warm = stream(args.warmup, min(args.keys, max(1, args.warmup)), args.unchanged, args.rows, warmup=True)
     expected = sum(it.forward for it in items)
     results: list[Result] = []
-    m = machine()
+    m = harness.machine()
     size = statistics.median(len(it.data) for it in items)
     print(
-        f"{m['cpu']}, {m['nproc']} cores, Python {m['python']}, {dt.date.today().isoformat()}\n"
+        f"{harness.machine_line()}\n"
         f"{args.messages} messages over {args.keys} keys, {expected} new or changed "
         f"({pct(expected, args.messages)}), {args.rows} players per report (~{size / 1024:.0f} KiB); "
         f"{args.rounds} rounds, push subscriptions {'with' if args.ordered else 'without'} message ordering, "
@@ -777,7 +764,9 @@ def main(argv: list[str] | None = None) -> int:
         else:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-e2e-")))
         try:
-            with emulators(work) as (pubsub, firestore, datastore):
+            needs_firestore = "ours" in systems and args.store == "firestore"
+            needs_datastore = bool({"theirs", "bare"} & set(systems))
+            with emulators(work, needs_firestore, needs_datastore) as (pubsub, firestore, datastore):
                 admin = PubsubAdmin(pubsub)
                 world = World(admin, pubsub, firestore, datastore, work, args, items, warm)
                 try:

@@ -45,8 +45,6 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
-import os
-import platform
 import pstats
 import statistics
 import sys
@@ -55,17 +53,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import harness  # bench/harness.py: this script's directory is on sys.path; puts the repository there too
+import msgspec
+from harness import ROOT
 
-import msgspec  # noqa: E402
-
-from filter.core import envelope  # noqa: E402
-from filter.core.config import load  # noqa: E402
-from filter.core.fingerprint import compile_scheme  # noqa: E402
-from tests.support.payloads import injury_report  # noqa: E402
-from tests.support.seeds import reference_canonical  # noqa: E402
+from filter.core import envelope
+from filter.core.config import load
+from filter.core.fingerprint import compile_scheme
+from tests.support.payloads import injury_report
+from tests.support.seeds import reference_canonical
 
 GOAL_RAW = 3.0  # ours ≤ 3.0 x raw SHA-256
 GOAL_REF = 5.0  # ours ≥ 5 x faster than the reference, on 450 rows
@@ -197,15 +193,7 @@ def profile(rows: int, seconds: float = 2.0) -> list[tuple[str, float]]:
 
 
 def machine() -> dict[str, Any]:
-    cpu = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "msgspec": msgspec.__version__}
+    return harness.machine(msgspec=msgspec.__version__)
 
 
 def table(results: list[dict[str, Any]]) -> str:
@@ -233,7 +221,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--timer", choices=sorted(TIMERS), default="cpu", help="cpu (process time, default) or wall")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--profile", action="store_true", help="also split `ours` by function (cProfile) on the largest")
+    harness.add_smoke(p)
     args = p.parse_args(argv)
+    harness.smoke(args, rows="1,10", rounds=5, target=0.002)
     if args.rounds < 5:
         p.error("--rounds must be at least 5")
     sizes = [int(x) for x in args.rows.split(",")]
@@ -264,7 +254,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     m = out["machine"]
     print(
-        f"{m['cpu']}, {m['nproc']} cores, Python {m['python']}, msgspec {m['msgspec']}; "
+        f"{m['cpu']}, {m['nproc']} cores, Python {m['python']}, msgspec {m['msgspec']}, {m['utc']} UTC, "
+        f"load {m['load']}; "
         f"{args.rounds} rounds, {args.timer} time"
     )
     print(table(results))

@@ -27,21 +27,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import harness  # bench/harness.py: this script's directory is on sys.path; puts the repository there too
+from harness import cpu_seconds, quantile
 
-import filter.backends.publishers.pubsub as pubsub_module  # noqa: E402
-from filter.backends.publishers.pubsub import PubsubPublisher  # noqa: E402
-from tests.support.emulators import EmulatorError, PubsubEmulator  # noqa: E402
-from tests.support.pubsub_helpers import PubsubAdmin  # noqa: E402
-
-
-def cpu_seconds(pid: int | None) -> float:
-    if pid is None:
-        return float("nan")
-    with open(f"/proc/{pid}/stat") as f:
-        fields = f.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+import filter.backends.publishers.pubsub as pubsub_module
+from filter.backends.publishers.pubsub import PubsubPublisher
+from tests.support.emulators import EmulatorError, PubsubEmulator
+from tests.support.pubsub_helpers import PubsubAdmin
 
 
 async def forwards(
@@ -59,11 +51,6 @@ async def forwards(
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return waited
-
-
-def quantile(values: list[float], q: float) -> float:
-    values = sorted(values)
-    return values[min(len(values) - 1, int(q * len(values)))]
 
 
 async def measure(
@@ -98,7 +85,9 @@ def main() -> int:
     p.add_argument("--keys", type=int, default=50, help="ordering keys, round robin")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--size", type=int, default=26_000, help="bytes per message")
+    harness.add_smoke(p)
     args = p.parse_args()
+    harness.smoke(args, windows="0", messages=5, concurrency="1", keys=1, rounds=1, size=100)
     windows = [float(w) for w in args.windows.split(",")]
     levels = [int(c) for c in args.concurrency.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-publish-") as work:
@@ -115,6 +104,7 @@ def main() -> int:
             try:
                 topic = admin.topic("publish-bench")
                 results: dict[tuple[int, float], list[dict[str, float]]] = {}
+                print(harness.machine_line())
                 print(f"load average {os.getloadavg()[0]:.1f} at start; {args.messages} forwards of {args.size} B")
                 for rnd in range(args.rounds):
                     for c in levels:

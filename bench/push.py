@@ -48,10 +48,8 @@ import contextlib
 import http.server
 import json
 import os
-import platform
 import shutil
 import signal
-import socket
 import sqlite3
 import statistics
 import subprocess
@@ -65,14 +63,12 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import harness  # bench/harness.py: this script's directory is on sys.path; puts the repository there too
+import msgspec
+from harness import free_port
 
-import msgspec  # noqa: E402
-
-from filter.core.envelope import make_envelope  # noqa: E402
-from tests.support.payloads import injury_report  # noqa: E402
+from filter.core.envelope import make_envelope
+from tests.support.payloads import injury_report
 
 GOAL = 0.6  # filter/bare on the suppress path
 ROUTE = "injury-report"
@@ -135,12 +131,6 @@ def serve_bare(port: int) -> None:
 
 
 # --- servers -----------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Server:
@@ -243,14 +233,8 @@ def decisions(db: Path) -> dict[str, int]:
 
 
 def machine() -> dict[str, Any]:
-    cpu = "?"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
     wrk = subprocess.run(["wrk", "--version"], capture_output=True, text=True).stdout.splitlines()
-    return {"nproc": os.cpu_count(), "cpu": cpu, "python": platform.python_version(), "wrk": (wrk or ["?"])[0]}
+    return harness.machine(wrk=(wrk or ["?"])[0])
 
 
 def filters_to_run(
@@ -517,7 +501,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--keep", action="store_true", help="keep the temp dir (configs, databases, stderr)")
+    harness.add_smoke(p)
     args = p.parse_args(argv)
+    harness.smoke(args, duration=1.0, connections="2", rounds=3, no_telemetry_servers=True)
     args.connections = [int(x) for x in args.connections.split(",")]
     args.variants = [v for v in args.variants.split(",") if v]
     args.only = [v for v in args.only.split(",") if v]
@@ -547,7 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(out, indent=2))
     else:
         m = out["machine"]
-        print(f"\n{m['cpu']}, {m['nproc']} cores, Python {m['python']}, {m['wrk']}")
+        print(f"\n{m['cpu']}, {m['nproc']} cores, Python {m['python']}, {m['wrk']}, {m['utc']} UTC, load {m['load']}")
         print(f"wrk -t1 -d{args.duration:g}s, {args.rounds} rounds, medians; suppress path, 1-row injury report\n")
         print(table(out["summary"]))
         for name, chk in out["checks"].items():

@@ -34,8 +34,8 @@ import tempfile
 from pathlib import Path
 
 import callgrind  # bench/callgrind.py: this script's directory is on sys.path
-
-ROOT = Path(__file__).resolve().parents[1]
+import harness
+from harness import ROOT
 
 CHILD = r"""
 import asyncio, json, os, sys, tempfile
@@ -125,10 +125,13 @@ def main() -> None:
         default=1,
         help="requests started at once, so they run in one event-loop step as c connections' do (default 1)",
     )
+    harness.add_smoke(parser)
     args = parser.parse_args()
-    if shutil.which("valgrind") is None:
+    harness.smoke(args, requests=2, apps="bare,filter")
+    if shutil.which("valgrind") is None and not harness.smoking():
         raise SystemExit("needs valgrind: apt-get install valgrind")
     apps = [a for a in args.apps.split(",") if a]
+    print(harness.machine_line())
     print(
         f"instructions per request, in process, {args.requests} requests, {args.together} at a time, PYTHONHASHSEED=0"
     )

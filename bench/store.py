@@ -29,18 +29,15 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+import harness  # bench/harness.py: this script's directory is on sys.path; puts the repository there too
+import structlog
 
-import structlog  # noqa: E402
-
-from filter.backends.stores.guard import GuardedStore  # noqa: E402
-from filter.core.config import Config, parse  # noqa: E402
-from filter.core.engine import Engine  # noqa: E402
-from filter.core.model import ACKED, Decision, Message  # noqa: E402
-from tests.support.emulators import EmulatorError, FirestoreEmulator  # noqa: E402
-from tests.support.fakes import MemoryPublisher, MemoryRecorder  # noqa: E402
+from filter.backends.stores.guard import GuardedStore
+from filter.core.config import Config, parse
+from filter.core.engine import Engine
+from filter.core.model import ACKED, Decision, Message
+from tests.support.emulators import EmulatorError, FirestoreEmulator
+from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 ROUTE = "bench"
 T0 = 1_767_225_600.0
@@ -198,11 +195,7 @@ def table(rows: list[list[str]]) -> str:
         "backend", "mode", "decisions", "fwd", "supp", "other",
         "reads/supp", "writes/supp", "reads/fwd", "writes/fwd", "ms/supp", "ms/fwd", "decisions/s",
     ]  # fmt: skip
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    lines = [" | ".join(h.ljust(w) for h, w in zip(head, widths, strict=True))]
-    lines.append("-+-".join("-" * w for w in widths))
-    lines += [" | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
-    return "\n".join(lines)
+    return harness.markdown_table(head, rows)
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -236,6 +229,7 @@ async def main_async(args: argparse.Namespace) -> int:
             finally:
                 emu.stop()
                 assert not emu.running
+    print(harness.machine_line())
     print(
         f"{args.messages} messages over {args.keys} keys, {args.unchanged:.0%} unchanged; "
         f"engine + GuardedStore + store, in-memory publisher and recorder"
@@ -253,8 +247,10 @@ def main() -> int:
     ap.add_argument("--unchanged", type=float, default=0.8)
     ap.add_argument("--concurrency", type=int, default=16)
     ap.add_argument("--warmup", type=int, default=200, help="messages run first on throwaway state, not reported")
-    ap.add_argument("--skip-firestore", action="store_true")
+    ap.add_argument("--skip-firestore", action="store_true", help="SQLite only (no Firestore emulator)")
+    harness.add_smoke(ap)
     args = ap.parse_args()
+    harness.smoke(args, messages=20, keys=4, concurrency=4, warmup=4)
     # Decisions are logged at info; keep the bench about the store, not the terminal.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     return asyncio.run(main_async(args))

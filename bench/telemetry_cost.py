@@ -51,17 +51,15 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import callgrind  # bench/callgrind.py: this script's directory is on sys.path
-
-ROOT = Path(__file__).resolve().parents[1]
+import harness
+from harness import ROOT
 
 CHILD = r"""
 import asyncio, base64, json, os, sys, tempfile
@@ -140,25 +138,6 @@ RATIO = float(SERVER_MODES["sampled"]["OTEL_TRACES_SAMPLER_ARG"])
 SERVE = "import sys; from filter.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
-class _Sink(http.server.BaseHTTPRequestHandler):
-    """Accepts any OTLP/HTTP export (answers 200, keeps nothing)."""
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *_: object) -> None:
-        pass
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _parent(i: int) -> dict[str, str]:
     """Cloud Run's header for request `i`: a trace of its own, not sampled (the common case)."""
     ids = random.Random(i)  # the same ids every run: the parse costs the same
@@ -198,7 +177,7 @@ def server_per_request(
     `callgrind_annotate`: where each mode's instructions go, function by function)."""
     push = json.loads((ROOT / "examples/push-injury.json").read_text())["message"]
     data, attributes = base64.b64decode(push["data"]), push.get("attributes") or {}
-    port = _free_port()
+    port = harness.free_port()
     base, _, parented = mode.partition("+")
     if parented not in ("", "parent"):
         raise SystemExit(f"unknown mode {mode!r}: MODE or MODE+parent")
@@ -281,10 +260,14 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=50, help="server path: suppressions before counting")
     parser.add_argument("--settle", type=float, default=7.0, help="server path: idle seconds before zero and dump")
     parser.add_argument("--keep", type=Path, help="server path: copy each mode's callgrind dump into this directory")
+    harness.add_smoke(parser)
     args = parser.parse_args()
-    if shutil.which("valgrind") is None:
+    # the server path is counted with callgrind_control around a running server: not smoked
+    harness.smoke(args, messages=2, paths="engine,request")
+    if shutil.which("valgrind") is None and not harness.smoking():
         raise SystemExit("needs valgrind: apt-get install valgrind")
     paths = args.paths.split(",")
+    print(harness.machine_line())
     print(f"instructions per suppressed message, {args.messages} messages, PYTHONHASHSEED=0")
     for path in (p for p in paths if p in ("engine", "request")):
         off = per_decision("off", args.messages, path)
@@ -293,10 +276,8 @@ def main() -> None:
             f"  {path:8} telemetry off {off:11,.0f}   metrics on {on:11,.0f}   on / off {on / off:.3f}x (goal <= 1.05x)"
         )
     if "server" in paths:
-        sink = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Sink)
-        threading.Thread(target=sink.serve_forever, daemon=True).start()
+        sink, url = harness.otlp_sink()
         try:
-            url = f"http://127.0.0.1:{sink.server_address[1]}"
             counts: dict[str, float] = {}
             for mode in args.modes.split(","):  # a mode named twice is an A/A check: the second is "mode#2"
                 label = mode if mode not in counts else f"{mode}#{sum(k.split('#')[0] == mode for k in counts) + 1}"

@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from filter import __version__
 from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, Config, ConfigError, Route, load
+from filter.core.errors import FilterError
 from filter.core.model import Message
 from filter.runtime import preflight
 from filter.runtime.operational import BIGQUERY, FIRESTORE, PUBSUB, Backend, describe, require
@@ -22,7 +23,7 @@ ATTRIBUTE_HELP = "a message attribute (repeatable), for keys and bypass rules th
 OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
 
 
-class UsageError(Exception):
+class UsageError(FilterError):
     """A bad argument or environment value: one line, exit 2."""
 
 

@@ -12,6 +12,9 @@ from typing import TypeVar
 import pytest
 
 from tests.support.emulators import Emulator, EmulatorError, FirestoreEmulator, PubsubEmulator
+from tests.support.loopwatch import loop_watch, watch_coroutine_tests
+
+__all__ = ["loop_watch"]  # a fixture: every coroutine test uses it (`pytest_collection_modifyitems`)
 
 E = TypeVar("E", bound=Emulator)
 
@@ -52,6 +55,11 @@ def firestore(firestore_emulator: FirestoreEmulator) -> Iterator[FirestoreEmulat
     except EmulatorError as exc:
         pytest.fail(str(exc), pytrace=False)
     yield firestore_emulator
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The loop is watched in every coroutine test (`tests.support.loopwatch`)."""
+    watch_coroutine_tests(items)
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

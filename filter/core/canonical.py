@@ -18,10 +18,12 @@ from typing import Any
 
 import msgspec
 
+from filter.core.errors import FilterError
+
 PREFIX = "sha256:"
 
 
-class PayloadError(ValueError):
+class PayloadError(FilterError, ValueError):
     """The payload is JSON but does not have the shape the route describes."""
 
 
@@ -88,6 +90,8 @@ class TypedRows:
     key_json: Callable[[Any], bytes]
     content_json: Callable[[Any], bytes]
     as_dict: Callable[[Any], dict[str, Any]]
+    #: Every row's key values as a tuple, in row order, in one pass: the tuples encode as `key_json` does.
+    keys: Callable[[list[Any]], list[tuple[Any, ...]]]
 
 
 def ordered_rows(

@@ -37,6 +37,7 @@ from filter.core.config_sections import (
     Strict,
     TelemetryConfig,
 )
+from filter.core.errors import FilterError
 from filter.core.paths import Path, PathError
 from filter.core.pubsub_names import Kind, check_name
 
@@ -132,6 +133,7 @@ class Route(Strict):
     rows_mode: Literal["whole", "changed"] = "whole"
     removed_rows: Literal["attribute", "tombstone", "ignore"] = "attribute"
     audit_sample: float = Field(default=0.0, ge=0.0, le=1.0)
+    cache_result: bool = False  # in-process: keep the body's result, return it for a redelivery
 
     @field_validator("bypass", mode="before")
     @classmethod
@@ -190,7 +192,7 @@ class Config(Strict):
 # --- loading ----------------------------------------------------------------------
 
 
-class ConfigError(Exception):
+class ConfigError(FilterError):
     """Every problem found in one config file, each naming the file, route and key."""
 
     def __init__(self, source: str, problems: list[str]):

@@ -11,8 +11,9 @@ Read `Engine._decide_and_act` top to bottom:
 5. **record** the decision (one log line, one row, off the request path).
 
 The engine knows nothing of HTTP, Firestore or Pub/Sub: it talks to the interfaces in
-`ports`. Push, pull and replay are thin surfaces that call `Engine.handle`; the in-process
-API (`inprocess`) passes it the caller's work as `act`, run in place of the publish.
+`ports`. Push, pull and replay are thin surfaces that call `Engine.handle`. A forward sends
+through one port, `ports.Sender`: the destination's publisher (`Publishing`), or the sender
+the caller passes (the in-process API's: the caller's body in place of the publish).
 """
 
 from __future__ import annotations
@@ -22,19 +23,19 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, replace
 from typing import Any, TypeVar
-
-import structlog
 
 from filter.core import decision_line
 from filter.core.attributes import fence_attributes, forward_attributes
 from filter.core.config import Config, Route
+from filter.core.errors import FilterUsageError
 from filter.core.fingerprint import NOT_JSON, PayloadError, message_fingerprint
 from filter.core.heartbeat import Heartbeat
 from filter.core.judge import Decided, Outgoing, decide
-from filter.core.model import Decision, DecisionRecord, KeyState, Lease, Message
+from filter.core.logs import get_logger
+from filter.core.model import Cause, Decision, DecisionRecord, KeyState, Lease, Message
 from filter.core.ports import (
     UNOBSERVED,
     Clock,
@@ -42,27 +43,21 @@ from filter.core.ports import (
     DecisionRecorder,
     Publisher,
     PublishFailed,
+    Sender,
     StateStore,
     StoreUnavailable,
+    Worked,
 )
 from filter.core.routes import RouteRules
 from filter.core.transitions import claimed, forwarded
 from filter.core.unsettled import FailedOpen
 
-log = structlog.get_logger("pubsub_filter.engine")
+log = get_logger("pubsub_filter.engine")
 
 #: How often a lost compare-and-set on the claim is retried before answering `contended`.
 CLAIM_ATTEMPTS = 3
 
-#: The caller's own work in place of the publish (the in-process API): it gets what a forward
-#: would publish (data and attributes) and returns what the record shows as `published_id`.
-Act = Callable[[bytes, Mapping[str, str]], Awaitable[str]]
-
 T = TypeVar("T")
-
-
-class WorkFailed(PublishFailed):
-    """The caller's work (in place of the publish) raised: the lease is released, the message nacked."""
 
 
 class SystemClock:
@@ -70,7 +65,7 @@ class SystemClock:
         return time.time()
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Delivery:
     """One message on one route once its key and fingerprint are known: what each step of acting needs."""
 
@@ -78,8 +73,37 @@ class Delivery:
     msg: Message
     key: str
     fp: str
-    rec: DecisionRecord
-    act: Act | None  # the caller's work in place of the publish; None: publish
+    message_fp: str
+    raw: bool  # the payload is not JSON
+
+
+@dataclass(frozen=True, slots=True)
+class Acted:
+    """What acting on a decision came to: what went out, and whether its state was committed,
+    or why it did not go out (`cause`, and `failure` in words)."""
+
+    published_id: str | None = None
+    fence: int | None = None  # the lease's, when one was claimed
+    committed: bool = True
+    heartbeats: int = 0
+    cause: Cause | None = None
+    failure: str | None = None
+    error: PublishFailed | None = None  # what the send raised: the caller's to raise, for its own sender
+
+
+NOT_ACTED = Acted()
+
+
+@dataclass(frozen=True, slots=True)
+class Done:
+    """How one message's decision ended, everything its record says but the timing."""
+
+    decision: Decision
+    reason: str
+    delivery: Delivery | None = None  # the key and fingerprints, once extracted
+    decided: Decided | None = None  # the look at the state the decision was taken on
+    acted: Acted = NOT_ACTED
+    cause: Cause | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +111,7 @@ class Claimed:
     """The lease is ours: `held` is the state the store wrote (the commit must present it)."""
 
     held: KeyState
+    fence: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,12 +121,26 @@ class Beaten:
     current: KeyState | None
 
 
+class Publishing:
+    """The forward port over the destination's publisher."""
+
+    cause = Cause.PUBLISH
+    lands_despite_cancel = True  # Pub/Sub may deliver what it was handed, whatever we do
+    attribute_limits = True
+
+    def __init__(self, publisher: Publisher):
+        self.publisher = publisher
+
+    async def send(self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None) -> str:
+        return await self.publisher.publish(destination, data, attributes, ordering_key)
+
+
 class Engine:
     def __init__(
         self,
         config: Config,
         store: StateStore,
-        publisher: Publisher,
+        publisher: Publisher | None,  # None: every `handle` passes its own sender (in-process)
         recorder: DecisionRecorder,
         clock: Clock | None = None,
         instance: str | None = None,
@@ -110,6 +149,7 @@ class Engine:
         self.config = config
         self.store = store
         self.publisher = publisher
+        self.publishing = Publishing(publisher) if publisher is not None else None
         self.recorder = recorder
         self.clock = clock or SystemClock()
         self.instance = instance or uuid.uuid4().hex[:12]
@@ -136,7 +176,8 @@ class Engine:
             steps.push_async_callback(self._abandon_deciding, grace)
             # Pub/Sub's close flushes what it holds: a stalled publish lands or fails now, and its
             # decision commits or releases, rather than be abandoned and published again.
-            steps.push_async_callback(self.publisher.close)
+            if self.publisher is not None:
+                steps.push_async_callback(self.publisher.close)
             # A surface may have cancelled them once already: past their publish a cancel is taken
             # back (`_despite_one_cancel`), so their commits and records come first.
             await self._wait_deciding(grace)
@@ -166,129 +207,114 @@ class Engine:
         return not any(task is not current for task in self._deciding.values())
 
     async def handle(
-        self, route_name: str, msg: Message, trace: str | None = None, act: Act | None = None
+        self, route_name: str, msg: Message, trace: str | None = None, via: Sender | None = None
     ) -> DecisionRecord:
-        """Decide `msg` and act on it: publish, or with `act`, run the caller's work in its place."""
-        done = asyncio.get_running_loop().create_future()
-        self._deciding[done] = asyncio.current_task()
+        """Decide `msg` and act on it: a forward sends through `via`, by default the publisher.
+
+        The record is written (or on its way, as the recorder promises) when this returns. With
+        `via`, the caller's own sender, a send that failed is recorded and then raised here."""
+        sender = via or self.publishing
+        if sender is None:
+            raise FilterUsageError("this engine has no publisher: pass the sender a forward sends through")
+        finished = asyncio.get_running_loop().create_future()
+        self._deciding[finished] = asyncio.current_task()
         try:
             with self.telemetry.decision(route_name, msg):  # telemetry: the decision's span
-                rec = await self._handle(route_name, msg, trace, act)
-                await self.recorded()  # nothing ran since `_finish` recorded it
-                return rec
+                rec, done = await self._handle(route_name, msg, trace, sender)
+                await self.recorded()
         finally:
-            del self._deciding[done]
-            done.set_result(None)
+            del self._deciding[finished]
+            finished.set_result(None)
+        if via is not None and done.acted.error is not None:
+            raise done.acted.error
+        return rec
 
     async def recorded(self) -> None:
-        """Wait for the commit that holds the record just made (by `handle`, or by `reject`, which
-        is synchronous: call this right after it, with nothing awaited in between). An answer
-        goes out only once its decision is recorded."""
+        """Wait for the commit that holds the records made so far (`handle` and `reject` wait for
+        their own; a surface answering a cancelled `handle` waits for the record it made). An
+        answer goes out only once its decision is recorded."""
         if (committing := self.recorder.committing()) is not None:
             await self._despite_one_cancel(committing)
 
-    async def _handle(self, route_name: str, msg: Message, trace: str | None, act: Act | None) -> DecisionRecord:
+    async def _handle(
+        self, route_name: str, msg: Message, trace: str | None, sender: Sender
+    ) -> tuple[DecisionRecord, Done]:
         started = time.perf_counter()
         rules = self.rules.get(route_name)
         if rules is None:
-            unknown = f"unknown route {route_name!r}"
-            return self.reject(route_name, msg, unknown, started=started, trace=trace, cause="unknown_route")
+            done = Done(Decision.REJECTED, f"unknown route {route_name!r}", cause=Cause.UNKNOWN_ROUTE)
+            return self._finish(route_name, msg, done, started, trace), done
         self.in_flight += 1
         try:
-            rec = await self._decide_and_act(rules, msg, act)
+            done = await self._decide_and_act(rules, msg, sender)
         except PayloadError as exc:
-            return self.reject(route_name, msg, str(exc), started=started, trace=trace)
+            done = Done(Decision.REJECTED, str(exc))
         except asyncio.CancelledError:
             # Abandoned (a shutdown that could not wait): any lease is released by now; the
             # message is answered with no decision, so say so in its record and log line.
-            self._finish(_cancelled(rules.route, msg), msg, started, trace)
+            self._finish(route_name, msg, CANCELLED, started, trace)
             raise
         finally:
             self.in_flight -= 1
-        return self._finish(rec, msg, started, trace)
+        return self._finish(route_name, msg, done, started, trace), done
 
-    def reject(
+    async def reject(
         self,
         route_name: str,
         msg: Message | None,
         reason: str,
         *,
-        started: float | None = None,
         trace: str | None = None,
         message_id: str | None = None,
-        cause: str | None = None,
+        cause: Cause | None = None,
     ) -> DecisionRecord:
-        """Record a message that was not understood (the surface answers 4xx)."""
-        rules = self.rules.get(route_name)
-        rec = DecisionRecord(
-            time=self.clock.now(),
-            route=route_name,
-            decision=Decision.REJECTED,
-            enforced=rules.route.enforced if rules else True,
-            message_id=msg.message_id if msg else (message_id or ""),
-            reason=reason,
-        )
-        if cause:
-            rec.extra["cause"] = cause
-        return self._finish(rec, msg, started or time.perf_counter(), trace)
+        """Record a message that was not understood (the surface answers 4xx); returns once the
+        record is written, as `handle` does."""
+        rejected = Done(Decision.REJECTED, reason, cause=cause)
+        rec = self._finish(route_name, msg, rejected, time.perf_counter(), trace, message_id)
+        await self.recorded()
+        return rec
 
-    async def _decide_and_act(self, rules: RouteRules, msg: Message, act: Act | None) -> DecisionRecord:
+    async def _decide_and_act(self, rules: RouteRules, msg: Message, sender: Sender) -> Done:
         route = rules.route
         if not rules.accepts_subscription(msg.subscription):
             raise PayloadError(f"pushed from subscription {msg.subscription!r}, route expects {route.subscription!r}")
-        if act is None and (unforwardable := rules.unforwardable(msg.attributes)) is not None:
+        if sender.attribute_limits and (unforwardable := rules.unforwardable(msg.attributes)) is not None:
             raise PayloadError(unforwardable)  # the same on every delivery: rejected, not a failing publish
         # 1. extract
         payload, fp = rules.scheme(msg.data)
         key = rules.key_of(payload, msg.attributes)
         bypass = rules.bypassed(payload, msg.attributes)
-        rec = DecisionRecord(
-            time=0.0,
-            route=route.name,
-            decision=Decision.FAILED,
-            enforced=route.enforced,
-            message_id=msg.message_id,
-            key=key,
-            fingerprint=fp,
-            message_fingerprint=message_fingerprint(msg.data, msg.attributes),
-            destination=route.destination,
-            publish_time=msg.publish_time,
-            delivery_attempt=msg.delivery_attempt,
-        )
-        if payload is NOT_JSON:
-            rec.extra["payload_kind"] = "raw"
-        d = Delivery(route, msg, key, fp, rec, act)
+        d = Delivery(route, msg, key, fp, message_fingerprint(msg.data, msg.attributes), payload is NOT_JSON)
         # 2. look
         try:
             state = self.failed_open.view(route.name, key, await self.store.read(route.name, key))
         except StoreUnavailable as exc:
-            return await self._store_down(d, exc)
+            return await self._store_down(d, sender, exc)
         for _ in range(CLAIM_ATTEMPTS):
             now = self.clock.now()
-            # 3. decide
+            # 3. decide: each look at the state is decided afresh, and only the last one is recorded
             decided = decide(rules, msg, fp, state, now, bypass, self.random)
-            rec.previous_fingerprint = decided.state.fingerprint if decided.state else None
-            rec.extra.update(decided.details)
-            rec.reason = decided.verdict.reason
+            verdict = decided.verdict
             # 4. act
-            if decided.verdict.decision is not Decision.FORWARDED:
+            if verdict.decision is not Decision.FORWARDED:
                 if route.enforced:
-                    rec.decision = decided.verdict.decision
-                    return rec
+                    return Done(verdict.decision, verdict.reason, d, decided)
                 # shadow mode: publish what enforce mode would hold back, record what it would do
-                return await self._forward_unleased(d, decided.verdict.decision)
+                return await self._forward_unleased(d, sender, verdict.decision, verdict.reason, decided)
             try:
                 claim = await self._claim(d, decided.state, now)
             except StoreUnavailable as exc:
-                return await self._store_down(d, exc)
+                return await self._store_down(d, sender, exc)
             if isinstance(claim, Beaten):
                 # someone wrote first: decide again on what they wrote, no second read
                 state = self.failed_open.view(route.name, key, claim.current)
                 continue
-            return await self._publish_and_commit(d, decided, claim.held)
-        rec.decision = Decision.CONTENDED
-        rec.reason = f"lost the claim race {CLAIM_ATTEMPTS} times"
-        return rec
+            acted = await self._publish_and_commit(d, sender, decided, claim)
+            if acted.failure is not None:
+                return Done(Decision.FAILED, acted.failure, d, decided, acted)
+            return Done(Decision.FORWARDED, verdict.reason, d, decided, acted)
+        return Done(Decision.CONTENDED, f"lost the claim race {CLAIM_ATTEMPTS} times", d, decided)
 
     async def _claim(self, d: Delivery, state: KeyState | None, now: float) -> Claimed | Beaten:
         """Take the lease for `d`'s key, if the state is still `state`. Raises `StoreUnavailable`."""
@@ -313,7 +339,6 @@ class Engine:
             # is nacked, so free the key rather than make its redelivery wait out the lease.
             await _to_the_end(self._release_if_ours(d, lease.holder))
             raise
-        d.rec.fence = lease.fence
         self.failed_open.claimed(route, key)
         if state is not None and state.lease is not None and not state.lease.live(now):
             self.telemetry.lease_taken_over(route)  # telemetry
@@ -328,56 +353,58 @@ class Engine:
             )
         else:
             log.debug("lease_acquired", route=route, key=key, fence=lease.fence)
-        return Claimed(held)
+        return Claimed(held, lease.fence)
 
-    async def _publish_and_commit(self, d: Delivery, decided: Decided, held: KeyState) -> DecisionRecord:
-        if d.act is not None:
+    async def _publish_and_commit(self, d: Delivery, sender: Sender, decided: Decided, claim: Claimed) -> Acted:
+        if not sender.lands_despite_cancel:
             # The caller's own work runs in the caller's task: its cancel (a timeout on a stuck
-            # body) reaches the work and fails the forward (`_work`); only the commit past a
-            # work that returned is waited for through a cancel (`_commit`).
-            return await self._publish_and_commit_now(d, decided, held)
+            # body) reaches the work and fails the forward; only the commit past a work that
+            # returned is waited for through a cancel (`_commit`).
+            return await self._publish_and_commit_now(d, sender, decided, claim)
         # Once the publish is handed over it may land whatever we do, so a shutdown's cancel
         # waits for its outcome and the commit: abandoned, the nacked copy is published again.
-        return await self._despite_one_cancel(self._publish_and_commit_now(d, decided, held))
+        return await self._despite_one_cancel(self._publish_and_commit_now(d, sender, decided, claim))
 
-    async def _publish_and_commit_now(self, d: Delivery, decided: Decided, held: KeyState) -> DecisionRecord:
-        route, key, msg, rec, out = d.route, d.key, d.msg, d.rec, decided.out
+    async def _publish_and_commit_now(self, d: Delivery, sender: Sender, decided: Decided, claim: Claimed) -> Acted:
+        route, key, msg, held = d.route, d.key, d.msg, claim.held
         heartbeat = Heartbeat(self.store, route.name, key, held, self.config.lease, self.clock)
-        out.attributes.update(fence_attributes(key, held.fence))
+        out = Outgoing(
+            decided.out.data,
+            {**decided.out.attributes, **fence_attributes(key, held.fence)},
+            decided.out.rows,
+            decided.out.full_fingerprint,
+        )
         try:
             async with heartbeat:
-                rec.published_id = await self._publish(d, out)
+                published_id, result = _sent(await self._publish(d, sender, out))
         except PublishFailed as exc:
             await self._release(d, heartbeat.held)
-            return _failed(rec, exc)
+            return _failed(exc, sender, claim.fence)
         except asyncio.CancelledError:
             # Cancelled twice (a shutdown that will not wait): the message will be redelivered,
             # so free the key now rather than make the redelivery wait out the lease.
             await self._release(d, heartbeat.held)
             raise
-        rec.decision = Decision.FORWARDED
-        if heartbeat.extended:
-            rec.extra["heartbeats"] = heartbeat.extended
+        sent = Acted(published_id, claim.fence, heartbeats=heartbeat.extended)
         now = self.clock.now()
-        new = forwarded(decided.state, msg, d.fp, held.fence, out, now, now + self._retention(route))
+        new = forwarded(decided.state, msg, d.fp, held.fence, out, now, now + self._retention(route), result)
         try:
-            committed = await self._commit(d, heartbeat.held, new)
+            committed = await self._commit(d, sender, heartbeat.held, new)
         except Exception as exc:  # whatever the store raised: the publish landed, so this is an ack
             # Published but not recorded: the lease expires and the next copy of this
             # content is forwarded once more. Never nack here: that would publish twice now.
             log.error("commit_failed", route=route.name, key=key, fence=held.fence, error=_describe(exc))
-            rec.extra["committed"] = False
-            return rec
+            return replace(sent, committed=False)
         if not committed:
-            rec.extra["committed"] = False
             log.warning("commit_refused", route=route.name, key=key, fence=held.fence)
-        return rec
+            return replace(sent, committed=False)
+        return sent
 
-    def _commit(self, d: Delivery, held: KeyState, new: KeyState) -> Awaitable[bool]:
+    def _commit(self, d: Delivery, sender: Sender, held: KeyState, new: KeyState) -> Awaitable[bool]:
         commit = self.store.commit(d.route.name, d.key, held, new)
         # The caller's work has run: its effect is done, so its commit is waited for through the
         # caller's cancel. A publish's commit already is (`_publish_and_commit`).
-        return self._despite_one_cancel(commit) if d.act is not None else commit
+        return commit if sender.lands_despite_cancel else self._despite_one_cancel(commit)
 
     async def _release(self, d: Delivery, held: KeyState) -> None:
         """Free the key for the redelivery, to the end through any cancel (`_to_the_end`)."""
@@ -401,45 +428,46 @@ class Engine:
             return
         log.info("lease_released", route=d.route.name, key=d.key, fence=fence)
 
-    async def _publish(self, d: Delivery, out: Outgoing | None = None) -> str:
-        """Send what a forward sends, to the destination or to the caller's work: its id there."""
+    async def _publish(self, d: Delivery, sender: Sender, out: Outgoing | None = None) -> str | Worked:
+        """Send what a forward sends through `sender`: its id where it went (and a result to keep)."""
         # Everything inside the try: any failure here must become PublishFailed, so the caller
         # releases the lease and the message is nacked, never left holding the key.
         try:
             attributes = forward_attributes(d.route.name, d.msg, d.fp, out.attributes if out is not None else {})
             data = out.data if out is not None else d.msg.data
-            if d.act is not None:
-                return await _work(d.act, data, attributes)
-            return await self.publisher.publish(d.route.destination, data, attributes, d.msg.ordering_key)
+            return await sender.send(d.route.destination, data, attributes, d.msg.ordering_key)
         except PublishFailed:
             raise
         except Exception as exc:  # a publisher bug must still nack, never lose the message
             raise PublishFailed(f"{type(exc).__name__}: {exc}") from exc
 
-    async def _forward_unleased(self, d: Delivery, decision: Decision) -> DecisionRecord:
-        """Publish with no lease and no commit (shadow mode, fail-open): record `decision` once it went out."""
+    async def _forward_unleased(
+        self, d: Delivery, sender: Sender, decision: Decision, reason: str, decided: Decided | None = None
+    ) -> Done:
+        """Publish with no lease and no commit (shadow mode, fail-open): `decision` once it went out."""
         try:
             # as in `_publish_and_commit`: nothing but the ack would stop this copy's redelivery
-            # (the caller's own work excepted: its cancel is the caller's, see `_work`)
-            publish = self._publish(d)
-            d.rec.published_id = await (publish if d.act is not None else self._despite_one_cancel(publish))
+            # (the caller's own work excepted: its cancel is the caller's)
+            publish = self._publish(d, sender)
+            acted = Acted(
+                _sent(await (self._despite_one_cancel(publish) if sender.lands_despite_cancel else publish))[0]
+            )
         except PublishFailed as exc:
-            return _failed(d.rec, exc, after=d.rec.reason)
-        d.rec.decision = decision
-        return d.rec
+            acted = _failed(exc, sender)
+        if acted.failure is not None:
+            return Done(Decision.FAILED, f"{reason}; {acted.failure}", d, decided, acted)
+        return Done(decision, reason, d, decided, acted)
 
-    async def _store_down(self, d: Delivery, exc: StoreUnavailable) -> DecisionRecord:
-        route, rec = d.route, d.rec
-        log.error("store_unavailable", route=route.name, key=rec.key, error=str(exc), policy=route.on_store_error)
-        rec.reason = f"store unavailable: {exc}"
+    async def _store_down(self, d: Delivery, sender: Sender, exc: StoreUnavailable) -> Done:
+        route = d.route
+        log.error("store_unavailable", route=route.name, key=d.key, error=str(exc), policy=route.on_store_error)
+        reason = f"store unavailable: {exc}"
         if route.on_store_error == "retry":
-            rec.decision = Decision.FAILED
-            rec.extra["cause"] = "store"
-            return rec
-        rec = await self._forward_unleased(d, Decision.FAIL_OPEN)
-        if rec.decision is Decision.FAIL_OPEN:
+            return Done(Decision.FAILED, reason, d, cause=Cause.STORE)
+        done = await self._forward_unleased(d, sender, Decision.FAIL_OPEN, reason)
+        if done.decision is Decision.FAIL_OPEN:
             self.failed_open.remember(route.name, d.key, d.fp, d.msg.publish_time, self.clock.now())
-        return rec
+        return done
 
     async def _despite_one_cancel(self, work: Awaitable[T]) -> T:
         """`work`'s result, even when cancelled meanwhile: the first cancel is taken back and
@@ -464,32 +492,51 @@ class Engine:
     def _retention(self, route: Route) -> float:
         return max(self.config.state_ttl, route.window or 0.0)
 
-    def _finish(self, rec: DecisionRecord, msg: Message | None, started: float, trace: str | None) -> DecisionRecord:
-        rec.time = self.clock.now()
-        rec.latency_ms = round((time.perf_counter() - started) * 1000, 3)
-        rec.trace = trace
-        if msg is not None and rec.delivery_attempt is None:
-            rec.delivery_attempt = msg.delivery_attempt
+    def _finish(
+        self,
+        route_name: str,
+        msg: Message | None,
+        done: Done,
+        started: float,
+        trace: str | None,
+        message_id: str | None = None,
+    ) -> DecisionRecord:
+        """The decision's record, built once, here: recorded, counted and logged."""
+        rules = self.rules.get(route_name)
+        d, decided, acted = done.delivery, done.decided, done.acted
+        rec = DecisionRecord(
+            time=self.clock.now(),
+            route=route_name,
+            decision=done.decision,
+            enforced=rules.route.enforced if rules else True,
+            message_id=msg.message_id if msg is not None else (message_id or ""),
+            key=d.key if d else None,
+            reason=done.reason,
+            fingerprint=d.fp if d else None,
+            message_fingerprint=d.message_fp if d else None,
+            previous_fingerprint=decided.previous_fingerprint if decided else None,
+            destination=d.route.destination if d else None,
+            published_id=acted.published_id,
+            fence=acted.fence,
+            # a message not understood is recorded without the time it was published
+            publish_time=msg.publish_time if msg is not None and done.decision is not Decision.REJECTED else None,
+            delivery_attempt=msg.delivery_attempt if msg is not None else None,
+            latency_ms=round((time.perf_counter() - started) * 1000, 3),
+            trace=trace,
+            details=_details(d, decided),
+            heartbeats=acted.heartbeats,
+            committed=acted.committed,
+            cause=done.cause or acted.cause,
+        )
         self.recorder.record(rec)
         self.telemetry.decided(rec)  # telemetry: count it, describe it on its span
         _log_decision(rec)
         return rec
 
 
-async def _work(act: Act, data: bytes, attributes: Mapping[str, str]) -> str:
-    """The caller's work, whose every way of not returning is a failed forward: the lease is
-    released, nothing committed, the decision recorded `failed` (cause work), and the caller
-    (`filter.inprocess`) raises what its body raised. That includes what is not an `Exception`
-    (a `KeyboardInterrupt`, a `SystemExit`, a `GeneratorExit`) and the caller's own cancel of
-    the work: none may leave the key leased, the decision unrecorded, or the loop stopped."""
-    try:
-        return await act(data, attributes)
-    except WorkFailed:
-        raise  # the caller said why itself
-    except asyncio.CancelledError as exc:
-        raise WorkFailed("cancelled while it ran") from exc
-    except BaseException as exc:  # see the docstring: the caller raises it again
-        raise WorkFailed(f"{type(exc).__name__}: {exc}") from exc
+def _sent(published: str | Worked) -> tuple[str, str | None]:
+    """(the id the record shows, the result to keep with the forward)."""
+    return (published.published_id, published.result) if isinstance(published, Worked) else (published, None)
 
 
 async def _to_the_end(work: Awaitable[None]) -> None:
@@ -508,29 +555,25 @@ async def _to_the_end(work: Awaitable[None]) -> None:
     task.result()
 
 
-def _cancelled(route: Route, msg: Message) -> DecisionRecord:
-    """The record of a decision abandoned to a cancel: nothing acted on stays (a lease is released)."""
-    rec = DecisionRecord(
-        time=0.0,
-        route=route.name,
-        decision=Decision.FAILED,
-        enforced=route.enforced,
-        message_id=msg.message_id,
-        reason="cancelled before the decision was carried out (a shutdown past its grace, or the caller): nack",
-        publish_time=msg.publish_time,
-    )
-    rec.extra["cause"] = "cancelled"
-    return rec
+#: A decision abandoned to a cancel: nothing acted on stays (a lease is released).
+CANCELLED = Done(
+    Decision.FAILED,
+    "cancelled before the decision was carried out (a shutdown past its grace, or the caller): nack",
+    cause=Cause.CANCELLED,
+)
 
 
-def _failed(rec: DecisionRecord, exc: PublishFailed, after: str | None = None) -> DecisionRecord:
-    """A publish (or the caller's work) that failed: nack, saying which, after `after` when given."""
-    cause = _cause(exc)
-    failed = f"{cause} failed: {exc}"
-    rec.decision = Decision.FAILED
-    rec.reason = f"{after}; {failed}" if after else failed
-    rec.extra["cause"] = cause
-    return rec
+def _failed(exc: PublishFailed, sender: Sender, fence: int | None = None) -> Acted:
+    """A publish (or the caller's work) that failed: nack, saying which."""
+    return Acted(fence=fence, cause=sender.cause, failure=f"{sender.cause} failed: {exc}", error=exc)
+
+
+def _details(d: Delivery | None, decided: Decided | None) -> Mapping[str, Any]:
+    """The record's details: the payload's kind, then what the last look at the state found."""
+    found = decided.details if decided is not None else {}
+    if d is None or not d.raw:
+        return found
+    return {"payload_kind": "raw", **found}
 
 
 _LEVELS = {
@@ -544,10 +587,6 @@ _LEVELS = {
     Decision.REJECTED: "warning",
     Decision.FAILED: "error",
 }
-
-
-def _cause(exc: PublishFailed) -> str:
-    return "work" if isinstance(exc, WorkFailed) else "publish"
 
 
 def _describe(exc: BaseException) -> str:

@@ -8,15 +8,16 @@ from typing import Annotated
 
 import msgspec
 import pybase64
-import structlog
 
+from filter.core.errors import FilterError
+from filter.core.logs import get_logger
 from filter.core.model import Message
 from filter.core.times import parse_time
 
-log = structlog.get_logger("pubsub_filter.envelope")
+log = get_logger("pubsub_filter.envelope")
 
 
-class EnvelopeError(ValueError):
+class EnvelopeError(FilterError, ValueError):
     """The request body is not a Pub/Sub push envelope; the reason says what is wrong."""
 
     def __init__(self, reason: str, message_id: str | None = None):

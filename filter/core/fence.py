@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from filter.core.attributes import ATTR_FENCE, ATTR_KEY, ATTR_KEY_SHA256, ATTR_ROUTE
+from filter.core.errors import FilterError
 
 DEFAULT_FORGET_AFTER = 86400.0
 #: The highest fence: a lease token is a signed 64-bit integer in every store.
@@ -32,11 +33,11 @@ _FENCE_DIGITS = len(str(FENCE_MAX))
 ATTEMPTS = 16
 
 
-class FenceError(ValueError):
+class FenceError(FilterError, ValueError):
     """The attributes carry a fence that is not the filter's (malformed, or without its route or key)."""
 
 
-class FenceContended(Exception):
+class FenceContended(FilterError):
     """Other consumers kept winning the compare-and-set for this key: nack and let it come again."""
 
 

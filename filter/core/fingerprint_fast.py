@@ -135,14 +135,18 @@ def typed_canonical(route: Route) -> tuple[_Fast, _TypedRowsOf] | None:
         return {name: v for name, attr in row_get if (v := getattr(r, attr)) is not unset}
 
     key_json: Callable[[Any], bytes]
+    keys: Callable[[list[Any]], list[tuple[Any, ...]]]
     if len(key_attrs) == 1:
         only = attrgetter(key_attrs[0])
         key_json = lambda r: encode_sorted((only(r),))  # noqa: E731
+        keys = lambda rows: list(zip(map(only, rows)))  # noqa: E731
     elif key_attrs:
         several = attrgetter(*key_attrs)
         key_json = lambda r: encode_sorted(several(r))  # noqa: E731
+        keys = lambda rows: list(map(several, rows))  # noqa: E731
     else:
         key_json = lambda r: b"[]"  # noqa: E731
+        keys = lambda rows: [()] * len(rows)  # noqa: E731
 
     def typed_rows(data: bytes) -> TypedRows | None:
         # Exactly the rows `fast` hashes: the same checks, the same decode.
@@ -150,10 +154,10 @@ def typed_canonical(route: Route) -> tuple[_Fast, _TypedRowsOf] | None:
         seen = last
         if seen is not None and seen[0] is data:
             last = None  # freed with the forward that used it, not by the next message
-            return TypedRows(seen[1], key_json, encode_declared, as_dict)
+            return TypedRows(seen[1], key_json, encode_declared, as_dict, keys)
         top = decode_top(data)
         if top is None or top.rows is msgspec.UNSET:
             return None
-        return TypedRows(top.rows, key_json, encode_declared, as_dict)
+        return TypedRows(top.rows, key_json, encode_declared, as_dict, keys)
 
     return fast, typed_rows

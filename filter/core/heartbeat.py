@@ -8,14 +8,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 
-import structlog
-
 from filter.core.config import LeaseConfig
 from filter.core.counters import counts
+from filter.core.logs import get_logger
 from filter.core.model import KeyState
 from filter.core.ports import Clock, StateStore, StoreUnavailable
 
-log = structlog.get_logger("pubsub_filter.heartbeat")
+log = get_logger("pubsub_filter.heartbeat")
 
 
 @dataclass(eq=False)

@@ -5,25 +5,36 @@ same answer, and nothing here reads or writes a store. The engine calls `decide`
 look at the state, `explain` calls it to say why; read it top to bottom:
 
 1. state past its expiry is forgotten (a late TTL never decides);
-2. `judge`, the table: new, redelivered, in flight, bypassed, unchanged, stale, changed;
+2. `judge`, the table: new, redelivered, in flight, bypassed, unchanged, stale, changed; a
+   redelivery is the same message id with the same content: an id reused with other content
+   is decided on that content, and its reason says the id was reused;
 3. a suppression may be audited: unchanged in the selected fields but not in all of them
    is `noise_only`;
 4. a forward learns what it sends and commits: the row digests, and on a `rows_mode:
    changed` route only the new and changed rows. Row mode only narrows what a forward
-   carries; it never turns a change into a suppression.
+   carries; it never turns a change into a suppression. A whole-payload route's forward
+   keeps a checksum per top-level field instead, and its details say which fields changed;
+   a suppression's say which excluded fields changed (`pubsub-filter tune` reads both).
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from filter.core import fields, rows
 from filter.core.config import Route
-from filter.core.model import Decision, KeyState, Message
+from filter.core.model import UNKNOWN, Decision, KeyState, Message
 from filter.core.partial import partial
 from filter.core.routes import RouteRules
+
+#: The reason of a redelivery: this message id, last forwarded with this content.
+REDELIVERED = "message already forwarded"
+
+#: Added to the reason of a message whose id was forwarded recently with other content.
+ID_REUSED = "the message id was reused with other content"
 
 #: The reason a forward gives when a forward of other content may have landed unrecorded.
 UNKNOWN_DOWNSTREAM = "what the destination holds is unknown: a forward may have landed unrecorded"
@@ -35,25 +46,29 @@ class Verdict:
     reason: str
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Outgoing:
     """What a forward publishes (the data, possibly only the changed rows) and then commits."""
 
     data: bytes
-    attributes: dict[str, str]
+    attributes: Mapping[str, str]
     rows: bytes | None = None
     full_fingerprint: str | None = None
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class Decided:
     """`decide`'s answer: the verdict, the state it was decided on, what a forward sends, and
-    details for the record (which rows and fields changed)."""
+    details for the record (which rows and fields changed). One per look at the state."""
 
     verdict: Verdict
     state: KeyState | None
     out: Outgoing
-    details: dict[str, Any] = field(default_factory=dict)
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def previous_fingerprint(self) -> str | None:
+        return self.state.fingerprint if self.state is not None else None
 
 
 def decide(
@@ -68,16 +83,23 @@ def decide(
     """The whole decision for `msg` (payload fingerprint `fp`) against `state`, the stored state for its key."""
     if state is not None and state.expired(now):
         state = state.forgotten()
-    decided = Decided(judge(rules.route, msg, fp, state, now, bypass), state, Outgoing(msg.data, {}))
-    if decided.verdict.decision is Decision.SUPPRESSED and _noise_only(rules, msg, state, rng):
-        decided.verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
-    elif decided.verdict.decision is Decision.FORWARDED:
-        _what_to_send(rules, msg, fp, decided)
-    if rules.tracks_fields:
-        if decided.verdict.decision in _HELD_BACK and rules.selects is not None:
-            _excluded_changed(rules, msg, state, decided.details)
-        rules.forget(msg.data)  # whatever was decided: the payload is not kept past its decision
-    return decided
+    try:
+        verdict = judge(rules.route, msg, fp, state, now, bypass)
+        details: dict[str, Any] = {}
+        if state is not None and _id_reused(state, msg.message_id, fp):
+            verdict = Verdict(verdict.decision, f"{verdict.reason}; {ID_REUSED}")
+            details["id_reused"] = True
+        if verdict.decision is Decision.SUPPRESSED and _noise_only(rules, msg, state, rng):
+            verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
+        elif verdict.decision is Decision.FORWARDED:
+            out, found = _what_to_send(rules, msg, fp, state)
+            return Decided(verdict, state, out, {**details, **found})
+        if verdict.decision in _HELD_BACK and rules.tracks_fields and rules.selects is not None:
+            _excluded_changed(rules, msg, state, details)
+        return Decided(verdict, state, Outgoing(msg.data, {}), details)
+    finally:
+        if rules.tracks_fields:
+            rules.forget(msg.data)  # whatever was decided: the payload is not kept past its decision
 
 
 def judge(
@@ -86,8 +108,8 @@ def judge(
     """The decision table. Pure: the same inputs always give the same verdict."""
     if state is None:
         return Verdict(Decision.FORWARDED, "new key")
-    if state.decided(msg.message_id) is not None:
-        return Verdict(Decision.DUPLICATE, "message already forwarded")
+    if (msg.message_id, fingerprint) in state.recent:  # a redelivery: this id, forwarded with this content
+        return Verdict(Decision.DUPLICATE, REDELIVERED)
     lease = state.lease
     if lease is not None and lease.live(now):
         if lease.message_id == msg.message_id:
@@ -99,22 +121,35 @@ def judge(
         return Verdict(Decision.CONTENDED, "other content for this key is in flight")
     if bypass:
         return Verdict(Decision.FORWARDED, "bypass rule")
-    if lease is not None and lease.fingerprint != state.fingerprint and state.fingerprint == fingerprint:
+    downstream = state.downstream
+    if lease is not None and lease.fingerprint != state.fingerprint and downstream == fingerprint:
         # A holder's lease lapsed mid-forward (it died, or its commit never landed): its publish
-        # may have reached the destination, which then no longer holds what the state says.
+        # may have reached the destination, which then no longer holds what the state says. (The
+        # claim that takes the lease over writes this down as `UNKNOWN`: `transitions.claimed`.)
         return Verdict(Decision.FORWARDED, "a lapsed forward of other content may be downstream")
-    if state.fingerprint == fingerprint:
+    if downstream == fingerprint:
         if route.window is None or state.forwarded_at is None or now - state.forwarded_at < route.window:
             return Verdict(Decision.SUPPRESSED, "unchanged since last forward")
         if not _older(msg, state):
             return Verdict(Decision.FORWARDED, "unchanged, but the window expired")
-    elif state.fingerprint is None and not state.unsettled:
+    elif downstream is None:
         return Verdict(Decision.FORWARDED, "new key")
     if _older(msg, state) and route.stale == "suppress":
         return Verdict(Decision.STALE, "published before the last forwarded message")
-    if state.unsettled:
+    if downstream is UNKNOWN:
         return Verdict(Decision.FORWARDED, UNKNOWN_DOWNSTREAM)
     return Verdict(Decision.FORWARDED, "content changed")
+
+
+def _id_reused(state: KeyState, message_id: str, fp: str) -> bool:
+    """`message_id` was forwarded recently, but never with this content: a caller's id (a request
+    id) reused for other content, or a producer's bug. Decided as the content it carries.
+
+    A redelivery is the pair: the id with content it was forwarded with is one, even after the
+    id was reused for other content (an id reused for B, then for A again, is A's redelivery).
+    """
+    seen = [f for mid, f in state.recent if mid == message_id]
+    return bool(seen) and fp not in seen
 
 
 def _older(msg: Message, state: KeyState) -> bool:
@@ -146,66 +181,72 @@ def _excluded_changed(rules: RouteRules, msg: Message, state: KeyState | None, d
         fields.named("excluded_changed", changed, details)
 
 
-def _fields_forwarded(rules: RouteRules, msg: Message, fp: str, decided: Decided) -> None:
+def _fields_forwarded(
+    rules: RouteRules, msg: Message, fp: str, state: KeyState | None, full: str | None
+) -> tuple[Outgoing, dict[str, Any]]:
     """A whole-payload forward stores its field checksums and records which selected fields changed."""
+    details: dict[str, Any] = {}
     payload = rules.payload_of(msg.data)
     if type(payload) is not dict:
-        return
-    state, details, selects = decided.state, decided.details, rules.selects
+        return Outgoing(msg.data, {}, None, full), details
+    selects = rules.selects
     new_key = state is None or (state.fingerprint is None and state.forwarded_at is None)
     before = None if state is None else rules.fields_before(state.rows)
     now = fields.Now(payload, selects, before)
-    decided.out.rows = now.blob(fp)
-    if decided.out.rows is None:
+    out = Outgoing(msg.data, {}, now.blob(fp), full)
+    if out.rows is None:
         details["fields_state"] = "too many fields to keep"
     if new_key:
-        return  # nothing to compare with
+        return out, details  # nothing to compare with
     if before is None or now.changed_all is None:
         details["fields_changed"] = None  # unknown: the last forward stored no field checksums
-        return
+        return out, details
     changed = now.changed_all if selects is None else [n for n in now.changed_all if selects(n)]
     fields.named("fields_changed", changed, details)
     clocks, old = now.clocks, before.clocks
     increased = [k for k in changed if k in clocks and k in old and _grew(old[k], clocks[k])]
     if increased:
         fields.named("fields_increased", increased, details)
+    return out, details
 
 
 def _grew(old: float | str, new: float | str) -> bool:
     return type(old) is type(new) and new > old  # type: ignore[operator]
 
 
-def _what_to_send(rules: RouteRules, msg: Message, fp: str, decided: Decided) -> None:
-    """Fill in what a forward commits (full fingerprint, row digests) and sends (all rows, or the changed ones)."""
-    state, out, details = decided.state, decided.out, decided.details
-    if rules.full_scheme is not None:
-        out.full_fingerprint = rules.full_scheme(msg.data)[1]
+def _what_to_send(rules: RouteRules, msg: Message, fp: str, state: KeyState | None) -> tuple[Outgoing, dict[str, Any]]:
+    """What a forward commits (full fingerprint, row digests) and sends (all rows, or the changed
+    ones), and the details for its record."""
+    full = rules.full_scheme(msg.data)[1] if rules.full_scheme is not None else None
     if rules.tracks_fields:
-        _fields_forwarded(rules, msg, fp, decided)
-        return
+        return _fields_forwarded(rules, msg, fp, state, full)
     before = rows.decode(state.rows) if state is not None and rules.tracks_rows else None
     if before is not None and fields.PAYLOAD in before.raw:
         before = None  # the field state of a whole-payload route (its config changed): no rows to compare
     typed = rules.typed_rows(msg.data)  # decoded once (usually kept from the fingerprint) for both uses
     digests = rules.row_digests(msg.data, before, typed)
+    details: dict[str, Any] = {}
     if digests is None:
-        return
-    out.rows = rows.encode(digests)
-    if out.rows is None:
+        return Outgoing(msg.data, {}, None, full), details
+    kept = rows.encode(digests)
+    if kept is None:
         details["rows_state"] = "too large to keep"
     if before is None:
-        return
+        return Outgoing(msg.data, {}, kept, full), details
     diff = rows.diff(before, digests)
     details.update(diff.summary())
     fields.named("fields_changed", sorted({f for names in diff.fields.values() for f in names}), details)
+    data: bytes = msg.data
+    attributes: Mapping[str, str] = {}
     content_changed = state is not None and state.fingerprint not in (None, fp)
     if rules.route.rows_mode == "changed" and content_changed:
         if diff.any:
             # The typed path digests every row under its own key, in row order (the generic
             # path, taken on a shared key, digests fewer): then the digests' keys are the rows'.
             keys = list(digests) if typed is not None and len(digests) == len(typed.rows) else None
-            out.data, out.attributes = partial(rules, msg.data, diff, typed, keys)
+            data, attributes = partial(rules, msg.data, diff, typed, keys)
         else:
             # The fingerprint says the content changed and no row digest does (rows that are
             # not objects, say): forward it whole.
             details["rows_forwarded"] = "whole payload: the change is outside the row digests"
+    return Outgoing(data, attributes, kept, full), details

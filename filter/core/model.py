@@ -38,6 +38,16 @@ class Decision(enum.StrEnum):
     FAILED = "failed"  # could not be decided or published now: nacked, will be redelivered
 
 
+class Cause(enum.StrEnum):
+    """Why a message was not acted on as decided: the surfaces answer from it (`core.answer`)."""
+
+    UNKNOWN_ROUTE = "unknown_route"  # rejected: no such route (push answers 404, not 400)
+    STORE = "store"  # the store could not decide, `on_store_error: retry` (503)
+    PUBLISH = "publish"  # the publish failed: the lease released, the message nacked
+    WORK = "work"  # the in-process caller's work raised in place of the publish
+    CANCELLED = "cancelled"  # abandoned to a cancel (a shutdown past its grace, or the caller)
+
+
 #: Decisions after which the source message is acked (push answers 2xx).
 ACKED = frozenset(
     {
@@ -49,6 +59,14 @@ ACKED = frozenset(
         Decision.NOISE_ONLY,
     }
 )
+
+
+class Unknown(enum.Enum):
+    UNKNOWN = "unknown"
+
+
+#: What `KeyState.downstream` says when a forward may have landed unrecorded.
+UNKNOWN = Unknown.UNKNOWN
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +101,9 @@ class KeyState:
     expires_at: float | None = None  # for the store's TTL: when the whole document may go
     rows: bytes | None = None  # per-row digests of the last forward (see filter.core.rows), routes with row_key
     full_fingerprint: str | None = None  # the last forward over all fields, for the noise audit
+    # (message id, fingerprint, JSON text): the in-process body's result kept with recent forwards
+    # (`cache_result`), oldest first, within `RESULTS_MAX_BYTES` (`filter.core.transitions`).
+    results: tuple[tuple[str, str, str], ...] = ()
     version: Any = field(default=None, compare=False)
 
     def decided(self, message_id: str) -> str | None:
@@ -96,12 +117,20 @@ class KeyState:
         return replace(self, lease=lease, fence=lease.fence if lease else self.fence)
 
     @property
-    def unsettled(self) -> bool:
-        """A forward happened, but what the destination holds is unknown (see `transitions.claimed`)."""
-        return self.fingerprint is None and self.forwarded_at is not None
+    def downstream(self) -> str | Unknown | None:
+        """What the destination holds, as far as this state knows: the content last forwarded
+        (its fingerprint), None when nothing was (a new key, or state forgotten), or `UNKNOWN`:
+        a forward may have landed unrecorded.
+
+        Derived from what is stored, so no stored format carries a new field: `UNKNOWN` is no
+        fingerprint after a forward, the marker `unknown_downstream` writes for every producer
+        (a claim over a lapsed forward of other content, this instance's fail-open memory)."""
+        if self.fingerprint is None and self.forwarded_at is not None:
+            return UNKNOWN
+        return self.fingerprint
 
     def unknown_downstream(self) -> KeyState:
-        """This state, with what the destination holds marked as unknown."""
+        """This state, with what the destination holds marked as unknown (`downstream`)."""
         return replace(self, fingerprint=None)
 
     def expired(self, now: float) -> bool:
@@ -123,9 +152,14 @@ class KeyState:
         return KeyState(fence=self.fence, lease=self.lease, version=self.version)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class DecisionRecord:
-    """One decision, as logged and as written to the decisions table."""
+    """One decision, as logged and as written to the decisions table: built once, at its end.
+
+    `details` say what was decided on (rows and fields changed, the payload kind); `cause`,
+    `committed` and `heartbeats` what acting came to. The stored and logged `extra` is all of
+    them in one mapping (`extra`), in the order the fields are listed here.
+    """
 
     time: float
     route: str
@@ -144,7 +178,24 @@ class DecisionRecord:
     delivery_attempt: int | None = None
     latency_ms: float | None = None
     trace: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    details: Mapping[str, Any] = field(default_factory=dict)
+    heartbeats: int = 0  # lease extensions while a forward published
+    committed: bool = True  # False: forwarded, but the new state could not be committed
+    cause: Cause | None = None
+
+    @property
+    def extra(self) -> Mapping[str, Any]:
+        """The `extra` column and the log line's extra fields: the details, then what acting came to."""
+        if self.cause is None and self.committed and not self.heartbeats:
+            return self.details
+        out = dict(self.details)
+        if self.heartbeats:
+            out["heartbeats"] = self.heartbeats
+        if not self.committed:
+            out["committed"] = False
+        if self.cause is not None:
+            out["cause"] = self.cause.value
+        return out
 
     @property
     def acked(self) -> bool:

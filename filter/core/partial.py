@@ -87,21 +87,28 @@ def _kept_raw(
         return None
     leaf = rules.route.rows.parts[0]
     try:
-        top = _raw_object(data)
-        found = _raw_list(top[leaf])
-    except (msgspec.DecodeError, KeyError):
+        top = _top(data)
+    except msgspec.DecodeError:
         return None
-    if len(found) != len(typed.rows):
+    found = top.get(leaf)
+    if not isinstance(found, list) or len(found) != len(typed.rows):
         return None
-    payload = {k: None if k == leaf else msgspec.json.decode(v) for k, v in top.items()}  # document order
+    # document order; the rows' place is filled by the caller
+    payload = {k: None if k == leaf else _plain(v) for k, v in top.items()}
     if keys is None or len(keys) != len(found):
         keys = [typed.key_json(row).decode() for row in typed.rows]
     kept = [msgspec.json.decode(raw) for raw, key in zip(found, keys, strict=True) if key in wanted]
     return payload, payload, leaf, kept
 
 
-_raw_object = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
-_raw_list = msgspec.json.Decoder(list[msgspec.Raw]).decode
+# The top-level object in one pass: lists stay raw JSON element by element (the rows among
+# them), everything else decodes as the plain decoder reads it (every JSON value is one of these).
+_top = msgspec.json.Decoder(dict[str, list[msgspec.Raw] | dict[str, Any] | str | int | float | bool | None]).decode
+
+
+def _plain(value: Any) -> Any:
+    """A top-level value as `msgspec.json.decode` reads it: a list's raw elements decoded."""
+    return [msgspec.json.decode(raw) for raw in value] if isinstance(value, list) else value
 
 
 def _parent(payload: Any, parts: tuple[str, ...]) -> tuple[Any, str | None]:

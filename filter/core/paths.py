@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from filter.core.errors import FilterError
+
 _MISSING: Any = object()
 
 _INDEX = re.compile(r"[0-9]+", re.ASCII)
@@ -20,7 +22,7 @@ _NEGATIVE = re.compile(r"-[0-9]+", re.ASCII)
 _BRACKETED = re.compile(r".*\[-?[0-9]+\]", re.ASCII)
 
 
-class PathError(ValueError):
+class PathError(FilterError, ValueError):
     """A path string that is not `payload[.a.b...]` or `attributes.name`."""
 
 

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
 from typing import Any, Literal, Protocol, TypedDict
 
-from filter.core.model import DecisionRecord, KeyState, Message
+from filter.core.errors import FilterError
+from filter.core.model import Cause, DecisionRecord, KeyState, Message
 
 
-class Failure(Exception):
+class Failure(FilterError):
     """An operational failure already worded for the user: printed as is, exit 1 (any layer may
     raise it; `runtime.operational` prints it)."""
 
 
-class StoreUnavailable(Exception):
+class StoreUnavailable(FilterError):
     """The state store could not answer in time. The route's `on_store_error` decides."""
 
 
-class PublishFailed(Exception):
+class PublishFailed(FilterError):
     """The destination did not confirm the publish. The source message must be nacked."""
 
 
@@ -63,6 +65,36 @@ class Publisher(Protocol):
         """Cheap readiness check for `/readyz`: raise when every publish would certainly fail now."""
 
     async def close(self) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Worked:
+    """What the caller's work sends back when its result is kept with the forward (`cache_result`)."""
+
+    published_id: str
+    result: str  # JSON text, committed with the forward (`KeyState.results`)
+
+
+class Sender(Protocol):
+    """The one port a forward sends through: the destination's publisher (`engine.Publishing`)
+    or, in-process, the caller's body in its place (`filter.inprocess`)."""
+
+    #: What the record names a failed send: `Cause.PUBLISH`, `Cause.WORK`.
+    cause: Cause
+    #: Once begun, the send may land whatever the caller does (a publish handed to Pub/Sub): a
+    #: cancel then waits for it and its commit. Otherwise the caller's cancel reaches the send
+    #: and fails the forward; only the commit past a send that returned is waited for.
+    lands_despite_cancel: bool
+    #: Bound by Pub/Sub's limits on attributes (a publish is; the caller's body is not).
+    attribute_limits: bool
+
+    async def send(
+        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None
+    ) -> str | Worked:
+        """Send what a forward sends; the id the record shows as `published_id` (with the result
+        to keep with the forward, a `Worked`).
+
+        Raises `PublishFailed` when it did not go out (the lease is released, the message nacked)."""
 
 
 class DecisionRecorder(Protocol):

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Literal
 
+from filter.core.errors import FilterError
+
 Kind = Literal["topic", "subscription"]
 
 # Pub/Sub's resource ids: 3-255 characters, starting with a letter, not starting with `goog`.
@@ -22,7 +24,7 @@ _FULL = {
 }
 
 
-class PubsubNameError(ValueError):
+class PubsubNameError(FilterError, ValueError):
     """A topic or subscription name Pub/Sub would refuse; the message states the rule."""
 
 

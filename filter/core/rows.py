@@ -23,6 +23,7 @@ from typing import Any, cast
 
 import msgspec
 
+from filter.core.canonical import encode_sorted
 from filter.core.config import Route
 from filter.core.fingerprint import TypedRows
 
@@ -89,7 +90,8 @@ def row_key_of(row: Mapping[str, Any], row_key: tuple[str, ...]) -> str:
     return _encode([row.get(k) for k in row_key]).decode()
 
 
-def _checksums(selected: Mapping[str, Any]) -> dict[str, str]:
+def field_checksums(selected: Mapping[str, Any]) -> dict[str, str]:
+    """A row's checksum per selected field: what says which fields of a changed row changed."""
     return {k: f"{zlib.crc32(_encode(v)):08x}" for k, v in selected.items()}
 
 
@@ -121,7 +123,7 @@ def digest_rows(route: Route, rows: list[Any], before: Before | None = None) -> 
             (selected,) = group
             fp = hashlib.sha256(_encode(selected)).hexdigest()[:16]
             stored = old.get(key)
-            out[key] = (fp, stored[1] if stored is not None and stored[0] == fp else _checksums(selected))
+            out[key] = (fp, stored[1] if stored is not None and stored[0] == fp else field_checksums(selected))
             continue
         group.sort(key=_encode)
         names = sorted({k for selected in group for k in selected})
@@ -157,8 +159,14 @@ def digest_typed(typed: TypedRows, before: Before | None = None, memo: Memo | No
     `memo`, without a SHA-256 for rows the previous document had.
 
     None when two rows share a key: `digest_rows` digests those together.
+
+    With no `before` (a new key, or a state whose rows were too many to keep), rows whose
+    state is certainly over `MAX_STORED_BYTES` are not digested at all (`Unkept`): nothing
+    would read the digests, as there is nothing to compare them with and they are not stored.
     """
     found = typed.rows
+    if before is None and stored_size_at_least(typed) > MAX_STORED_BYTES:
+        return Unkept()
     contents = list(map(typed.content_json, found))
     known = list(map(memo.seen.get, contents)) if memo is not None else [None] * len(found)
     pairs = (
@@ -170,18 +178,63 @@ def digest_typed(typed: TypedRows, before: Before | None = None, memo: Memo | No
         memo.seen = dict(zip(contents, pairs, strict=True))
     stored: Mapping[str, tuple[str, Any]] = before.raw if type(before) is Stored else (before or {})
     names = before.names if type(before) is Stored else ()
-    out: RowDigests = {}
+    out = Compared(before)
+    added, changed = out.added, out.changed
     for (key, fp), row in zip(pairs, found, strict=True):
         was = stored.get(key)
         if was is not None and was[0] == fp:
             fields = was[1]  # as stored: packed checksums, or a mapping of them
             out[key] = (fp, Packed(names, fields) if type(fields) is str else fields)
         else:
-            out[key] = (fp, _checksums(typed.as_dict(row)))
+            (added if was is None else changed).append(key)
+            out[key] = (fp, field_checksums(typed.as_dict(row)))
     return out if len(out) == len(found) else None
 
 
+class Compared(dict[str, tuple[str, Mapping[str, str]]]):
+    """Digests that were compared with `against` as they were computed, row by row: the rows
+    found `added` and `changed`, in order, so that `diff` against the same state need not
+    look every row up again."""
+
+    __slots__ = ("added", "against", "changed")
+
+    def __init__(self, against: Before | None):
+        super().__init__()
+        self.against = against
+        self.added: list[str] = []
+        self.changed: list[str] = []
+
+
+class Unkept(dict[str, tuple[str, Mapping[str, str]]]):
+    """The digests of rows whose state is over `MAX_STORED_BYTES`, left uncomputed: `encode` gives None."""
+
+
+def stored_size_at_least(typed: TypedRows) -> int:
+    """A lower bound on the bytes `encode` writes for these rows' digests, from their keys alone
+    (no fingerprint, no checksum): exact when every row has every field. 0 when rows may share
+    a key (those are digested together, and fewer rows are stored)."""
+    found = typed.rows
+    if not found:
+        return 0
+    keys = typed.keys(found)
+    try:
+        if len(set(keys)) != len(keys):
+            return 0
+    except TypeError:  # a key value that is a list or an object
+        return 0
+    n = len(keys)
+    # `[` + every row's key JSON joined by `,` + `]`; stored as a JSON string, each key gains a
+    # backslash per `"` and `\` in it (anything else msgspec escapes would only add bytes)
+    every_key = encode_sorted(keys)
+    key_bytes = len(every_key) - 2 - (n - 1) + every_key.count(b'"') + every_key.count(b"\\")
+    names = sorted(typed.as_dict(found[0]))  # the stored field names include at least the first row's
+    # [names,{"key":["<16>","<8 per field>"],...}]
+    return len(_encode(names)) + 5 + key_bytes + n * (26 + 8 * len(names)) + n - 1
+
+
 def encode(digests: RowDigests) -> bytes | None:
+    if type(digests) is Unkept:
+        return None
     present: set[str] = set()
     complete: list[tuple[str, ...]] = []  # layouts of stored rows that have every field (no `-`): one, usually
     for _, fields in digests.values():
@@ -273,13 +326,19 @@ class RowDiff:
 def diff(old: Before, new: RowDigests) -> RowDiff:
     d = RowDiff(total=len(new))
     fingerprints = old.raw if type(old) is Stored else old  # read the stored rows only where they changed
-    for key, (fp, fields) in new.items():
-        before = fingerprints.get(key)
-        if before is None:
-            d.added.append(key)
-        elif before[0] != fp:
-            d.changed.append(key)
-            old_fields = old[key][1]
-            d.fields[key] = sorted({f for f in fields.keys() | old_fields.keys() if fields.get(f) != old_fields.get(f)})
-    d.removed = [k for k in fingerprints if k not in new]
+    if type(new) is Compared and new.against is old:
+        d.added, d.changed = list(new.added), list(new.changed)
+    else:
+        for key, (fp, _) in new.items():
+            before = fingerprints.get(key)
+            if before is None:
+                d.added.append(key)
+            elif before[0] != fp:
+                d.changed.append(key)
+    for key in d.changed:
+        fields, old_fields = new[key][1], old[key][1]
+        d.fields[key] = sorted({f for f in fields.keys() | old_fields.keys() if fields.get(f) != old_fields.get(f)})
+    # every row not added was stored: as many as were stored means none was removed
+    if len(new) - len(d.added) != len(fingerprints):
+        d.removed = [k for k in fingerprints if k not in new]
     return d

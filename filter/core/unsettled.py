@@ -19,11 +19,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import replace
 
-import structlog
-
+from filter.core.logs import get_logger
 from filter.core.model import KeyState
 
-log = structlog.get_logger("pubsub_filter.engine")
+log = get_logger("pubsub_filter.engine")
 
 #: Keys remembered at most: one long outage on a wide key space should not grow without bound.
 LIMIT = 100_000
@@ -61,10 +60,10 @@ class FailedOpen:
             fingerprint, published, _ = sent
             if _newer(published, state.publish_time):
                 state = replace(state, publish_time=published)
-            if state.fingerprint is None or fingerprint == state.fingerprint:
-                return state
+            if not isinstance(state.downstream, str) or fingerprint == state.downstream:
+                return state  # nothing known to contradict, or the very content that failed open
             return state.unknown_downstream()
-        if state.fingerprint is None:
+        if not isinstance(state.downstream, str):
             return state
         horizon = self._horizon.get(route)
         if horizon is not None and state.forwarded_at is not None and state.forwarded_at <= horizon:

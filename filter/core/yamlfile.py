@@ -13,8 +13,10 @@ from typing import Any
 
 import yaml
 
+from filter.core.errors import FilterError
 
-class DuplicateKeys(Exception):
+
+class DuplicateKeys(FilterError):
     def __init__(self, problems: list[str]):
         super().__init__("\n".join(problems))
         self.problems = problems

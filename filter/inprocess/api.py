@@ -1,8 +1,8 @@
 """The engine in-process: decide one message and, when it is a forward, run the caller's work under the lease.
 
-The same decision as the sidecar, with the caller's work in place of the publish
-(`Engine.handle(..., act=...)`): claim the fenced lease, run the body while the heartbeat
-keeps the lease, commit the new fingerprint only after the body returned. So:
+The same decision as the sidecar, with the caller's work in place of the publish (the body
+is the forward's sender, `Engine.handle(..., via=...)`): claim the fenced lease, run the body
+while the heartbeat keeps the lease, commit the new fingerprint only after the body returned. So:
 
 - the body runs only for a forward; any other decision says why it did not run;
 - a body that raises, whatever it raises (`KeyboardInterrupt`, `StopIteration`... too), or
@@ -32,11 +32,18 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Generic, TypeVar
 
+import msgspec
+
+from filter.core.answer import answer_for
 from filter.core.attributes import ATTR_FENCE, ATTR_KEY, ATTR_KEY_SHA256
 from filter.core.config import Config, load
-from filter.core.engine import Engine, WorkFailed
-from filter.core.model import Decision, DecisionRecord, Message
-from filter.core.ports import Clock, PublishFailed
+from filter.core.engine import Engine
+from filter.core.errors import FilterError, FilterTypeError, FilterUsageError, ResultNotStored
+from filter.core.judge import REDELIVERED
+from filter.core.model import Cause, Decision, DecisionRecord, Message
+from filter.core.ports import Clock, PublishFailed, Worked
+from filter.core.transitions import RESULTS_MAX_BYTES
+from filter.inprocess.messages import to_message
 from filter.runtime.wiring import make_recorder, make_store
 
 T = TypeVar("T")
@@ -87,6 +94,8 @@ class Outcome(Generic[T]):
     record: DecisionRecord
     ran: bool = False
     result: T | None = field(default=None)
+    #: `result` is the one kept when this message was forwarded (`cache_result`): a redelivery.
+    cached: bool = False
 
     @property
     def decision(self) -> Decision:
@@ -98,11 +107,11 @@ class Outcome(Generic[T]):
 
     @property
     def acked(self) -> bool:
-        return self.record.acked
+        return answer_for(self.record).ack
 
     @property
     def committed(self) -> bool:
-        return self.ran and self.record.extra.get("committed", True) is not False and self.record.fence is not None
+        return self.ran and self.record.committed and self.record.fence is not None
 
     @property
     def skipped(self) -> bool:
@@ -110,26 +119,56 @@ class Outcome(Generic[T]):
         return self.acked and not self.ran
 
 
-class _NoPublisher:
-    """In-process, every forward runs the caller's work: nothing is published."""
+class WorkFailed(PublishFailed):
+    """The caller's body (in place of the publish) did not return: the lease is released, the
+    decision recorded `failed` (cause work), and the caller gets `raised`, what the body raised."""
 
-    async def publish(
-        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None = None
-    ) -> str:
-        raise PublishFailed("the in-process API runs the caller's work, never a publish")
+    def __init__(self, description: str, raised: BaseException | None = None):
+        super().__init__(description)
+        self.raised: BaseException = self if raised is None else raised
 
-    async def ping(self) -> None:
-        return None
 
-    async def close(self) -> None:
-        return None
+class _Body(Generic[T]):
+    """The forward's sender in-process: the caller's body runs in place of the publish.
+
+    Every way of the body not returning is a failed forward (`WorkFailed`): what is not an
+    `Exception` too (a `KeyboardInterrupt`, a `SystemExit`, a `GeneratorExit`), and the caller's
+    own cancel of the body. None may leave the key leased, the decision unrecorded, or the loop
+    stopped; the engine raises the `WorkFailed` once the decision is recorded.
+    """
+
+    cause = Cause.WORK
+    lands_despite_cancel = False  # the caller's cancel (a timeout on a stuck body) reaches the body
+    attribute_limits = False  # nothing goes to Pub/Sub
+
+    def __init__(self, route: str, body: Callable[[Forward], Awaitable[T]], cache: bool):
+        self.route = route
+        self.body = body
+        self.cache = cache  # keep the result with the forward (`cache_result`)
+        self.ran = False
+        self.result: T | None = None
+
+    async def send(
+        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None
+    ) -> str | Worked:
+        try:
+            self.result = await _awaitable(self.body(Forward(self.route, data, attributes)))
+            sent = Worked(IN_PROCESS, _encoded(self.result)) if self.cache else IN_PROCESS
+        except WorkFailed:
+            raise  # the body said why itself (`SyncFilter`'s, from the caller's thread)
+        except asyncio.CancelledError as exc:
+            raise WorkFailed("cancelled while it ran", exc) from exc
+        except BaseException as exc:  # see the docstring: the caller raises it again
+            raise WorkFailed(f"{type(exc).__name__}: {exc}", exc) from exc
+        self.ran = True
+        return sent
 
 
 def _config(config: Config | str | os.PathLike[str] | None) -> Config:
     return config if isinstance(config, Config) else load(config)
 
 
-class FilterClosed(RuntimeError):
+class FilterClosed(FilterError, RuntimeError):
     """The filter was closed (or belongs to the process this one was forked from): open a new one."""
 
 
@@ -143,70 +182,105 @@ def _name(fn: Callable[..., object]) -> str:
     return getattr(fn, "__qualname__", None) or repr(fn)
 
 
-class Filter:
-    """The async API. `async with Filter.open("filter.yaml") as f: outcome = await f.process(...)`."""
+#: A config, or a path to one (default $PUBSUB_FILTER_CONFIG, then ./filter.yaml).
+ConfigSource = Config | str | os.PathLike[str] | None
 
-    def __init__(self, engine: Engine):
-        self.engine = engine
+
+class Filter:
+    """The async API. `async with Filter("filter.yaml") as f: outcome = await f.process(...)`.
+
+    Built from a config (or a path to one), with its stores and records, as `SyncFilter` is;
+    or around an `Engine` already built.
+    """
+
+    def __init__(self, config: Engine | ConfigSource = None, clock: Clock | None = None):
+        if isinstance(config, Engine):
+            self.engine = config
+        else:
+            cfg = _config(config)
+            self.engine = Engine(cfg, make_store(cfg), None, make_recorder(cfg), clock)  # each call sends via its body
         self.closed = False
         self._calls: Counter[asyncio.Task[Any] | None] = Counter()  # calls under way, by the task making them
         self._idle = asyncio.Event()  # set as each call ends
 
     @classmethod
-    def open(cls, config: Config | str | os.PathLike[str] | None = None, clock: Clock | None = None) -> Filter:
-        """A config (or a path to one: default $PUBSUB_FILTER_CONFIG, then ./filter.yaml) → its stores and records."""
-        cfg = _config(config)
-        return cls(Engine(cfg, make_store(cfg), _NoPublisher(), make_recorder(cfg), clock))
+    def open(cls, config: ConfigSource = None, clock: Clock | None = None) -> Filter:
+        """The same as `Filter(config, clock)`."""
+        return cls(config, clock)
 
     async def process(
         self,
         route: str,
-        message: Message,
+        message: object,
         body: Callable[[Forward], Awaitable[T]],
         trace: str | None = None,
+        *,
+        message_id: str | None = None,
+        attributes: Mapping[str, str] | None = None,
+        publish_time: float | None = None,
+        cache_result: bool | None = None,
     ) -> Outcome[T]:
         """Decide `message` on `route`; when it is a forward, await `body` under the lease, then commit.
+
+        `cache_result` (default: the route's `cache_result`) keeps the body's result, JSON-encoded,
+        with the forward: a redelivery of this message (the same id and content) then returns it
+        as `Outcome.result` (`cached`), decoded from JSON. A result that cannot be kept (not
+        JSON-encodable, more than `RESULTS_MAX_BYTES` encoded) raises `ResultNotStored` when the
+        body returns, and the forward fails as if the body had raised it.
+
+        `message` is what the caller holds: a `Message`, a raw payload (bytes, str, dict, list;
+        with `message_id=`, `attributes=`, `publish_time=` if it has them), a google-cloud-pubsub
+        message or a push envelope dict (`filter.inprocess.messages`); anything else raises
+        `FilterTypeError` before any decision.
 
         Raises what `body` raised, whatever it is (nothing committed, the lease released, the
         decision recorded `failed`). The caller's cancel while the body runs reaches the body
         and ends the same way: the `CancelledError` propagates (a timeout then raises as usual).
         """
+        msg = to_message(message, message_id=message_id, attributes=attributes, publish_time=publish_time)
         if self.closed:
             raise FilterClosed("this Filter is closed: open a new one")
         me = asyncio.current_task()
         self._calls[me] += 1
         try:
-            return await self._process(route, message, body, trace)
+            return await self._process(route, msg, body, trace, self._caches(route, cache_result))
         finally:
             self._calls[me] -= 1
             if not self._calls[me]:
                 del self._calls[me]
             self._idle.set()
 
+    def _caches(self, route: str, asked: bool | None) -> bool:
+        rules = self.engine.rules.get(route)
+        return asked if asked is not None else rules is not None and rules.route.cache_result
+
     async def _process(
-        self, route: str, message: Message, body: Callable[[Forward], Awaitable[T]], trace: str | None
+        self, route: str, message: Message, body: Callable[[Forward], Awaitable[T]], trace: str | None, cache: bool
     ) -> Outcome[T]:
-        ran: list[T] = []
-        failed: list[BaseException] = []
+        sender = _Body(route, body, cache)
+        try:
+            rec = await self.engine.handle(route, message, trace, sender)
+        except WorkFailed as failed:
+            raised = failed.raised
+        else:
+            if cache and not sender.ran and rec.decision is Decision.DUPLICATE and rec.reason == REDELIVERED:
+                return await self._kept(rec)
+            return Outcome(rec, ran=sender.ran, result=sender.result)
+        raise raised  # what the body raised, outside the handler: its own context, not ours
 
-        async def act(data: bytes, attributes: Mapping[str, str]) -> str:
-            try:
-                ran.append(await _awaitable(body(Forward(route, data, attributes))))
-            except BaseException as exc:
-                failed.append(exc)
-                raise
-            return IN_PROCESS
-
-        rec = await self.engine.handle(route, message, trace, act)
-        if failed:
-            raise failed[0]
-        return Outcome(rec, ran=bool(ran), result=ran[0] if ran else None)
+    async def _kept(self, rec: DecisionRecord) -> Outcome[Any]:
+        """A redelivery's outcome, with the result kept when its message was forwarded (if still kept)."""
+        state = await self.engine.store.read(rec.route, rec.key or "")
+        for mid, fp, text in state.results if state is not None else ():
+            if (mid, fp) == (rec.message_id, rec.fingerprint):
+                return Outcome(rec, result=msgspec.json.decode(text), cached=True)
+        return Outcome(rec)
 
     async def close(self) -> None:
         """Wait for the calls under way in other tasks (each ends when its body does), then write the
         records still waiting and close the stores. Calls after it raise `FilterClosed`."""
         if self._calls[asyncio.current_task()]:
-            raise RuntimeError("Filter.close() from inside its own body would wait for itself")
+            raise FilterUsageError("Filter.close() from inside its own body would wait for itself")
         if self.closed:
             return
         self.closed = True
@@ -224,9 +298,24 @@ class Filter:
         await self.close()
 
 
+def _encoded(result: object) -> str:
+    """`result` as the JSON text kept with the forward, or `ResultNotStored` saying why it cannot be."""
+    try:
+        text = msgspec.json.encode(result).decode()
+    except (TypeError, msgspec.EncodeError, OverflowError, RecursionError) as exc:
+        raise ResultNotStored(
+            f"cache_result: the body's result ({type(result).__name__}) is not JSON-encodable: {exc}"
+        ) from exc
+    if (size := len(text.encode())) > RESULTS_MAX_BYTES:
+        raise ResultNotStored(
+            f"cache_result: the body's result is {size} bytes as JSON, more than the {RESULTS_MAX_BYTES} kept"
+        )
+    return text
+
+
 def _awaitable(work: Awaitable[T]) -> Awaitable[T]:
     if not inspect.isawaitable(work):
-        raise TypeError(
+        raise FilterTypeError(
             f"the body returned {type(work).__name__}, not an awaitable: Filter runs an async def body; "
             "use SyncFilter for a plain function"
         )
@@ -246,7 +335,7 @@ class SyncFilter:
     process that opened it: a child forked after that opens its own.
     """
 
-    def __init__(self, config: Config | str | os.PathLike[str] | None = None, clock: Clock | None = None):
+    def __init__(self, config: ConfigSource = None, clock: Clock | None = None):
         cfg = _config(config)
         self._pid = os.getpid()
         self._loop = asyncio.new_event_loop()
@@ -258,7 +347,7 @@ class SyncFilter:
         self._closed = threading.Lock()  # held by the one close() that does the closing
 
         async def build() -> Filter:  # clients made on the loop that will use them
-            return Filter.open(cfg, clock)
+            return Filter(cfg, clock)
 
         self.filter = self._run(build())
         self.engine = self.filter.engine
@@ -300,45 +389,62 @@ class SyncFilter:
                 self._idle.notify_all()
 
     def process(
-        self, route: str, message: Message, body: Callable[[Forward], T], trace: str | None = None
+        self,
+        route: str,
+        message: object,
+        body: Callable[[Forward], T],
+        trace: str | None = None,
+        *,
+        message_id: str | None = None,
+        attributes: Mapping[str, str] | None = None,
+        publish_time: float | None = None,
+        cache_result: bool | None = None,
     ) -> Outcome[T]:
         """Decide `message` on `route`; when it is a forward, run `body` here under the lease, then commit.
+
+        `message` is what the caller holds, and `cache_result` keeps the result, as for `Filter.process`.
 
         Raises what `body` raised, whatever it is (nothing committed, the lease released, the
         decision recorded `failed`). An `async def` body is refused (`TypeError`) before any
         claim; a body that returns an awaitable anyway fails its message the same way.
         """
         if is_async_function(body):
-            raise TypeError(
+            raise FilterTypeError(
                 f"{_name(body)} is an async def: SyncFilter runs a plain function's body; "
                 "use Filter (the async API) for a coroutine function"
             )
+        msg = to_message(message, message_id=message_id, attributes=attributes, publish_time=publish_time)
         with self._entered():
-            return self._process(route, message, body, trace)
+            return self._process(route, msg, body, trace, cache_result)
 
-    def _process(self, route: str, message: Message, body: Callable[[Forward], T], trace: str | None) -> Outcome[T]:
+    def _process(
+        self, route: str, message: Message, body: Callable[[Forward], T], trace: str | None, cache: bool | None
+    ) -> Outcome[T]:
         # The loop asks for the body through `calls`; the decision's end arrives there too (None).
         calls: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
-        raised: list[BaseException] = []
 
         async def run_here(forward: Forward) -> T:
             done: concurrent.futures.Future[T] = concurrent.futures.Future()
             calls.put((forward, done))
             return await asyncio.wrap_future(done)
 
-        decided = asyncio.run_coroutine_threadsafe(self.filter.process(route, message, run_here, trace), self._loop)
+        decided = asyncio.run_coroutine_threadsafe(
+            self.filter.process(route, message, run_here, trace, cache_result=cache), self._loop
+        )
         decided.add_done_callback(lambda _: calls.put(None))
         try:
             while (call := calls.get()) is not None:
-                _run_body(body, *call, raised)
+                _run_body(body, *call)
         except BaseException:
             # Interrupted while waiting for the loop (a Ctrl-C): the body cannot run here any
             # more, so the decision is cancelled (the lease released, `failed` recorded).
             decided.cancel()
             raise
-        if raised:  # the decision is over (recorded `failed`): the body's own exception, as it was
-            raise raised[0]
-        return decided.result()
+        try:
+            return decided.result()
+        except WorkFailed as failed:
+            raised = failed.__cause__ or failed
+        raise raised  # the decision is over (recorded `failed`): the body's own exception, as it was
 
     def close(self) -> None:
         """Wait for the calls under way on other threads (each ends when its body does), then write
@@ -348,7 +454,7 @@ class SyncFilter:
         me = threading.get_ident()
         with self._idle:
             if self._calls[me]:
-                raise RuntimeError("SyncFilter.close() from inside its own body would wait for itself")
+                raise FilterUsageError("SyncFilter.close() from inside its own body would wait for itself")
             self._closing = True
             self._idle.wait_for(lambda: not self._calls)
         with self._closed:
@@ -370,34 +476,38 @@ class SyncFilter:
         self.close()
 
 
-def _run_body(
-    body: Callable[[Forward], T], forward: Forward, done: concurrent.futures.Future[T], raised: list[BaseException]
-) -> None:
+def _run_body(body: Callable[[Forward], T], forward: Forward, done: concurrent.futures.Future[T]) -> None:
     """Run `body` on this (the caller's) thread and tell the loop how it ended.
 
     The loop gets the result, or a `WorkFailed` saying what the body raised: the loop cannot
     carry the exception itself (`StopIteration` cannot be set on a future, a `KeyboardInterrupt`
-    would end the loop's thread). The caller gets the body's own exception, from `raised`.
+    would end the loop's thread). The `WorkFailed` comes back out of the decision, and the
+    caller gets the body's own exception, its `__cause__`.
     """
     if not done.set_running_or_notify_cancel():
         return  # the decision was cancelled before its body ran
     try:
         result = body(forward)
     except BaseException as exc:  # re-raised on this thread once the decision is over
-        raised.append(exc)
-        done.set_exception(WorkFailed(f"{type(exc).__name__}: {exc}"))
+        done.set_exception(_failed(f"{type(exc).__name__}: {exc}", exc))
         return
     if inspect.isawaitable(result):
         if inspect.iscoroutine(result):
             result.close()  # never to run: not left to warn that it was never awaited
-        error = TypeError(
+        error = FilterTypeError(
             f"the body returned an awaitable ({type(result).__name__}): it was not run; SyncFilter runs a "
             "plain function's body, use Filter (the async API) for an async def"
         )
-        raised.append(error)
-        done.set_exception(WorkFailed(f"TypeError: {error}"))
+        done.set_exception(_failed(f"TypeError: {error}", error))
         return
     done.set_result(result)
+
+
+def _failed(description: str, exc: BaseException) -> WorkFailed:
+    """A `WorkFailed` the loop can carry (it raises itself there) for `exc`, raised on the caller's thread."""
+    failed = WorkFailed(description)
+    failed.__cause__ = exc
+    return failed
 
 
 async def _awaited(coro: Coroutine[Any, Any, T]) -> T:

@@ -18,16 +18,18 @@ platform then retries, as the sidecar's non-2xx answer would make it.
 from __future__ import annotations
 
 import functools
-import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar, overload
 
 import msgspec
 
+from filter.core.answer import answer_for
 from filter.core.engine import Engine
-from filter.core.envelope import EnvelopeError, parse_envelope
-from filter.core.model import Decision, Message
+from filter.core.envelope import EnvelopeError
+from filter.core.errors import FilterError, FilterTypeError, UnknownRouteError
+from filter.core.model import Message
 from filter.inprocess.api import Filter, Forward, Outcome, SyncFilter, is_async_function
+from filter.inprocess.messages import payload_message, push_message
 
 T = TypeVar("T")
 
@@ -36,7 +38,7 @@ SyncDecorator = Callable[[Callable[..., T]], Callable[..., Outcome[T]]]
 AsyncDecorator = Callable[[Callable[..., Awaitable[T]]], Callable[..., Awaitable[Outcome[T]]]]
 
 
-class Nack(Exception):
+class Nack(FilterError):
     """The message must be redelivered: the decision was not one to ack. `status` is what the sidecar answers."""
 
     def __init__(self, outcome: Outcome[Any]):
@@ -45,40 +47,10 @@ class Nack(Exception):
 
     @property
     def status(self) -> int:
-        if self.outcome.decision is Decision.REJECTED:
-            return 404 if self.outcome.record.extra.get("cause") == "unknown_route" else 400
-        if self.outcome.decision is Decision.CONTENDED or self.outcome.record.extra.get("cause") == "store":
-            return 503
-        return 500
+        return answer_for(self.outcome.record).status
 
 
 # --- messages from each handler shape ------------------------------------------------
-
-
-def payload_message(
-    payload: Any,
-    attributes: Mapping[str, str] | None = None,
-    message_id: str | None = None,
-    publish_time: float | None = None,
-) -> Message:
-    """A plain payload (bytes, text, or anything JSON-encodable) as a message.
-
-    Without a message id each call is a new delivery (a fresh id): the content decides.
-    """
-    if isinstance(payload, str):
-        data = payload.encode()
-    elif isinstance(payload, bytes | bytearray | memoryview):
-        data = bytes(payload)
-    else:
-        data = msgspec.json.encode(payload)
-    return Message(data, dict(attributes or {}), message_id or uuid.uuid4().hex, publish_time)
-
-
-def push_message(envelope: bytes | str | Mapping[str, Any]) -> Message:
-    """A push body (as received, or already decoded) → its message; `EnvelopeError` says what is wrong."""
-    if isinstance(envelope, Mapping):
-        envelope = msgspec.json.encode(envelope)
-    return parse_envelope(envelope.encode() if isinstance(envelope, str) else envelope)
 
 
 def cloudevent_message(event: Any) -> Message:
@@ -106,9 +78,7 @@ async def _rejected(engine: Engine, route: str, exc: Exception) -> Outcome[Any]:
     """Recorded and logged as the sidecar records a body it cannot read, and, as there, the
     answer (the Nack) waits for the commit that holds the record. Runs on the filter's loop:
     the records' connection is the loop's, and a commit of its may be open."""
-    rec = engine.reject(route, None, str(exc), message_id=getattr(exc, "message_id", None))
-    await engine.recorded()
-    return Outcome(rec)
+    return Outcome(await engine.reject(route, None, str(exc), message_id=getattr(exc, "message_id", None)))
 
 
 def _acked(outcome: Outcome[T]) -> Outcome[T]:
@@ -123,16 +93,26 @@ def _refuse_unrunnable(f: Filter | SyncFilter, fn: Callable[..., Any]) -> None:
     `Filter` would run and then fail its message on every delivery."""
     name = getattr(fn, "__qualname__", repr(fn))
     if isinstance(f, SyncFilter) and is_async_function(fn):
-        raise TypeError(f"{name} is an async def: decorate it for a Filter (the async API), not a SyncFilter")
+        raise FilterTypeError(f"{name} is an async def: decorate it for a Filter (the async API), not a SyncFilter")
     if isinstance(f, Filter) and not is_async_function(fn):
-        raise TypeError(
+        raise FilterTypeError(
             f"{name} is not an async def: a Filter (the async API) awaits its handler; "
             "decorate a plain function for a SyncFilter"
         )
 
 
-def _decorator(f: Filter | SyncFilter, route: str, to_message: ToMessage, gives_payload: bool) -> Any:
+def _known_route(engine: Engine, route: str) -> None:
+    """A decorator for a route the config does not define would reject every message: refused now."""
+    if route not in engine.rules:
+        known = ", ".join(sorted(engine.rules)) or "none"
+        raise UnknownRouteError(f"unknown route {route!r}: the config defines {known}")
+
+
+def _decorator(
+    f: Filter | SyncFilter, route: str, to_message: ToMessage, gives_payload: bool, cache_result: bool | None
+) -> Any:
     engine = f.engine
+    _known_route(engine, route)
 
     def body_args(forward: Forward, args: Any) -> Any:
         return _payload_of(forward) if gives_payload else args[0]
@@ -147,7 +127,8 @@ def _decorator(f: Filter | SyncFilter, route: str, to_message: ToMessage, gives_
                     msg = to_message(*args, **kw)
                 except _UNREADABLE as exc:
                     raise Nack(await _rejected(engine, route, exc)) from exc
-                return _acked(await f.process(route, msg, lambda fwd: fn(body_args(fwd, args))))
+                done = f.process(route, msg, lambda fwd: fn(body_args(fwd, args)), cache_result=cache_result)
+                return _acked(await done)
 
             return async_wrapper
 
@@ -159,7 +140,7 @@ def _decorator(f: Filter | SyncFilter, route: str, to_message: ToMessage, gives_
             except _UNREADABLE as exc:
                 unreadable = exc
                 raise Nack(f._call(lambda: _rejected(engine, route, unreadable))) from exc
-            return _acked(f.process(route, msg, lambda fwd: fn(body_args(fwd, args))))
+            return _acked(f.process(route, msg, lambda fwd: fn(body_args(fwd, args)), cache_result=cache_result))
 
         return wrapper
 
@@ -175,11 +156,12 @@ class _Shape:
         self.__doc__ = doc
 
     @overload
-    def __call__(self, f: SyncFilter, route: str) -> SyncDecorator[Any]: ...
+    def __call__(self, f: SyncFilter, route: str, *, cache_result: bool | None = None) -> SyncDecorator[Any]: ...
     @overload
-    def __call__(self, f: Filter, route: str) -> AsyncDecorator[Any]: ...
-    def __call__(self, f: Filter | SyncFilter, route: str) -> Any:
-        return _decorator(f, route, self.to_message, self.gives_payload)
+    def __call__(self, f: Filter, route: str, *, cache_result: bool | None = None) -> AsyncDecorator[Any]: ...
+    def __call__(self, f: Filter | SyncFilter, route: str, *, cache_result: bool | None = None) -> Any:
+        """`cache_result`: keep the handler's result for a redelivery (default: the route's `cache_result`)."""
+        return _decorator(f, route, self.to_message, self.gives_payload, cache_result)
 
 
 on_payload = _Shape(

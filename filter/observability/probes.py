@@ -34,7 +34,10 @@ async def backend_problems(engine: Engine) -> dict[str, str]:
     cannot take a message (an outbox whose directory vanished, a full disk). Empty: ready."""
     budget = engine.config.store_errors.budget
     problems: dict[str, str] = {}
-    for name, ping in (("store", engine.store.ping), ("publisher", engine.publisher.ping)):
+    backends = {"store": engine.store.ping}
+    if engine.publisher is not None:  # an in-process engine has none: its callers' bodies send
+        backends["publisher"] = engine.publisher.ping
+    for name, ping in backends.items():
         try:
             await asyncio.wait_for(ping(), budget)
         except Exception as exc:

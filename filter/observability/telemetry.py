@@ -60,6 +60,9 @@ from filter.observability.tracing import (
 
 T = TypeVar("T")
 
+#: The one label every route name that is not configured shares (a request may name any).
+UNKNOWN_ROUTE = "(unknown)"
+
 SERVICE = "pubsub-filter"
 SCOPE = "pubsub_filter"
 
@@ -90,6 +93,9 @@ class Telemetry:
         # per (route, decision, enforced), built once (routes and decisions are few): its count,
         # the count's attribute set and the latency's series
         self._decisions: dict[tuple[str, Decision, bool], _Decided] = {}
+        #: the configured routes (`watch_engine`); any other name a request makes up is counted,
+        #: timed and named on spans as `UNKNOWN_ROUTE`, so it adds no series. None: every name is one.
+        self.routes: frozenset[str] | None = None
         self._watched: list[Callable[[], Iterable[tuple[str, Mapping[str, str], float]]]] = []
         if meter_provider is None:
             return
@@ -141,6 +147,11 @@ class Telemetry:
             unit="1",
             description="Messages forwarded without a dedup decision (store unreachable), by route.",
         )
+        self._ids_reused = m.create_counter(
+            "pubsub_filter_ids_reused",
+            unit="1",
+            description="Messages whose id was forwarded recently with other content (decided as new), by route.",
+        )
         m.create_observable_counter(
             "pubsub_filter_records",
             callbacks=[self._observe("records")],
@@ -161,9 +172,14 @@ class Telemetry:
         self._watched.append(source)
 
     def watch_engine(self, engine: Any) -> None:
+        self.routes = frozenset(engine.rules)
         self.watch(lambda: [("in_flight", {}, float(engine.in_flight))])
         recorder = engine.recorder
         self.watch(lambda: _record_counts(recorder))
+
+    def route_label(self, route: str) -> str:
+        """`route` as metrics and spans name it: itself when configured, else `UNKNOWN_ROUTE`."""
+        return route if self.routes is None or route in self.routes else UNKNOWN_ROUTE
 
     def _observe_decisions(self, _options: Any) -> Iterable[Any]:
         from opentelemetry.metrics import Observation
@@ -235,6 +251,7 @@ class Telemetry:
     ) -> Iterator[Span | None]:
         """A decision the SDK samples (or samples and drops itself): its span, current while it runs."""
         subscription = short_name(msg.subscription)
+        route = self.route_label(route)
         # What a surface made current is current already; a request's or a message's parent is
         # handed to the SDK, alone in its context as a propagator extracts it.
         context = None
@@ -258,13 +275,14 @@ class Telemetry:
             which = (rec.route, rec.decision, rec.enforced)
             decided = self._decisions.get(which)
             if decided is None:
-                counted, timed = _labels(rec)
-                decided = self._decisions.setdefault(which, _Decided(counted, self._latency.series(timed)))
+                decided = self._first_of(which)
             decided.count += 1
             if rec.latency_ms is not None:
                 decided.latency.record(rec.latency_ms / 1000)
             if rec.decision is _FAIL_OPEN:
-                self._fail_open.add(1, {"route": rec.route})
+                self._fail_open.add(1, {"route": self.route_label(rec.route)})
+            if rec.extra and rec.extra.get("id_reused"):
+                self._ids_reused.add(1, {"route": self.route_label(rec.route)})
         if self.tracing and PUBLISH_SPAN.get() is not None:  # in a decision that entered the SDK
             span = trace.get_current_span()
             if span.is_recording():
@@ -282,9 +300,21 @@ class Telemetry:
                 if rec.decision in (Decision.FAILED, Decision.FAIL_OPEN):
                     span.set_status(Status(StatusCode.ERROR, rec.reason))
 
+    def _first_of(self, which: tuple[str, Decision, bool]) -> _Decided:
+        """The count of a (route, decision, enforced) not seen yet. Kept under the route's own
+        name only when it is configured: made-up names share `UNKNOWN_ROUTE`'s, and add no entry."""
+        route, decision, enforced = which
+        label = self.route_label(route)
+        shared = (label, decision, enforced)
+        decided = self._decisions.get(shared)
+        if decided is None:
+            counted, timed = _labels(label, decision, enforced)
+            decided = self._decisions.setdefault(shared, _Decided(counted, self._latency.series(timed)))
+        return decided
+
     def lease_taken_over(self, route: str) -> None:
         if self.metrics:
-            self._takeovers.add(1, {"route": route})
+            self._takeovers.add(1, {"route": self.route_label(route)})
 
     # --- children -----------------------------------------------------------------------
 
@@ -360,11 +390,10 @@ def _decision_attributes(route: str, msg: Message, subscription: str | None) -> 
     return attributes
 
 
-def _labels(rec: DecisionRecord) -> tuple[dict[str, str], dict[str, str]]:
-    decision = str(rec.decision)
+def _labels(route: str, decision: Decision, enforced: bool) -> tuple[dict[str, str], dict[str, str]]:
     return (
-        {"route": rec.route, "decision": decision, "enforced": "true" if rec.enforced else "false"},
-        {"route": rec.route, "decision": decision},
+        {"route": route, "decision": str(decision), "enforced": "true" if enforced else "false"},
+        {"route": route, "decision": str(decision)},
     )
 
 

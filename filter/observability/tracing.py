@@ -77,7 +77,9 @@ PUBLISH_SPAN: ContextVar[list[Span | None] | None] = ContextVar("pubsub_filter_p
 _TRACEPARENT = re.compile(r"^[ \t]*([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(?:(-.*)|[ \t]*)$")
 _TRACEPARENT_MAX = 512
 _TRACESTATE_MAX = 8192
-_CLOUD_HEADER = re.compile(r"(?P<trace_id>[0-9a-f]{32})\/(?P<span_id>[\d]{1,20})(;o=(?P<trace_flags>\d+))?")
+# The Cloud Trace propagator's pattern, but for the options' length: `o=` of thousands of digits
+# would reach int() (which raises past 4,300). Such a header names no parent; its trace id is still logged.
+_CLOUD_HEADER = re.compile(r"(?P<trace_id>[0-9a-f]{32})\/(?P<span_id>[\d]{1,20})(;o=(?P<trace_flags>\d{1,20}))?")
 
 
 _SPAN_ID_MAX = (1 << 64) - 1

@@ -13,6 +13,7 @@ from google.auth.exceptions import DefaultCredentialsError
 
 from filter.backends.gcp import NO_CREDENTIALS, resolve_project
 from filter.core.config import Config, Route
+from filter.core.errors import FilterError
 from filter.observability.logsetup import configure
 from filter.pull.worker import PullWorker
 from filter.runtime.wiring import make_engine, make_telemetry, project_of
@@ -20,7 +21,7 @@ from filter.runtime.wiring import make_engine, make_telemetry, project_of
 log = structlog.get_logger("pubsub_filter.pull")
 
 
-class PullSetupError(Exception):
+class PullSetupError(FilterError):
     """The config cannot be pulled as asked (no subscription for a route, unknown route...)."""
 
 

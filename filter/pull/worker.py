@@ -49,6 +49,7 @@ from filter.backends.gcp import (
     pubsub_path,
     timestamp,
 )
+from filter.core.answer import answer_for
 from filter.core.config import LeaseConfig, PullConfig, Route
 from filter.core.engine import Engine
 from filter.core.envelope import effective_publish_time
@@ -300,7 +301,7 @@ class PullWorker:
         finally:
             self._tasks.discard(task)
         self.handled += 1
-        return rec.acked
+        return answer_for(rec).ack
 
     def _settle(self, path: str, received: Any, future: concurrent.futures.Future[bool]) -> None:
         """Ack or nack from the handling's result (runs on the loop's thread, or the caller's)."""

@@ -18,33 +18,32 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from filter.core.answer import answer_for
 from filter.core.counters import counts
 from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError, parse_envelope
-from filter.core.model import Decision, DecisionRecord
+from filter.core.model import Cause
+from filter.core.numerals import bounded_int, digits_of
 from filter.observability.probes import backend_problems, metrics_routes, telemetry_of
 from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, request_trace, trace_of
 
 log = structlog.get_logger("pubsub_filter.push")
+
+#: Characters of a made-up route name kept in its record and decision line (anyone may send one).
+MAX_ROUTE_NAME = 200
 
 
 class _TooLarge(Exception):
     pass
 
 
+def cut(name: str) -> str:
+    """A name a request made up, as its record and log lines keep it: at most `MAX_ROUTE_NAME` characters."""
+    return name if len(name) <= MAX_ROUTE_NAME else name[:MAX_ROUTE_NAME] + "…"
+
+
 def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> Response:
     return Response(msgspec.json.encode(body), status, headers, media_type="application/json")
-
-
-def status_for(rec: DecisionRecord) -> int:
-    if rec.acked:
-        return 200
-    cause = rec.extra.get("cause")
-    if rec.decision is Decision.REJECTED:
-        return 404 if cause == "unknown_route" else 400
-    if rec.decision is Decision.CONTENDED or cause == "store":
-        return 503
-    return 500
 
 
 _READ_HEADERS = frozenset((b"content-length", *REQUEST_HEADERS))
@@ -62,9 +61,11 @@ def headers_of(request: Request) -> dict[bytes, str]:
 
 
 async def _body(request: Request, limit: int, declared: str | None) -> bytes:
-    # isascii: '²'.isdigit() is True, and int('²') raises
-    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
-        raise _TooLarge
+    if declared is not None and declared.isascii() and declared.isdigit():
+        # more digits than `limit` has: larger, whatever they are (and never handed to int())
+        size = bounded_int(declared, digits_of(limit))
+        if size is None or size > limit:
+            raise _TooLarge
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
@@ -116,7 +117,7 @@ def create_app(
                     log.warning("push_auth_unavailable", route=route, reason=exc.reason)
                     return _json({"error": exc.reason}, 503, {"Retry-After": "1"})
                 counts["auth_rejected"] += 1
-                log.warning("push_unauthorized", route=route, status=exc.status, reason=exc.reason)
+                log.warning("push_unauthorized", route=cut(route), status=exc.status, reason=exc.reason)
                 return _json({"error": exc.reason}, exc.status)
         headers = headers_of(request)
         # the log line's trace, and the decision's parent (`tracing.request_trace`: one parse)
@@ -125,19 +126,17 @@ def create_app(
             # Lifecycle lines (lease taken over, heartbeat failed...) then carry the request's trace too.
             structlog.contextvars.bind_contextvars(trace=trace)
         if route not in engine.rules:
-            rec = engine.reject(route, None, f"unknown route {route!r}", trace=trace, cause="unknown_route")
-            await engine.recorded()
+            route = cut(route)
+            rec = await engine.reject(route, None, f"unknown route {route!r}", trace=trace, cause=Cause.UNKNOWN_ROUTE)
             return _json({"decision": "rejected", "reason": rec.reason}, 404)
         try:
             async with asyncio.timeout(body_timeout):
                 body = await _body(request, max_body, headers.get(b"content-length"))
         except _TooLarge:
-            rec = engine.reject(route, None, f"body larger than {max_body} bytes", trace=trace)
-            await engine.recorded()
+            rec = await engine.reject(route, None, f"body larger than {max_body} bytes", trace=trace)
             return _json({"decision": "rejected", "reason": rec.reason}, 413)
         except TimeoutError:
-            rec = engine.reject(route, None, f"body not received in full within {body_timeout:g}s", trace=trace)
-            await engine.recorded()
+            rec = await engine.reject(route, None, f"body not received in full within {body_timeout:g}s", trace=trace)
             # the rest of the body may still arrive: it must not be read as the next request
             return _json({"decision": "rejected", "reason": rec.reason}, 408, {"Connection": "close"})
         except ClientDisconnect:
@@ -148,8 +147,7 @@ def create_app(
         try:
             msg = parse_envelope(body)
         except EnvelopeError as exc:
-            rec = engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
-            await engine.recorded()
+            rec = await engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
             return _json({"decision": "rejected", "reason": rec.reason}, 400)
         if parent is not None:
             token = REQUEST_PARENT.set(parent)  # the decision's parent: the push request's trace
@@ -159,7 +157,7 @@ def create_app(
                 REQUEST_PARENT.reset(token)
         else:
             rec = await engine.handle(route, msg, trace)
-        status = status_for(rec)
+        answer = answer_for(rec)
         out: dict[str, Any] = {
             "decision": str(rec.decision),
             "reason": rec.reason,
@@ -172,7 +170,7 @@ def create_app(
             out["enforced"] = False
         if rec.published_id:
             out["published_id"] = rec.published_id
-        return _json(out, status, {"Retry-After": "1"} if status == 503 else None)
+        return _json(out, answer.status, {"Retry-After": "1"} if answer.retry_after else None)
 
     async def healthz(_: Request) -> Response:
         return _json({"status": "ok", "in_flight": engine.in_flight, "counts": dict(counts)})

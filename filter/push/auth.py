@@ -22,6 +22,9 @@ import requests
 from google.auth import exceptions as google_exceptions
 from google.auth import jwt
 
+from filter.core.errors import FilterError
+from filter.core.numerals import bounded_int
+
 log = logging.getLogger(__name__)
 
 GOOGLE_ISSUERS = ("https://accounts.google.com", "accounts.google.com")
@@ -37,7 +40,7 @@ _FETCH_TIMEOUT = 10.0
 _CANNOT_FETCH = "cannot fetch Google certificates"
 
 
-class AuthError(Exception):
+class AuthError(FilterError):
     """A push request that must not be processed: 401 (who are you?), 403 (not you), or 503
     (`CertsUnavailable`: we cannot tell now)."""
 
@@ -70,11 +73,12 @@ def fetch_google_certs(url: str) -> tuple[Mapping[str, str], float | None]:
 
 def _max_age(headers: Mapping[str, str]) -> float | None:
     m = re.search(r"max-age=(\d+)", headers.get("Cache-Control", ""))
-    if not m:
+    max_age = bounded_int(m.group(1), 12) if m else None
+    if max_age is None:
         return None
     # A proxy between us and Google may already have held the document for `Age` seconds.
-    age = headers.get("Age", "0")
-    return max(0.0, float(m.group(1)) - (int(age) if age.isdigit() else 0))
+    age = bounded_int(headers.get("Age", "0"), 12) or 0
+    return float(max(0, max_age - age))
 
 
 class PushAuthenticator:

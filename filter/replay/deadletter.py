@@ -13,6 +13,8 @@ from typing import Any
 
 from filter.backends.gcp import pubsub_path, timestamp
 from filter.core.envelope import ATTR_ORIGINAL_TIME
+from filter.core.errors import FilterError
+from filter.core.numerals import bounded_int
 from filter.core.times import format_time, parse_time
 
 ATTR_ORIGINAL_ID = "filter_replay_original_message_id"
@@ -25,7 +27,7 @@ DL_PUBLISH_TIME = "CloudPubSubDeadLetterSourceTopicPublishTime"
 DL_DELIVERY_COUNT = "CloudPubSubDeadLetterSourceDeliveryCount"
 
 
-class ReplayFailure(Exception):
+class ReplayFailure(FilterError):
     """This message cannot be replayed now; the reason is counted and it stays dead-lettered."""
 
 
@@ -105,9 +107,6 @@ class DeadLetter:
         out = {k: v for k, v in self.attributes.items() if not k.startswith(DEAD_LETTER_PREFIX)}
         out[ATTR_ORIGINAL_ID] = self.original_id
         out[ATTR_ORIGINAL_TIME] = self.original_time_text
-        try:
-            previous = int(self.attributes.get(ATTR_COUNT, "0"))
-        except ValueError:
-            previous = 0
-        out[ATTR_COUNT] = str(max(previous, 0) + 1)
+        previous = bounded_int(self.attributes.get(ATTR_COUNT, "0"), 18) or 0
+        out[ATTR_COUNT] = str(previous + 1)
         return out

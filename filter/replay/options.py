@@ -15,13 +15,14 @@ from filter.backends.gcp import pubsub_path, resolve_project
 from filter.core import times
 from filter.core.conditions import parse_where
 from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, Config, ConfigError, Route, load
+from filter.core.errors import FilterError
 from filter.replay.selection import Selection, Where
 
 #: Messages per Pull request.
 BATCH = 100
 
 
-class UsageError(ValueError):
+class UsageError(FilterError, ValueError):
     """A bad option value: reported with the option's name, exit 2."""
 
 

@@ -16,8 +16,10 @@ from google.api_core import exceptions as gexc
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_incrementing
 
 from filter.backends.gcp import TRANSIENT, acknowledge, modify_ack_deadline
+from filter.core.answer import answer_for
 from filter.core.config import Config
 from filter.core.envelope import effective_publish_time
+from filter.core.errors import FilterError
 from filter.core.model import Decision, Message
 from filter.core.ports import PublishFailed
 from filter.replay.deadletter import DeadLetter, ReplayFailure
@@ -36,7 +38,7 @@ DEFAULT_ACK_DEADLINE = 60
 PULL_ATTEMPTS = 3
 
 
-class PullFailed(Exception):
+class PullFailed(FilterError):
     """The dead-letter subscription could not be read: the run stops early (exit 1)."""
 
 
@@ -237,7 +239,7 @@ class Replayer:
             ordering_key=item.ordering_key or None,
         )
         rec = await self.engine.handle(route, msg)
-        if not rec.acked:
+        if not answer_for(rec).ack:
             raise ReplayFailure(f"{rec.decision}: {rec.reason}")
         self._to_ack.append(item.ack_id)
         if rec.published_id or rec.decision in (Decision.FORWARDED, Decision.FAIL_OPEN):

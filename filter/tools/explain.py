@@ -103,7 +103,7 @@ def render(result: dict[str, Any]) -> str:
     if stored is None:
         lines.append("stored:       nothing for this key yet")
     else:
-        # No fingerprint after a forward: what the destination holds is unknown (`KeyState.unsettled`).
+        # No fingerprint after a forward: what the destination holds is unknown (`KeyState.downstream`).
         content = stored["fingerprint"] or ("unknown downstream" if stored["forwarded_at"] else "nothing forwarded")
         lines.append(
             f"stored:       {content}  forwarded {stored['forwarded_at']} "

@@ -45,6 +45,7 @@ from typing import Any
 
 from filter.backends.gcp import NO_CREDENTIALS, pubsub_path, resolve_project
 from filter.core.config import Config
+from filter.core.errors import FilterError
 from filter.core.pubsub_names import PubsubNameError
 from filter.tools.subscriptions import (
     DLQ_ACK_DEADLINE_S,
@@ -67,7 +68,7 @@ def delivery_attempts_for(cfg: Config) -> int:
     return min(100, max(5, math.ceil(cfg.lease.duration / MIN_BACKOFF_S) + ATTEMPTS_MARGIN))
 
 
-class ProvisionError(Exception):
+class ProvisionError(FilterError):
     """The config or the options cannot be provisioned as asked (exit 2)."""
 
 

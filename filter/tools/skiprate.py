@@ -12,7 +12,7 @@ The counts come from a `RecordsReader` (`filter.core.ports`): the records backen
 config (SQLite or BigQuery) or, with `--log`, decision log lines. Every reader returns the
 same `DecisionCount` rows, so the numbers agree wherever they come from. This module turns
 them into one row per route (and bucket) and renders the table, JSON or CSV; the chart is
-`filter.tools.skiprate_chart`.
+`filter.tools.skiprate_chart`; both read the rows of `filter.tools.skiprows`.
 
 Requests to `/push/NAME` for a NAME that is not a route (scanners, typos) are recorded as
 rejected decisions under that name. When the config is at hand, such names (not in the
@@ -28,70 +28,16 @@ import os
 import sys
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
 import msgspec
 
 from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load
-from filter.core.model import Decision
 from filter.core.ports import Bucket, RecordsReader
 from filter.core.times import parse_instant
 from filter.tools.skiprate_chart import ChartUnavailable, chart, figure_class
-
-#: every decision, in the model's order: one column each
-DECISIONS = tuple(str(d) for d in Decision)
-#: held back: acked and not published (noise_only is a suppression the audit sample looked into)
-SKIPPED = ("suppressed", "duplicate", "stale", "noise_only")
-#: acked: published (forwarded, fail_open) or held back
-DECIDED = ("forwarded", "fail_open", *SKIPPED)
-
-
-@dataclass
-class SkipRow:
-    route: str
-    bucket: str | None
-    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(DECISIONS, 0))
-    shadow: bool = False  # some decisions were made in shadow mode (enforced = false)
-    enforced: bool = False  # some decisions were made in enforce mode
-    enforced_skipped: int = 0  # suppressed + duplicate + stale actually held back
-
-    @property
-    def total(self) -> int:
-        return sum(self.counts.values())
-
-    @property
-    def decided(self) -> int:
-        return sum(self.counts[d] for d in DECIDED)
-
-    @property
-    def mode(self) -> str:
-        if self.shadow:
-            return "mixed" if self.enforced else "shadow"
-        return "enforce"
-
-    @property
-    def skip_rate(self) -> float | None:
-        """Percent of decided messages actually held back (enforced decisions only)."""
-        decided = self.decided
-        return None if decided == 0 else 100.0 * self.enforced_skipped / decided
-
-    @property
-    def would_skip(self) -> float | None:
-        """Percent enforce mode would have held back; None unless some decisions were shadow."""
-        decided = self.decided
-        if not self.shadow or decided == 0:
-            return None
-        return 100.0 * sum(self.counts[d] for d in SKIPPED) / decided
-
-    def as_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"route": self.route, "bucket": self.bucket, "mode": self.mode, "total": self.total}
-        out.update(self.counts)
-        rate, would = self.skip_rate, self.would_skip
-        out["skip_rate"] = None if rate is None else round(rate, 2)
-        out["would_skip"] = None if would is None else round(would, 2)
-        return out
+from filter.tools.skiprows import DECISIONS, SKIPPED, SkipRow
 
 
 def summarize(counts: Iterable[Mapping[str, Any]]) -> list[SkipRow]:

@@ -6,13 +6,15 @@ from __future__ import annotations
 import datetime as dt
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # the rows' type only: skiprate imports this module to draw them
-    from filter.tools.skiprate import SkipRow
+from filter.core.errors import FilterError
+
+if TYPE_CHECKING:  # the rows' type only
+    from filter.tools.skiprows import SkipRow
 
 CHART_HINT = "pip install 'pubsub-filter[chart]'"
 
 
-class ChartUnavailable(Exception):
+class ChartUnavailable(FilterError):
     """matplotlib (the `chart` extra) is not installed."""
 
 

@@ -42,7 +42,8 @@ from typing import Any
 import msgspec
 
 from filter.core.ports import DecisionRow, RecordsLister
-from filter.tools.skiprate import DECIDED, SKIPPED, reader_for, since_of
+from filter.tools.skiprate import reader_for, since_of
+from filter.tools.skiprows import DECIDED, SKIPPED
 
 #: A field whose value grew in at least this share of its changes looks like a clock ...
 CLOCK_SHARE = 0.9

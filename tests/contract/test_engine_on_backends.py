@@ -191,3 +191,33 @@ async def test_two_engines_racing_one_key_never_publish_at_the_same_time(open_st
     state = await engines[0].store.read(ROUTE, KEY)
     assert state is not None and state.lease is None
     assert state.fingerprint == pub.published[-1].attributes[ATTR_FINGERPRINT]
+
+
+# --- a message id reused with other content -------------------------------------------
+
+
+async def test_a_message_id_reused_with_other_content_is_decided_as_that_content_and_says_so(store: Any) -> None:
+    pub, feed = MemoryPublisher(), Feed()
+    e = engine(store, pub)
+    assert (await e.handle(ROUTE, feed("out", message_id="req-1"))).decision is Decision.FORWARDED
+    changed = await e.handle(ROUTE, feed("in", message_id="req-1"))  # a caller's request id, new content
+    assert changed.decision is Decision.FORWARDED
+    assert changed.reason == "content changed; the message id was reused with other content"
+    assert changed.extra["id_reused"] is True
+    assert [json.loads(d)["status"] for d in pub.data] == ["out", "in"]
+    for status in ("in", "out"):  # either content again under that id: a redelivery of that forward
+        again = await e.handle(ROUTE, feed(status, message_id="req-1"))
+        assert (again.decision, again.reason) == (Decision.DUPLICATE, "message already forwarded")
+        assert "id_reused" not in again.extra
+    assert len(pub.data) == 2
+
+
+async def test_a_reused_id_whose_other_content_is_unchanged_is_suppressed_on_its_merits(store: Any) -> None:
+    pub, feed = MemoryPublisher(), Feed()
+    e = engine(store, pub)
+    await e.handle(ROUTE, feed("out", message_id="a"))
+    await e.handle(ROUTE, feed("in", message_id="b"))
+    again = await e.handle(ROUTE, feed("in", message_id="a"))  # id a, with what b forwarded last
+    assert (again.decision, again.extra.get("id_reused")) == (Decision.SUPPRESSED, True)
+    assert again.reason == "unchanged since last forward; the message id was reused with other content"
+    assert len(pub.data) == 2

@@ -25,11 +25,15 @@ import pytest
 from filter.backends.stores.firestore import FirestoreStore
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import Config, parse
+from filter.core.errors import ResultNotStored
 from filter.core.model import Decision, KeyState, Message
 from filter.inprocess import Filter, Forward
 from tests.contract.conftest import BACKENDS, COLLECTION
 from tests.support.clock import ManualClock
 from tests.support.emulators import FirestoreEmulator
+
+#: Its bodies start worker processes and read their pipes, blocking: nothing is served here.
+pytestmark = pytest.mark.loop_may_block("test bodies read worker processes' pipes; nothing is served")
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUTE = "reports"
@@ -269,3 +273,77 @@ async def test_two_processes_racing_on_one_key_run_one_body_and_the_other_is_tol
     winner.answer("done")
     won = winner.outcome()
     assert (won["decision"], won["ran"], won["committed"], won["result"]) == ("forwarded", True, True, "done")
+
+
+# --- cached results (cache_result) ---------------------------------------------------------
+
+
+async def test_a_redelivery_returns_the_result_kept_with_its_forward(setup: Setup) -> None:
+    f = setup.open()
+    runs: list[int] = []
+
+    async def body(forward: Forward) -> dict[str, Any]:
+        version = json.loads(forward.data)["version"]
+        runs.append(version)
+        return {"rebuilt": version, "rows": [1, 2]}
+
+    first = await f.process(ROUTE, Message(payload(1), {}, "m1"), body, cache_result=True)
+    second = await f.process(ROUTE, Message(payload(2), {}, "m2"), body, cache_result=True)
+    again = await f.process(ROUTE, Message(payload(1), {}, "m1"), body, cache_result=True)  # after a later change
+    other = await f.process(ROUTE, Message(payload(2), {}, "m3"), body, cache_result=True)  # same content, other id
+
+    assert (first.result, first.cached, second.result) == (
+        {"rebuilt": 1, "rows": [1, 2]},
+        False,
+        {"rebuilt": 2, "rows": [1, 2]},
+    )
+    assert (again.decision, again.ran, again.cached, again.result) == (
+        Decision.DUPLICATE,
+        False,
+        True,
+        {"rebuilt": 1, "rows": [1, 2]},
+    )
+    assert (other.decision, other.cached, other.result) == (Decision.SUPPRESSED, False, None)
+    assert runs == [1, 2]
+    state = await setup.state()
+    assert state is not None and [r[0] for r in state.results] == ["m1", "m2"]
+
+
+async def test_kept_results_expire_with_the_key_state(setup: Setup) -> None:
+    clock = ManualClock()
+    f = setup.open(clock)
+    runs: list[str] = []
+
+    async def body(forward: Forward) -> str:
+        runs.append("ran")
+        return "result"
+
+    await f.process(ROUTE, Message(payload(1), {}, "m1"), body, cache_result=True)
+    clock.advance(setup.config.state_ttl + 1)
+    later = await f.process(ROUTE, Message(payload(1), {}, "m1"), body, cache_result=True)
+
+    assert (later.decision, later.ran, later.cached) == (Decision.FORWARDED, True, False)
+    assert runs == ["ran", "ran"]
+
+
+async def test_a_result_that_cannot_be_kept_fails_the_forward_when_the_body_returns(setup: Setup) -> None:
+    f = setup.open()
+
+    async def unencodable(forward: Forward) -> object:
+        return object()
+
+    async def too_large(forward: Forward) -> str:
+        return "x" * (64 * 1024)
+
+    with pytest.raises(ResultNotStored, match="not JSON-encodable"):
+        await f.process(ROUTE, Message(payload(1), {}, "m1"), unencodable, cache_result=True)
+    with pytest.raises(ResultNotStored, match="65538 bytes as JSON, more than the 65536 kept"):
+        await f.process(ROUTE, Message(payload(1), {}, "m1"), too_large, cache_result=True)
+    state = await setup.state()
+    assert state is not None and state.lease is None and state.fingerprint is None and state.results == ()
+
+    async def fine(forward: Forward) -> str:
+        return "x" * 100
+
+    again = await f.process(ROUTE, Message(payload(1), {}, "m1"), fine, cache_result=True)  # the redelivery runs it
+    assert (again.decision, again.ran, again.result) == (Decision.FORWARDED, True, "x" * 100)

@@ -17,7 +17,7 @@ import pytest
 
 from filter.backends.stores import TTL_FIELD
 from filter.backends.stores.firestore import FirestoreStore, doc_id
-from filter.core.model import KeyState, Lease
+from filter.core.model import UNKNOWN, KeyState, Lease
 from filter.core.ports import StoreUnavailable
 from filter.core.unsettled import FailedOpen
 from tests.contract.conftest import COLLECTION, OpenStore
@@ -325,7 +325,7 @@ async def test_a_claim_over_state_seen_as_unknown_downstream_stores_it_unknown(s
     assert held is not None
     await store.release(ROUTE, KEY, held)
     stored = await store.read(ROUTE, KEY)
-    assert stored.fingerprint is None and stored.unsettled and stored.forwarded_at == t
+    assert stored.fingerprint is None and stored.downstream is UNKNOWN and stored.forwarded_at == t
 
 
 async def test_a_claim_over_state_seen_after_a_fail_open_stores_the_fail_open_publish_time(store: Any) -> None:
@@ -343,7 +343,7 @@ async def test_a_claim_over_state_seen_after_a_fail_open_stores_the_fail_open_pu
     assert held is not None
     await store.release(ROUTE, KEY, held)
     stored = await store.read(ROUTE, KEY)
-    assert stored.publish_time == t - 5.0 and stored.unsettled
+    assert stored.publish_time == t - 5.0 and stored.downstream is UNKNOWN
 
 
 # --- races --------------------------------------------------------------------------
@@ -442,7 +442,7 @@ async def test_firestore_document_is_keyed_by_hash_and_the_ttl_field_is_a_timest
         assert isinstance(raw["lease"]["expires_at"], datetime)
         assert set(raw) == {
             "route", "key", "fingerprint", "forwarded_at", "message_id", "publish_time",
-            "recent", "fence", "lease", TTL_FIELD, "rows", "full_fingerprint",
+            "recent", "fence", "lease", TTL_FIELD, "rows", "full_fingerprint", "results",
         }  # fmt: skip
     finally:
         await store.close()

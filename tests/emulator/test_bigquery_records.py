@@ -143,7 +143,7 @@ async def test_rows_are_written_in_batches_and_read_back(sink: BigQuerySink) -> 
                 fence=i,
                 publish_time=t0 - 1,
                 latency_ms=1.25,
-                extra={"scheme": "canonical", "n": i},
+                details={"scheme": "canonical", "n": i},
                 trace="projects/p/traces/abc",
             )
         )

@@ -152,6 +152,7 @@ BAD_TOKENS: dict[str, tuple[Callable[[App], str | None], int]] = {
 # --- bad tokens decide nothing ---------------------------------------------------------
 
 
+@pytest.mark.loop_may_block("it signs RSA tokens in its body, between requests")
 @pytest.mark.parametrize("case", list(BAD_TOKENS))
 async def test_a_bad_token_is_rejected_and_the_message_is_not_decided(app: App, case: str) -> None:
     make, status = BAD_TOKENS[case]
@@ -223,6 +224,7 @@ def base64_forms(secret: bytes) -> set[str]:
     return forms
 
 
+@pytest.mark.loop_may_block("it generates an RSA key and signs tokens in its body, between requests")
 async def test_no_token_and_no_payload_content_is_ever_logged(
     app: App,
     log_output: io.StringIO,

@@ -7,8 +7,9 @@ nothing of SQLite, Firestore or the engine's code.
 
 `EngineMachine` (a hypothesis `RuleBasedStateMachine`) sends the same random history to
 the real `Engine` and to the model: new messages with a few contents per key, redeliveries
-of old message ids, forwards held in flight while other deliveries arrive (two engine
-instances sharing one store), in-flight forwards killed before or after their publish
+of old message ids, old message ids reused with other content (a caller's request id),
+forwards held in flight while other deliveries arrive (two engine instances sharing one store),
+in-flight forwards killed before or after their publish
 landed, store outages, failing publishes, clock jumps past the window, the lease and the
 state TTL, shadow, row-mode and bypass routes. After every step it checks:
 
@@ -51,6 +52,9 @@ from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryRecorder, SwitchStore
 
 STEPS: Counter[str] = Counter()
+
+#: The attribute a message reusing another's id carries (forwarded with it): its `Sent.token`.
+MODEL_UID = "model_uid"
 
 LEASE = 120.0
 WINDOW = 3600.0
@@ -133,7 +137,7 @@ class MKey:
     content: int | None = None
     forwarded_at: float | None = None
     publish_time: float | None = None
-    recent: list[str] = field(default_factory=list)
+    recent: list[tuple[str, int]] = field(default_factory=list)  # (message id, content): a redelivery is both
     fence: int = 0
     lease: MLease | None = None
     expires_at: float | None = None
@@ -152,6 +156,12 @@ class Sent:
     publish_time: float
     acked: bool = False
     retired: bool = False  # older than the state TTL: Pub/Sub no longer redelivers it
+    uid: str = ""  # set on a message that reuses another's id: what tells their publishes apart
+
+    @property
+    def token(self) -> str:
+        """This message among all sent, even when its id is another's (what the publisher records)."""
+        return self.uid or self.id
 
 
 class ReferenceModel:
@@ -191,7 +201,7 @@ class ReferenceModel:
     def judge(self, route: str, m: Sent, now: float, engine: int) -> Decision:
         content, publish_time = self.view(engine, route, m.key, now)
         k = self.state(route, m.key, now)
-        if m.id in k.recent:
+        if (m.id, m.content) in k.recent:  # a redelivery: this id, forwarded with this content
             return Decision.DUPLICATE
         if k.lease is not None and k.lease.expires_at > now:
             if k.lease.message_id == m.id:
@@ -233,7 +243,7 @@ class ReferenceModel:
         if k.lease is None or k.lease.fence != fence:
             return False
         k.content, k.forwarded_at, k.publish_time = m.content, now, m.publish_time
-        k.recent = [*k.recent, m.id][-RECENT:]
+        k.recent = [*k.recent, (m.id, m.content)][-RECENT:]
         k.lease, k.expires_at = None, now + TTL
         return True
 
@@ -263,7 +273,8 @@ class HeldPublisher:
         self._ids = itertools.count(1)
 
     def _land(self, data: bytes, attributes: Mapping[str, str]) -> str:
-        self.published.append((attributes[ATTR_ROUTE], attributes[ATTR_SOURCE_ID], data))
+        source = attributes.get(MODEL_UID) or attributes[ATTR_SOURCE_ID]  # a reused id: the message's own token
+        self.published.append((attributes[ATTR_ROUTE], source, data))
         return str(next(self._ids))
 
     async def publish(
@@ -366,7 +377,7 @@ class EngineMachine(RuleBasedStateMachine):
         return sent
 
     def _message(self, sent: Sent) -> Message:
-        return Message(sent.data, {}, sent.id, publish_time=sent.publish_time)
+        return Message(sent.data, {MODEL_UID: sent.uid} if sent.uid else {}, sent.id, publish_time=sent.publish_time)
 
     def _publishes(self, mid: str) -> int:
         return sum(1 for _, source, _ in self.publisher.published if source == mid)
@@ -420,7 +431,7 @@ class EngineMachine(RuleBasedStateMachine):
                 self._ack(sent)
             return
         if rec.decision is Decision.FAIL_OPEN:
-            self.exempt.add(sent.id)
+            self.exempt.add(sent.token)
             newer = (s for s in self.sent if s.route == sent.route and s.key == sent.key)
             if any(s.publish_time > sent.publish_time for s in newer):
                 # No state, no stale check: an older message failed open after a newer one.
@@ -446,7 +457,7 @@ class EngineMachine(RuleBasedStateMachine):
                 for s in self.sent
                 if s is not sent
             )
-            assert self._publishes(sent.id) or coming_back or self._reached(sent.route, sent.key, sent.content), (
+            assert self._publishes(sent.token) or coming_back or self._reached(sent.route, sent.key, sent.content), (
                 f"{sent}: duplicate of nothing that was or will be published"
             )
         self._ack(sent)
@@ -469,7 +480,7 @@ class EngineMachine(RuleBasedStateMachine):
 
     def _reached(self, route: str, key: str, content: int) -> bool:
         """Some copy of this content for this key reached the destination (ever)."""
-        by_id = {s.id: s for s in self.sent}
+        by_id = {s.token: s for s in self.sent}
         return any(
             r == route and by_id[mid].key == key and by_id[mid].content == content
             for r, mid, _ in self.publisher.published
@@ -519,6 +530,26 @@ class EngineMachine(RuleBasedStateMachine):
         candidates = [s for s in self.sent if not s.retired]
         # Includes a message whose first push still runs (Pub/Sub pushes again past the ack deadline).
         self._deliver(data.draw(st.sampled_from(candidates), label="redelivered"), engine)
+
+    @precondition(lambda self: any(not s.retired for s in self.sent))
+    @rule(data=st.data(), content=st.sampled_from(CONTENTS), engine=st.integers(0, 1))
+    def reused_id(self, data: st.DataObject, content: int, engine: int) -> None:
+        """A new message under an old message's id (a caller's request id reused): the same id with
+        other content is decided as that content, and says its id was reused; with the content
+        that id was forwarded with, it is that message's redelivery."""
+        old = data.draw(st.sampled_from([s for s in self.sent if not s.retired]), label="id of")
+        self.clock.advance(0.001)
+        data_ = payload(old.route, old.key, content, next(self._noise))
+        sent = Sent(old.id, old.route, old.key, content, data_, self.clock.now(), uid=f"{old.id}~{next(self._ids)}")
+        self.sent.append(sent)
+        k = self.model.state(sent.route, sent.key, self.clock.now())
+        contents = {c for mid, c in k.recent if mid == sent.id}
+        reused = bool(contents) and content not in contents and not self.store.down
+        # Content this id was forwarded with is that forward's redelivery, even after the id was
+        # reused for other content: the destination need not end on the newest content then.
+        self.out_of_order.add((sent.route, sent.key))
+        rec = self._deliver(sent, engine)
+        assert bool(rec.extra.get("id_reused")) is reused, f"{sent}: id_reused {rec.extra}, model {reused}"
 
     @precondition(lambda self: len(self.in_flight) < 2 and not self.store.down)
     @rule(
@@ -570,7 +601,7 @@ class EngineMachine(RuleBasedStateMachine):
             assert rec is None
             assert published == (1 if outcome == "kill_after" else 0)
             if outcome == "kill_after":
-                self.exempt.add(sent.id)  # landed, never acked: its redelivery publishes again
+                self.exempt.add(sent.token)  # landed, never acked: its redelivery publishes again
             return  # the lease stays until it expires
         assert rec is not None
         if outcome == "fail":
@@ -582,7 +613,7 @@ class EngineMachine(RuleBasedStateMachine):
         assert rec.decision is Decision.FORWARDED and rec.acked and published == 1
         assert rec.extra.get("committed", True) is committed, f"{sent}: committed {rec.extra}, model {committed}"
         if not committed:
-            self.exempt.add(sent.id)  # published but not recorded: one more copy may follow
+            self.exempt.add(sent.token)  # published but not recorded: one more copy may follow
         self._ack(sent)
 
     @rule(seconds=st.sampled_from((1.0, 30.0, 61.0, LEASE + 1, WINDOW + 1)))
@@ -635,7 +666,7 @@ class EngineMachine(RuleBasedStateMachine):
         self._check_newest()
 
     def _check_newest(self) -> None:
-        by_id = {s.id: s for s in self.sent}
+        by_id = {s.token: s for s in self.sent}
         for route in NEWEST_WINS:
             for key in KEYS:
                 if (route, key) in self.failed_open or (route, key) in self.out_of_order:

@@ -43,6 +43,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from filter.core.config import Config, parse
+from filter.core.errors import FilterTypeError
 from filter.core.model import Decision
 from filter.core.transitions import RECENT
 from filter.inprocess import Filter, FilterClosed, Outcome, SyncFilter
@@ -387,7 +388,11 @@ class InProcessMachine(RuleBasedStateMachine):
         }.get(does, "cancelled while it ran" if does in CANCELS else does)
         self._check(sent, ended, runs, expected, error if expected is Decision.FORWARDED else None)
         if expected is Decision.FORWARDED and error is not None:
-            caller_gets = {"StopIteration": RuntimeError, "plain": TypeError, "CancelledError": asyncio.CancelledError}
+            caller_gets = {
+                "StopIteration": RuntimeError,
+                "plain": FilterTypeError,
+                "CancelledError": asyncio.CancelledError,
+            }
             wanted = CANCELS.get(does) or caller_gets.get(does) or RAISED[does]
             assert type(ended.error) is wanted, f"{sent}: the caller got {ended.error!r}, expected {wanted.__name__}"
 

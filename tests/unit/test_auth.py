@@ -24,6 +24,10 @@ from filter.push.auth import AuthError, CertsUnavailable, Principal, PushAuthent
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.oidc import LocalGoogleCerts, SigningKey, google_claims
 
+#: Its bodies generate RSA keys (~0.1 s each, on the loop's thread) and call the authenticator
+#: directly: no requests are served here.
+pytestmark = pytest.mark.loop_may_block("test bodies generate RSA keys; nothing is served")
+
 AUD = "https://filter.example.run.app/push"
 SA = "pusher@example-project.iam.gserviceaccount.com"
 
@@ -265,7 +269,7 @@ async def test_unknown_kid_refetches_at_most_once_per_30s(
     await auth.verify(bearer(valid(google)))
     claims = google_claims(audience=AUD, email=SA)
     for _ in range(5):
-        stranger = SigningKey.generate().sign(claims)
+        stranger = (await asyncio.to_thread(SigningKey.generate)).sign(claims)  # RSA keygen: off the loop
         assert (await rejection(auth, bearer(stranger))).status == 401
     assert google.requests == 2
     clock.now += 31

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from filter.cli import build_parser
-from filter.tools.skiprate import DECIDED, SKIPPED
+from filter.tools.skiprows import DECIDED, SKIPPED
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -54,7 +54,7 @@ FULL = DecisionRecord(
     delivery_attempt=2,
     latency_ms=0.41,
     trace="t1",
-    extra={"rows_changed": 3},
+    details={"rows_changed": 3},
 )
 
 
@@ -67,7 +67,10 @@ def created_sql(path: Path) -> list[str]:
 
 
 def test_the_columns_are_the_decision_records_fields_in_order() -> None:
-    assert tuple(f.name for f in dataclasses.fields(DecisionRecord)) == COLUMN_NAMES
+    # the last column, `extra`, holds the fields after `trace`: the details, then what acting came to
+    fields = tuple(f.name for f in dataclasses.fields(DecisionRecord))
+    assert (*fields[: len(COLUMN_NAMES) - 1], "extra") == COLUMN_NAMES
+    assert fields[len(COLUMN_NAMES) - 1 :] == ("details", "heartbeats", "committed", "cause")
 
 
 def test_a_new_sqlite_table_is_created_as_before(tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ RECORDS = st.builds(
     delivery_attempt=st.one_of(st.none(), st.integers(min_value=0, max_value=100)),
     latency_ms=_NUMBER,
     trace=st.one_of(st.none(), st.just(""), st.text(alphabet="0123456789abcdef", min_size=32, max_size=32)),
-    extra=_EXTRA,
+    details=_EXTRA,
 )
 
 

@@ -14,7 +14,7 @@ from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import parse
 from filter.core.engine import Engine
-from filter.core.model import Decision, DecisionRecord, KeyState, Message
+from filter.core.model import Cause, Decision, DecisionRecord, KeyState, Message
 from filter.core.ports import StoreUnavailable
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
@@ -227,6 +227,30 @@ async def test_redelivery_of_the_message_in_flight_is_contended_not_acked(world:
     assert (await world.send("reports", report("out"), message_id="7")).decision is Decision.DUPLICATE
 
 
+async def test_a_claim_lost_to_the_same_change_is_suppressed_without_the_lost_attempts_row_details(
+    world: World,
+) -> None:
+    # Two instances read the same state and both decide to forward the same change; the other
+    # one's forward commits before our claim, so ours loses the race and decides again on what
+    # it committed: suppressed, and its record says nothing of the rows the lost attempt saw.
+    await world.send("reports", report("out", "out"))
+    changed = report("in", "out", scraped="10:00")
+    other = world.make_engine("two")
+
+    class ClaimsAfterTheOther(SqliteStore):
+        async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
+            assert (await world.send("reports", changed, engine=other)).decision is Decision.FORWARDED
+            return await super().claim(route, key, seen, new)
+
+    store = ClaimsAfterTheOther(world.tmp_path / "state.db")
+    late = Engine(world.config, store, world.publisher, world.recorder, world.clock, "three")
+    rec = await world.send("reports", changed, engine=late)
+    assert (rec.decision, rec.reason) == (Decision.SUPPRESSED, "unchanged since last forward")
+    assert dict(rec.extra) == {}, rec.extra
+    assert len(world.publisher.published) == 2
+    await store.close()
+
+
 # --- stale --------------------------------------------------------------------------
 
 
@@ -428,11 +452,14 @@ async def test_an_act_runs_in_place_of_its_own_calls_publish_only(tmp_path: Path
     await publisher.started.wait()  # the publishing call is in flight while the act's call runs
     acted: list[bytes] = []
 
-    async def act(data: bytes, attributes: Mapping[str, str]) -> str:
-        acted.append(data)
-        return "in-process"
+    class Body:
+        cause, lands_despite_cancel, attribute_limits = Cause.WORK, False, False
 
-    rec = await engine.handle("reports", world.message({"game_date": "d2", "players": []}), act=act)
+        async def send(self, destination: str, data: bytes, attributes: Mapping[str, str], key: str | None) -> str:
+            acted.append(data)
+            return "in-process"
+
+    rec = await engine.handle("reports", world.message({"game_date": "d2", "players": []}), via=Body())
     gate.set()
     published = await publishing
     assert (rec.published_id, [json.loads(d)["game_date"] for d in acted]) == ("in-process", ["d2"])

@@ -53,7 +53,7 @@ async def test_a_failed_inline_write_is_retried_off_the_request_path_not_lost(qu
             assert (await client.post("/push/injury-report", content=body)).status_code == 200
         assert recorder.deferred == 1
     finally:
-        await recorder.fallback.close()
+        await recorder.close()
         await engine.publisher.close()
         await engine.store.close()
     db = sqlite3.connect(quick_start.parent / "filter-decisions.db")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from filter.core.model import KeyState
+from filter.core.model import UNKNOWN, KeyState
 from filter.core.unsettled import FailedOpen
 
 
@@ -14,7 +14,7 @@ def test_a_key_forwarded_fail_open_with_other_content_is_decided_as_unknown() ->
     memory = FailedOpen()
     memory.remember("r", "k", "C", None, now=20.0)
     seen = memory.view("r", "k", stored("A"))
-    assert seen is not None and seen.unsettled and seen.fingerprint is None
+    assert seen is not None and seen.downstream is UNKNOWN and seen.fingerprint is None
 
 
 def test_the_unknown_view_keeps_the_version_so_the_claim_still_compares_and_sets() -> None:
@@ -52,7 +52,7 @@ def test_past_its_limit_the_oldest_key_is_dropped_and_its_route_decides_older_fo
     assert len(memory) == 2
     # k1 is forgotten, so every key on route r last forwarded at or before 20.0 counts as unknown
     forgotten = memory.view("r", "k1", stored("A", forwarded_at=19.0))
-    assert forgotten is not None and forgotten.unsettled
+    assert forgotten is not None and forgotten.downstream is UNKNOWN
     later = stored("A", forwarded_at=20.5)
     assert memory.view("r", "k1", later) == later
     assert memory.view("s", "k1", stored("A", forwarded_at=19.0)) == stored("A", forwarded_at=19.0)

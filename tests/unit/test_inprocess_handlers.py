@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import sqlite3
@@ -18,6 +19,7 @@ from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import Config, parse
 from filter.core.engine import Engine
 from filter.core.envelope import make_envelope
+from filter.core.errors import UnknownRouteError
 from filter.core.model import Decision, Message
 from filter.inprocess import Filter, Forward, SyncFilter
 from filter.inprocess.handlers import Nack, on_cloudevent, on_payload, on_push
@@ -236,14 +238,14 @@ async def test_a_shadow_route_runs_the_body_for_unchanged_content_and_records_th
     assert fences == [1, None]  # the would-be suppression ran without a lease
 
 
-def test_a_handler_on_a_route_the_config_lacks_is_a_nack_with_a_404(sync: SyncFilter) -> None:
-    @on_payload(sync, "no-such-route")
-    def handle(payload: Any) -> None:
-        raise AssertionError("the body must not run")
+def test_decorating_a_handler_for_a_route_the_config_lacks_fails_at_decoration_naming_the_routes(
+    sync: SyncFilter,
+) -> None:
+    with pytest.raises(UnknownRouteError, match=r"unknown route 'no-such-route'.*reports"):
 
-    with pytest.raises(Nack, match="unknown route") as caught:
-        handle(report("out"))
-    assert caught.value.status == 404
+        @on_payload(sync, "no-such-route")
+        def handle(payload: Any) -> None:
+            raise AssertionError("the body must not run")
 
 
 def committed_decisions(path: Path) -> list[tuple[str, str]]:
@@ -262,11 +264,10 @@ async def test_an_async_handler_raises_its_nack_for_an_unreadable_body_only_once
         recorder = f.engine.recorder
         assert isinstance(recorder, InlineSqliteRecorder)
         # Two records in one step: the recorder then expects company, and the next record waits for its step's commit.
-        f.engine.reject(ROUTE, None, "company", message_id="company-1")
-        f.engine.reject(ROUTE, None, "company", message_id="company-2")
-        waiting = recorder.committing()
-        assert waiting is not None
-        await waiting
+        await asyncio.gather(
+            f.engine.reject(ROUTE, None, "company", message_id="company-1"),
+            f.engine.reject(ROUTE, None, "company", message_id="company-2"),
+        )
 
         @on_push(f, ROUTE)
         async def handle(envelope: Any) -> None:
@@ -281,8 +282,8 @@ async def test_an_async_handler_raises_its_nack_for_an_unreadable_body_only_once
 def test_a_sync_handler_records_its_rejection_on_the_filters_loop_thread_not_the_callers(
     sync: SyncFilter, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The records' connection is the loop's: a write from the caller's thread could land inside a
-    commit the loop has open, and go with it when that commit is rolled back."""
+    """The records' connection is the recorder's writer thread's: a write from the caller's thread could
+    land inside a commit the writer has open, and go with it when that commit is rolled back."""
     recorder = sync.engine.recorder
     assert isinstance(recorder, InlineSqliteRecorder)
     writers: list[str] = []
@@ -300,5 +301,5 @@ def test_a_sync_handler_records_its_rejection_on_the_filters_loop_thread_not_the
 
     with pytest.raises(Nack):
         handle(b'{"message": {"messageId": "bad-1", "data": "!!"}}')
-    assert writers == ["pubsub-filter"]
+    assert writers == ["records-inline-writer"]  # the recorder's own thread: never the caller's
     assert ("bad-1", "rejected") in committed_decisions(sync.engine.config.records.path)

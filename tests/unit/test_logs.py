@@ -319,6 +319,7 @@ AUDIENCE = "https://filter.example.run.app"
 PUSHER = "pusher@p.iam.gserviceaccount.com"
 
 
+@pytest.mark.loop_may_block("its body starts LocalGoogleCerts, which generates an RSA key (~0.1 s)")
 async def test_push_requests_log_the_trace_and_never_the_payload_or_the_token(world: World) -> None:
     out = io.StringIO()
     logsetup.configure(fmt="json", project=PROJECT, stream=out, cache=False)

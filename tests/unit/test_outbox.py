@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import json
 import os
@@ -182,6 +183,7 @@ class _Shipper:
                 self.rotated.unlink()
 
 
+@pytest.mark.loop_may_block("the shipper thread is joined in the test body while threads switch every microsecond")
 async def test_every_confirmed_line_reaches_a_shipper_that_renames_locks_reads_and_deletes(
     tmp_path: Path,
 ) -> None:
@@ -202,3 +204,37 @@ async def test_every_confirmed_line_reaches_a_shipper_that_renames_locks_reads_a
     assert shipper.rotations > 10, "the shipper must have rotated the file under the writes"
     assert len(shipped) == len(confirmed), f"{len(confirmed) - len(set(shipped))} confirmed lines lost"
     assert sorted(shipped) == sorted(confirmed)
+
+
+async def test_a_lock_another_process_holds_on_the_outbox_is_waited_for_off_the_event_loop(tmp_path: Path) -> None:
+    path = tmp_path / "o.jsonl"
+    outbox = OutboxPublisher(path)
+    await outbox.publish("t", b"first", {})
+    shipper = os.open(path, os.O_RDWR)
+    fcntl.flock(shipper, fcntl.LOCK_EX)  # a shipper reading the file
+    # If the publish waited for the lock on the loop, nothing here would run again until this
+    # safety valve let go of the lock: it records that it had to.
+    valve_opened = threading.Event()
+    released = threading.Event()
+
+    def valve() -> None:
+        if not released.wait(5):
+            valve_opened.set()
+            fcntl.flock(shipper, fcntl.LOCK_UN)
+
+    threading.Thread(target=valve, daemon=True).start()
+    try:
+        publishing = asyncio.ensure_future(outbox.publish("t", b"second", {}))
+        await asyncio.sleep(0)
+        await asyncio.sleep(0)
+        assert not publishing.done(), "the publish cannot have appended under the shipper's lock"
+        assert await outbox.ping() is None  # /readyz answers meanwhile
+        fcntl.flock(shipper, fcntl.LOCK_UN)
+        released.set()
+        await publishing
+    finally:
+        released.set()
+        os.close(shipper)
+        await outbox.close()
+    assert not valve_opened.is_set(), "the publish held the event loop while another process held the lock"
+    assert [m["data"] for m in read_outbox(path).messages] == ["Zmlyc3Q=", "c2Vjb25k"]  # first, second

@@ -17,11 +17,11 @@ import structlog
 
 from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
+from filter.core.answer import answer_for
 from filter.core.config import parse
 from filter.core.engine import Engine
 from filter.core.envelope import ATTR_ORIGINAL_TIME, make_envelope, parse_envelope
 from filter.core.model import Decision, KeyState, Message
-from filter.push.app import status_for
 from filter.runtime.wiring import make_store
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder, SwitchStore
@@ -47,7 +47,7 @@ async def test_shadow_route_acks_a_contended_message_it_published(world: World) 
     rec = await second
     await first
     assert (rec.decision, rec.enforced) == (Decision.CONTENDED, False)
-    assert rec.acked and status_for(rec) == 200  # acked, so Pub/Sub does not redeliver and republish it
+    assert rec.acked and answer_for(rec).status == 200  # acked, so Pub/Sub does not redeliver and republish it
     assert len(world.publisher.published) == 2
 
 
@@ -55,7 +55,7 @@ async def test_shadow_route_that_could_not_publish_is_not_acked(world: World) ->
     await world.send("shadow", {"game_date": "d", "v": 1, "scraped": "a"})
     world.publisher.fail = True
     rec = await world.send("shadow", {"game_date": "d", "v": 1, "scraped": "b"})
-    assert rec.decision is Decision.FAILED and not rec.acked and status_for(rec) == 500
+    assert rec.decision is Decision.FAILED and not rec.acked and answer_for(rec).status == 500
 
 
 # --- 4. a producer cannot poison a key with a forged replay time --------------------------

@@ -278,13 +278,12 @@ async def test_with_auth_on_unknown_routes_are_not_revealed(guarded: httpx.Async
     ],
 )
 def test_every_decision_has_its_push_answer(decision: str, cause: str | None, status: int) -> None:
-    from filter.core.model import Decision, DecisionRecord
-    from filter.push.app import status_for
+    from filter.core.answer import answer_for
+    from filter.core.model import Cause, Decision, DecisionRecord
 
-    rec = DecisionRecord(time=0, route="r", decision=Decision(decision), enforced=True, message_id="1")
-    if cause:
-        rec.extra["cause"] = cause
-    assert status_for(rec) == status
+    reason = Cause(cause) if cause else None
+    rec = DecisionRecord(time=0, route="r", decision=Decision(decision), enforced=True, message_id="1", cause=reason)
+    assert (answer_for(rec).status, answer_for(rec).retry_after) == (status, status == 503)
 
 
 async def test_a_replayed_message_is_judged_by_its_original_publish_time(client: httpx.AsyncClient) -> None:

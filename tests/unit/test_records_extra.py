@@ -98,6 +98,6 @@ def test_a_key_orjson_refused_is_written_with_str_instead_of_failing_the_batch()
 
 
 def test_the_bigquery_row_carries_the_encoded_extra_and_none_when_empty() -> None:
-    rec = DecisionRecord(0.0, "r", Decision.FORWARDED, True, "m", extra={2: {3}})
+    rec = DecisionRecord(0.0, "r", Decision.FORWARDED, True, "m", details={2: {3}})
     assert to_row(rec)["extra"] == '{"2":"{3}"}'
     assert to_row(DecisionRecord(0.0, "r", Decision.FORWARDED, True, "m"))["extra"] is None

@@ -1,13 +1,14 @@
 """The embedded default's decision records share a commit among the requests of one
 event-loop step, and every request is answered only once the commit holding its record is
-done: a record is never missing for an answered request, whatever else fails. A request
-alone is written as it is recorded, as before: sharing starts once requests arrive together."""
+done: a record is never missing for an answered request, whatever else fails. The commit is
+made by the recorder's writer thread, never on the event loop."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import sqlite3
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -133,31 +134,38 @@ async def test_once_requests_arrive_together_the_records_of_one_step_share_one_c
         await close(engine)
 
 
-async def test_a_request_alone_is_written_as_it_is_recorded_without_waiting_a_loop_step(tmp_path: Path) -> None:
+async def test_a_record_is_written_by_the_writer_thread_never_on_the_event_loops(tmp_path: Path) -> None:
     recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(Kept()))
+    insert_apart = recorder.sink.insert_apart
+    writers: set[int] = set()
+
+    def watched(rows: list[DecisionRecord]) -> list[tuple[DecisionRecord, Exception]]:
+        writers.add(threading.get_ident())
+        return insert_apart(rows)
+
+    recorder.sink.insert_apart = watched  # type: ignore[method-assign]
     try:
         recorder.record(a_record("a"))
+        assert stored(tmp_path / "d.db") == []  # not written on the loop's thread
+        committing = recorder.committing()
+        assert committing is not None
+        await committing
         assert stored(tmp_path / "d.db") == [("a", "suppressed")]
+        assert writers and threading.get_ident() not in writers
         assert recorder.committing() is None
     finally:
         await recorder.close()
 
 
-async def test_after_a_step_alone_the_first_record_is_written_at_once_and_the_rest_of_its_step_share_a_commit(
-    tmp_path: Path,
-) -> None:
+async def test_the_records_of_one_step_share_one_commit(tmp_path: Path) -> None:
     recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(Kept()))
     try:
         for message_id in ("a", "b", "c"):
             recorder.record(a_record(message_id))
-        assert stored(tmp_path / "d.db") == [("a", "suppressed")]
         committing = recorder.committing()
         assert committing is not None
         await committing
-        assert (recorder.commits, stored(tmp_path / "d.db")) == (2, [(m, "suppressed") for m in "abc"])
-        recorder.record(a_record("d"))  # the step before had company: this one waits for its step's commit
-        assert stored(tmp_path / "d.db") == [(m, "suppressed") for m in "abc"]
-        assert recorder.committing() is not None
+        assert (recorder.commits, stored(tmp_path / "d.db")) == (1, [(m, "suppressed") for m in "abc"])
     finally:
         await recorder.close()
 
@@ -185,9 +193,8 @@ async def test_no_answer_is_sent_before_the_commit_that_holds_its_record(
             bodies = (make_envelope(REPORT, ids[0]), make_envelope(REPORT, ids[1]), bad_envelope(ids[2]))
             await asyncio.gather(*(push(body, mid) for body, mid in zip(bodies, ids, strict=True)))
             assert [answer(answers[mid]) for mid in ids] == [(200, "suppressed")] * 2 + [(400, "rejected")]
-        assert committed == [
-            [("s1a", 0)],  # alone so far: written at once
-            [("s1b", 0), ("r1", 0)],
+        assert committed == [  # one commit a step, before any of its requests had sent anything
+            [("s1a", 0), ("s1b", 0), ("r1", 0)],
             [("s2a", 0), ("s2b", 0), ("r2", 0)],
         ]
     finally:
@@ -206,7 +213,7 @@ def test_a_crash_between_record_and_commit_answers_nothing_and_the_redelivery_is
 
     def record_then_die(rec: DecisionRecord) -> None:
         record(rec)
-        loop.stop()  # this loop step is the last: the commit scheduled for the next never runs
+        loop.stop()  # this loop step is the last: the hand-over to the writer, due at its end, never runs
 
     app = create_app(engine)
     loop.run_until_complete(in_company(app))  # so the forward's record waits for its step's commit
@@ -390,3 +397,12 @@ async def test_a_cancel_while_a_shadow_forward_waits_for_its_records_commit_stil
         assert ("s1", "forwarded") in stored(quick_start.parent / "filter-decisions.db")
     finally:
         await close(engine)
+
+
+async def test_a_record_made_after_close_is_counted_dropped_and_waits_for_nothing(tmp_path: Path) -> None:
+    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(Kept()))
+    recorder.record(a_record("a"))
+    await recorder.close()
+    recorder.record(a_record("late"))
+    assert recorder.committing() is None
+    assert (recorder.fallback.dropped, stored(tmp_path / "d.db")) == (1, [("a", "suppressed")])

@@ -52,7 +52,7 @@ records = st.builds(
     delivery_attempt=_number,
     latency_ms=_time,
     trace=_text,
-    extra=_extra,
+    details=_extra,
 )
 
 

@@ -118,6 +118,19 @@ def test_digests_of_fast_path_rows_equal_digests_of_generic_rows(r: Route, old: 
     assert fast.row_digests(data) == generic.row_digests(data)
 
 
+@settings(max_examples=300, deadline=None)
+@given(FAST_ROUTES, REPORTS, REPORTS)
+def test_the_diff_the_fast_path_found_while_digesting_is_the_diff_compared_afresh(
+    r: Route, old: list[Any], new: list[Any]
+) -> None:
+    fast, generic = rules_pair(r)
+    before = rows.decode(rows.encode(generic.row_digests(json.dumps({"k": 1, "rows": old}).encode()) or {}))
+    digests = fast.row_digests(json.dumps({"k": 1, "rows": new}).encode(), before)
+    if before is None or digests is None:
+        return
+    assert rows.diff(before, digests) == rows.diff(before, dict(digests))
+
+
 @pytest.mark.parametrize(
     "report",
     [
@@ -158,7 +171,14 @@ def test_a_partial_payload_cut_from_raw_rows_is_byte_identical(
     r: Route, old: list[Any], new: list[Any], seen: bool
 ) -> None:
     fast, generic = rules_pair(r)
-    document = {"meta": {"z": 1.50, "a": [1.0, "\\u00e9"]}, "k": 1, "rows": new, "tail": None}
+    document = {
+        "meta": {"z": 1.50, "a": [1.0, "\\u00e9"]},
+        "k": 1,
+        "also": [1.0, {"b": 2, "a": [3]}, "x", []],  # a top-level list other than the rows
+        "rows": new,
+        "big": 12345678901234567890123,
+        "tail": None,
+    }
     data = json.dumps(document).encode()
     if seen:
         fast.scheme(data)  # the rows the fingerprint decoded, as on a forward

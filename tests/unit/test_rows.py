@@ -16,6 +16,7 @@ from filter.core import rows
 from filter.core.config import parse
 from filter.core.engine import Engine
 from filter.core.model import Decision, DecisionRecord, Message
+from filter.core.routes import RouteRules
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.payloads import injury_report, props_snapshot
@@ -237,6 +238,48 @@ async def test_row_state_too_large_to_keep_falls_back_to_whole_decisions(
     rec = await rig.send("injury", flip(first, 1))
     body, _ = rig.last()
     assert rec.decision is Decision.FORWARDED and len(body["players"]) == 450
+
+
+async def test_a_forward_over_the_row_state_cap_computes_no_field_checksums(
+    rig: Rig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Nothing would read them: with no stored row state there is nothing to compare them with.
+    monkeypatch.setattr(rows, "MAX_STORED_BYTES", 1000)
+    computed = []
+    checksums = rows.field_checksums
+    monkeypatch.setattr(rows, "field_checksums", lambda selected: computed.append(1) or checksums(selected))
+    first = report()
+    for payload in (first, flip(first, 1)):
+        rec = await rig.send("injury", payload)
+        assert rec.decision is Decision.FORWARDED and rec.extra["rows_state"] == "too large to keep"
+        assert len(rig.last()[0]["players"]) == 450
+    state = await rig.engine.store.read("injury", first["game_date"])
+    assert state is not None and state.rows is None
+    assert computed == []
+
+
+def _typed(route: str, payload: dict[str, Any]) -> Any:
+    rules = RouteRules(next(r for r in parse({"routes": ROUTES}).routes if r.name == route))
+    return rules.typed_rows(json.dumps(payload).encode())
+
+
+def test_the_stored_size_bound_is_exact_when_every_row_has_every_field() -> None:
+    payload = report()
+    for i, row in enumerate(payload["players"][:20]):  # keys the stored blob escapes
+        row["player_lookup"] = f'quote " backslash \\ accent \u00e9 newline \n {i}'
+        row["game_id"] = 1.5 + i
+    typed = _typed("injury", payload)
+    assert rows.stored_size_at_least(typed) == len(rows.encode(rows.digest_typed(typed)) or b"")
+
+
+def test_the_stored_size_bound_never_exceeds_the_size_stored() -> None:
+    payload = report()
+    for row in payload["players"][::2]:
+        del row["reason"]  # rows without every field: the bound reads the first row's
+    typed = _typed("injury", payload)
+    assert 0 < rows.stored_size_at_least(typed) <= len(rows.encode(rows.digest_typed(typed)) or b"")
+    payload["players"].append(dict(payload["players"][0]))  # a shared key: rows digested together
+    assert rows.stored_size_at_least(_typed("injury", payload)) == 0
 
 
 # --- the false-negative audit ----------------------------------------------------------

@@ -18,8 +18,9 @@ from filter.cli import main
 from filter.core.config import parse
 from filter.runtime.wiring import make_reader
 from filter.tools import skiprate, skiprate_chart
-from filter.tools.skiprate import SkipRow, render, summarize
+from filter.tools.skiprate import render, summarize
 from filter.tools.skiprate_chart import CHART_HINT, chart
+from filter.tools.skiprows import SkipRow
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 

@@ -72,8 +72,9 @@ class OutboxPublisher:
         self._fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         return self._fd
 
-    def _locked(self) -> int:
-        """The current file's descriptor, flock'ed; call under `_lock`.
+    def _locked(self, wait: bool) -> int | None:
+        """The current file's descriptor, flock'ed; call under `_lock`. None when `wait` is False
+        and another process holds the lock.
 
         The path is checked again once the lock is held: a shipper may rename the file between
         the first check and the lock, then lock, read and delete it, and a line appended after
@@ -82,14 +83,22 @@ class OutboxPublisher:
         """
         while True:
             fd = self._current()
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return None
             if self._names_open_file():
                 return fd
             fcntl.flock(fd, fcntl.LOCK_UN)
 
-    def _append(self, line: bytes) -> None:
-        with self._lock:
-            fd = self._locked()
+    def _append(self, line: bytes, wait: bool = True) -> bool:
+        """Append `line` under the locks; False (nothing written) when `wait` is False and a lock is held."""
+        if not self._lock.acquire(blocking=wait):
+            return False
+        try:
+            fd = self._locked(wait)
+            if fd is None:
+                return False
             try:
                 size = os.fstat(fd).st_size
                 if size and os.pread(fd, 1, size - 1) != b"\n":
@@ -112,6 +121,9 @@ class OutboxPublisher:
                     raise
             finally:
                 fcntl.flock(fd, fcntl.LOCK_UN)
+            return True
+        finally:
+            self._lock.release()
 
     async def publish(
         self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None = None
@@ -128,25 +140,32 @@ class OutboxPublisher:
             }
         )
         try:
-            if self.fsync:  # a disk flush takes milliseconds: not on the event loop
+            # A disk flush takes milliseconds, and a lock another process holds (a shipper reading
+            # the file) as long as it likes: neither is waited for on the event loop.
+            if self.fsync or not self._append(line + b"\n", wait=False):
                 await asyncio.to_thread(self._append, line + b"\n")
-            else:
-                self._append(line + b"\n")
         except OSError as exc:
             raise PublishFailed(f"cannot append to {self.path}: {exc}") from exc
         return message_id
 
     async def ping(self) -> None:
         """Raise when an append would certainly fail: the file cannot be opened, or its disk is full."""
-        with self._lock:
+        if not self._lock.acquire(blocking=False):
+            return  # an append is under way (waiting for another process's lock): it will say how it went
+        try:
             fd = self._current()
             fs = os.fstatvfs(fd)
+        finally:
+            self._lock.release()
         # root may write into the blocks reserved for it
         free = (fs.f_bfree if os.geteuid() == 0 else fs.f_bavail) * fs.f_frsize
         if free < MIN_FREE_BYTES:
             raise OSError(errno.ENOSPC, f"{free} bytes free for {self.path}")
 
     async def close(self) -> None:
+        await asyncio.to_thread(self._close)  # an append may hold the lock, waiting for another process's
+
+    def _close(self) -> None:
         with self._lock:
             if self._fd is not None:
                 os.close(self._fd)

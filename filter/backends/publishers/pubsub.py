@@ -17,7 +17,6 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-import structlog
 from google import pubsub_v1 as gapic
 from google.api_core import exceptions as gexc
 from google.cloud import pubsub_v1
@@ -33,9 +32,10 @@ from tenacity import (
 )
 
 from filter.backends.gcp import TRANSIENT, pubsub_path, resolve_project
+from filter.core.logs import get_logger
 from filter.core.ports import PublishFailed
 
-log = structlog.get_logger("pubsub_filter.publisher")
+log = get_logger("pubsub_filter.publisher")
 
 #: `PublisherClient.publish(topic, data, ordering_key, retry, timeout, **attrs)` binds these
 #: names itself, so a message attribute with one of them cannot be passed through it: such a

@@ -15,12 +15,12 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-import structlog
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
 
+from filter.core.logs import get_logger
 from filter.core.model import DecisionRecord
 
-log = structlog.get_logger("pubsub_filter.records")
+log = get_logger("pubsub_filter.records")
 
 #: The shortest gap between two `records_dropped` log events.
 DROP_LOG_INTERVAL = 1.0

@@ -28,6 +28,7 @@ from google.cloud.bigquery.retry import DEFAULT_RETRY
 from filter.backends.records.batch import BatchingRecorder
 from filter.backends.records.extra import encode_extra
 from filter.core.config import BigqueryRecords
+from filter.core.errors import FilterError
 from filter.core.model import COLUMN_NAMES, DECISION_COLUMNS, Column, DecisionRecord
 from filter.core.ports import Bucket, DecisionCount, DecisionRow
 
@@ -50,7 +51,7 @@ SCHEMA: tuple[bigquery.SchemaField, ...] = tuple(_field(c) for c in DECISION_COL
 CLUSTERING = ["route", "decision"]
 
 
-class InsertFailed(Exception):
+class InsertFailed(FilterError):
     """BigQuery answered the insert with per-row errors."""
 
     def __init__(self, table: str, errors: list[dict[str, Any]]):

@@ -1,118 +1,213 @@
 """Decision records on the embedded default: readable as soon as the push has answered.
 
 Someone who runs the README's curl and then `pubsub-filter skip-rate` at once must see the
-decision, and a batch written up to a flush interval later is not there yet. On one
-machine a SQLite row costs tens of microseconds (WAL, `synchronous=NORMAL`, and the state
-store already writes inline on this backend), so each record is committed before its
-request is answered.
+decision, and a batch written up to a flush interval later is not there yet. So each request
+is answered only once the commit holding its record is done (`committing()`, which
+`Engine.recorded` awaits).
 
-Requests that arrive together share that commit. The tasks ready in one event-loop step
-all run before a callback scheduled with `call_soon`, so the records made in one step are
-written in one transaction by that callback (`_step_end`), and each request waits for it
-(`committing()`) before it answers. The commit is most of a lone row's cost (measured: ~53
-CPU µs for one row, ~21 µs a row in a commit of 16), so requests that arrive together pay
-it once. A request alone gains nothing from waiting a loop step, so after a step with one
-record the next step's first record is written at once, as before, and only the records
-that join it in that step wait for the shared commit; a step with company makes the next
-one share from its first record.
+The commit never runs on the event loop: a writer thread of this recorder's own does every
+insert and commit, so a file locked by someone else (a retention `DELETE`, an open `sqlite3`
+shell) or a slow disk holds up the requests waiting for their records, never the loop, the
+other requests or `/healthz`. The records made in one event-loop step are handed to the
+thread together at the end of the step (`_hand_over`) and written in one transaction, and the
+thread takes every step waiting when it comes back for more: requests that arrive together pay
+one commit (measured: ~53 CPU µs for one row, ~21 µs a row in a commit of 16). Rows are
+written in the order they were recorded.
 
-Should a write fail (the file locked past its timeout, the disk full), its rows go to the
-batching recorder instead, which retries them off the request path; a row that cannot be
-stored at all (a value SQLite cannot bind) costs only itself, never the rows it shared the
-commit with. A row is never lost to an inline failure, only delayed, and the request is
-answered as before.
+A locked file is waited for briefly (`LOCK_WAIT`), and once found locked, not again until a
+write gets through: meanwhile every commit fails at once. Should a write fail (the file locked,
+the disk full), its rows go to the batching recorder instead, which retries them off the request
+path; a row that cannot be stored at all (a value SQLite cannot bind) costs only itself, never
+the rows it shared the commit with. A row is never lost to an inline failure, only delayed, and
+the request is answered as before. At most `max_waiting` rows wait for the thread (a disk far
+slower than the requests); past that a new record goes straight to the batching recorder, whose
+own buffer is bounded (it drops its oldest rows, counted and logged, when full).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import contextlib
+import threading
 from collections.abc import Awaitable
-
-import structlog
 
 from filter.backends.records.batch import BatchingRecorder
 from filter.backends.records.sqlite import SqliteSink
+from filter.core.logs import get_logger
 from filter.core.model import DecisionRecord
 
-log = structlog.get_logger("pubsub_filter.records")
+log = get_logger("pubsub_filter.records")
+
+#: Seconds a commit waits for a file another connection holds locked, before its rows go to the
+#: batching recorder: well under what a request may wait for its record.
+LOCK_WAIT = 0.025
+
+#: Rows waiting for the writer thread, at most; more go straight to the batching recorder.
+MAX_WAITING = 10_000
+
+Refused = list[tuple[DecisionRecord, Exception]]
 
 
 class InlineSqliteRecorder:
-    """A `DecisionRecorder`: `record()` writes now or joins this loop step's commit; `fallback` takes what fails."""
+    """A `DecisionRecorder`: `record()` queues the row for this step's commit, made by the writer
+    thread; `committing()` is that commit; `fallback` takes what fails."""
 
-    def __init__(self, sink: SqliteSink, fallback: BatchingRecorder) -> None:
-        # its own connection: the fallback's writer thread uses the other one
+    def __init__(self, sink: SqliteSink, fallback: BatchingRecorder, *, max_waiting: int = MAX_WAITING) -> None:
+        # its own connection, used by the writer thread only: the fallback's batches use the other one
         self.sink = sink
         self.fallback = fallback
+        self.max_waiting = max_waiting
         self.written = 0
         self.deferred = 0
         self.commits = 0
-        self._step: asyncio.AbstractEventLoop | None = None  # the loop whose step `_step_end` will close
-        self._in_step = 0  # records made in this step
-        self._share = False  # the last step had more than one record: expect company in this one
-        self._waiting: list[DecisionRecord] = []  # recorded, not written yet
-        self._waiters: list[asyncio.Future[None]] = []  # resolved once `_waiting` is written
+        self._loop: asyncio.AbstractEventLoop | None = None  # where the thread reports its commits
+        self._step: list[DecisionRecord] = []  # recorded in this loop step, handed over at its end
+        self._recorded = 0  # rows recorded so far (their sequence numbers: 1, 2, ...)
+        self._done = 0  # rows through which every commit has reported
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+        # shared with the writer thread, under `_ready`'s lock
+        self._ready = threading.Condition()
+        self._queue: list[tuple[int, DecisionRecord]] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._locked = False  # the writer thread's: the last write found the file locked
+
+    # --- the request path (the event loop's thread) -----------------------------------------
 
     def record(self, record: DecisionRecord) -> None:
         try:
             loop = asyncio.get_running_loop()
-        except RuntimeError:  # no loop, so no step to share: written now
-            self._write([record])
+        except RuntimeError:  # no loop to hold up: written now, on the caller's thread
+            self._report(1, self._insert([record]))
             return
-        if self._step is loop:  # a record before this one in the same step: share the commit
-            self._in_step += 1
-            self._waiting.append(record)
+        if self._stopping:
+            self._defer(record, "closed")  # no writer any more: the batching recorder counts it dropped
             return
-        self._step, self._in_step = loop, 1
-        loop.call_soon(self._step_end)
-        if self._share:
-            self._waiting.append(record)
-        else:
-            self._write([record])
+        if self._recorded - self._done >= self.max_waiting:
+            self._defer(record, "waiting")  # the writer is far behind: its queue is full
+            return
+        self._loop = loop
+        if not self._step:
+            loop.call_soon(self._hand_over)
+        self._step.append(record)
+        self._recorded += 1
 
     def committing(self) -> Awaitable[None] | None:
-        """None when every record recorded so far is written, else the commit that will write
-        them. Each caller gets a future of its own: one that is cancelled (its request gone)
-        must not cancel the commit the others wait for."""
-        if not self._waiting:
+        """None when every record recorded so far is written (or handed to the fallback), else the
+        commit that will write them. Each caller gets a future of its own: one that is cancelled
+        (its request gone) must not cancel the commit the others wait for."""
+        if self._done >= self._recorded:
             return None
         waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        self._waiters.append((self._recorded, waiter))
         return waiter
 
-    def _step_end(self) -> None:
-        rows, waiters = self._waiting, self._waiters
-        self._waiting, self._waiters = [], []
-        self._share = self._in_step > 1
-        self._step, self._in_step = None, 0
-        try:
-            self._write(rows)
-        finally:
-            for waiter in waiters:
-                if not waiter.done():
-                    waiter.set_result(None)
-
-    def _write(self, rows: list[DecisionRecord]) -> None:
+    def _hand_over(self) -> None:
+        """The end of a step: its records go to the writer thread, in one piece."""
+        rows, self._step = self._step, []
         if not rows:
             return
+        first = self._recorded - len(rows) + 1
+        with self._ready:
+            self._queue.extend(enumerate(rows, first))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._write_all, name="records-inline-writer", daemon=True)
+                self._thread.start()
+            self._ready.notify()
+
+    def _committed(self, through: int, count: int, refused: Refused) -> None:
+        """The writer thread's report, run on the loop: rows through `through` are written or refused."""
+        self._report(count, refused)
+        self._done = max(self._done, through)
+        waiters = self._waiters
+        while waiters and waiters[0][0] <= through:
+            waiter = waiters.popleft()[1]
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def _report(self, count: int, refused: Refused) -> None:
         self.commits += 1
+        self.written += count - len(refused)
+        for row, why in refused:
+            self._defer(row, f"{type(why).__name__}: {why}")
+
+    def _defer(self, row: DecisionRecord, why: str) -> None:
+        self.deferred += 1
+        log.warning("records_write_deferred", sink="sqlite", error=why)
+        self.fallback.record(row)
+
+    # --- the writer thread ----------------------------------------------------------------------
+
+    def _write_all(self) -> None:
+        self._wait_for_lock(LOCK_WAIT)
+        while True:
+            with self._ready:
+                while not self._queue and not self._stopping:
+                    self._ready.wait()
+                if not self._queue:
+                    return
+                batch, self._queue = self._queue, []
+            rows = [row for _, row in batch]
+            refused = self._insert(rows)
+            loop = self._loop
+            try:
+                assert loop is not None
+                loop.call_soon_threadsafe(self._committed, batch[-1][0], len(rows), refused)
+            except RuntimeError:  # the loop is closed: nobody waits, and nothing is left to defer to
+                log.error("records_write_unreported", sink="sqlite", rows=len(rows), refused=len(refused))
+
+    def _insert(self, rows: list[DecisionRecord]) -> Refused:
         try:
             refused = self.sink.insert_apart(rows)
         except Exception as failed:
             refused = [(r, failed) for r in rows]
-        self.written += len(rows) - len(refused)
-        for row, why in refused:
-            self.deferred += 1
-            log.warning("records_write_deferred", sink="sqlite", error=f"{type(why).__name__}: {why}")
-            self.fallback.record(row)
+            if not self._locked and "locked" in str(failed):
+                self._locked = True
+                self._wait_for_lock(0.0)  # found locked: the next commits do not wait for it again
+            return refused
+        if self._locked:
+            self._locked = False
+            self._wait_for_lock(LOCK_WAIT)
+        return refused
+
+    def _wait_for_lock(self, seconds: float) -> None:
+        # a connection that cannot take the setting cannot write either: its writes fail, and are deferred
+        with contextlib.suppress(Exception):
+            self.sink.wait_for_lock(seconds)
+
+    # --- flush and close (the event loop's thread) ------------------------------------------
+
+    async def _written(self) -> None:
+        """Until every record recorded so far is written or handed to the fallback."""
+        self._hand_over()
+        committing = self.committing()
+        if committing is not None:
+            await committing
 
     async def flush(self) -> None:
-        self._step_end()
+        await self._written()
         await self.fallback.flush()
 
     async def close(self, deadline: float | None = None) -> None:
         try:
-            self._step_end()  # a step's records whose callback has not run yet
+            try:
+                async with asyncio.timeout(deadline):
+                    await self._written()  # a step's records whose hand-over has not run yet included
+            except TimeoutError:
+                log.error("records_close_deadline", sink="sqlite", deadline=deadline, rows=self._recorded - self._done)
+            finally:
+                await self._stop()
             await self.fallback.close(deadline)
         finally:
-            await self.sink.close()
+            if self._thread is None or not self._thread.is_alive():
+                await self.sink.close()
+
+    async def _stop(self) -> None:
+        with self._ready:
+            self._stopping = True
+            self._ready.notify()
+        thread = self._thread
+        if thread is not None:
+            # what it is writing now is at most one commit, and a lock is waited for LOCK_WAIT at most
+            await asyncio.to_thread(thread.join, 5.0)

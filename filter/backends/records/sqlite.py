@@ -64,6 +64,10 @@ class SqliteSink:
         self.path = str(path)
         self._db = _connect(self.path)
 
+    def wait_for_lock(self, seconds: float) -> None:
+        """How long a write waits for the file while another connection holds it locked."""
+        self._db.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
+
     def insert(self, rows: list[DecisionRecord]) -> None:
         """Write rows now, on the calling thread (the inline recorder; `write` runs it off the loop)."""
         if len(rows) == 1:

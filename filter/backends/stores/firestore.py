@@ -106,6 +106,8 @@ def to_document(route: str, key: str, s: KeyState) -> dict[str, Any]:
         TTL_FIELD: _ts(s.expires_at),
         "rows": s.rows,  # bytes: one opaque blob, so per-row digests cost no index entries
         "full_fingerprint": s.full_fingerprint,
+        # the in-process API's kept results: a field earlier versions do not read
+        "results": [{"id": mid, "fp": fp, "r": r} for mid, fp, r in s.results],
     }
 
 
@@ -121,6 +123,7 @@ _FIELDS = (
     ("expires_at", TTL_FIELD),
     ("rows", "rows"),
     ("full_fingerprint", "full_fingerprint"),
+    ("results", "results"),
 )
 
 
@@ -176,6 +179,7 @@ def from_document(data: Mapping[str, Any], version: Any) -> KeyState:
         expires_at=_secs(data.get(TTL_FIELD)),
         rows=data.get("rows"),
         full_fingerprint=data.get("full_fingerprint"),
+        results=tuple((r["id"], r["fp"], r["r"]) for r in data.get("results") or ()),
         version=version,
     )
 

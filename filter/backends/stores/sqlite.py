@@ -72,7 +72,9 @@ _TRIGGERS = (
 #: a second table); larger state in `key_rows`, written only when it changes.
 INLINE_ROWS = 1024
 
-_ADDED_COLUMNS = {"rows": "BLOB", "full_fingerprint": "TEXT"}  # columns newer than the first release
+# Columns newer than the first release. `results` (the in-process API's kept results) is NULL when
+# there are none: a process of an earlier version sharing the file never reads it.
+_ADDED_COLUMNS = {"rows": "BLOB", "full_fingerprint": "TEXT", "results": "TEXT"}
 # What `_values()` holds, in order: every column but the key, the version and the old `rows`.
 _WRITTEN = (
     "fingerprint",
@@ -88,12 +90,14 @@ _WRITTEN = (
     "lease_message_id",
     "expires_at",
     "full_fingerprint",
+    "results",
 )
 _SET = ", ".join(f"{c} = ?" for c in _WRITTEN)
 _READ = (
     "SELECT version, fingerprint, forwarded_at, message_id, publish_time, recent, fence, lease_holder, lease_fence, "
     "lease_expires, lease_fingerprint, lease_message_id, expires_at, "
-    "COALESCE(s.rows, (SELECT r.rows FROM key_rows r WHERE r.route = s.route AND r.key = s.key)), full_fingerprint "
+    "COALESCE(s.rows, (SELECT r.rows FROM key_rows r WHERE r.route = s.route AND r.key = s.key)), full_fingerprint, "
+    "results "
     "FROM key_state s WHERE s.route = ? AND s.key = ?"
 )
 _INSERT = (
@@ -135,10 +139,11 @@ _COMMIT_NO_ROWS = _COMMIT.replace(" WHERE", ", rows = NULL WHERE", 1)
 
 # Straight into the tuple of pairs the state holds, in C (a list that is not of pairs is an error, as before).
 _decode_recent = msgspec.json.Decoder(tuple[tuple[Any, Any], ...]).decode
+_decode_results = msgspec.json.Decoder(tuple[tuple[str, str, str], ...]).decode
 
 
 def _row_to_state(row: tuple[Any, ...]) -> KeyState:
-    (version, fp, fwd_at, mid, pub, recent, fence, holder, lfence, lexp, lfp, lmid, exp, rows, full_fp) = row
+    (version, fp, fwd_at, mid, pub, recent, fence, holder, lfence, lexp, lfp, lmid, exp, rows, full_fp, results) = row
     lease = Lease(holder, lfence, lexp, lfp, lmid) if holder is not None else None
     return KeyState(
         fingerprint=fp,
@@ -151,6 +156,7 @@ def _row_to_state(row: tuple[Any, ...]) -> KeyState:
         expires_at=exp,
         rows=rows,
         full_fingerprint=full_fp,
+        results=_decode_results(results) if results else (),
         version=version,
     )
 
@@ -171,18 +177,30 @@ def _values(s: KeyState) -> tuple[Any, ...]:
         le.message_id if le else None,
         s.expires_at,
         s.full_fingerprint,
+        msgspec.json.encode([list(r) for r in s.results]).decode() if s.results else None,
     )
 
 
 #: How often the embedded store deletes expired keys by itself (Firestore's TTL policy does it there).
 PURGE_EVERY = 3600.0
 
+#: Expired keys the store's own purge deletes in one claim: a few milliseconds on the event loop,
+#: where one statement for all of them held it for seconds (200,000 keys: 2 s).
+PURGE_BATCH = 500
+
+_EXPIRED = "expires_at < ? AND (lease_expires IS NULL OR lease_expires < ?)"
+_PURGE_BATCH = (
+    f"DELETE FROM key_state WHERE (route, key) IN (SELECT route, key FROM key_state WHERE {_EXPIRED} LIMIT ?)"
+)
+
 
 class SqliteStore:
     """`purge_every`: seconds between the store's own purges of expired keys (`filter.runtime.wiring` sets
     `PURGE_EVERY`; None: only when `purge()` is called). A purge runs from a claim, a write the
     forward path makes anyway, so the suppress path stays a single read. `clock` tells the
-    purge what time it is (the engine's clock, in tests that move time by hand)."""
+    purge what time it is (the engine's clock, in tests that move time by hand). That purge runs
+    in batches, one a claim (`PURGE_BATCH` keys), from when it is due until a batch finds fewer,
+    so no claim holds the event loop for long whatever has expired."""
 
     #: Every call runs to completion without yielding to the event loop (see the module doc):
     #: `GuardedStore` need not bound it with a timeout that could never fire.
@@ -201,6 +219,7 @@ class SqliteStore:
         self.purge_every = purge_every
         self.clock = clock
         self._next_purge = 0.0
+        self._purging: float | None = None  # the time the purge under way deletes keys expired before
         try:
             self._db = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -341,19 +360,23 @@ class SqliteStore:
         late commit is conditional on its holder token, which a recreated key never carries.
         """
         at = self.clock() if now is None else now
-        cur = self._exec(
-            "DELETE FROM key_state WHERE expires_at < ? AND (lease_expires IS NULL OR lease_expires < ?)", (at, at)
-        )
+        cur = self._exec(f"DELETE FROM key_state WHERE {_EXPIRED}", (at, at))
         self.ops["purge"] += 1
         return cur.rowcount
 
     def _purge_when_due(self) -> None:
         if self.purge_every is None:
             return
-        now = self.clock()
-        if now >= self._next_purge:
+        if self._purging is None:
+            now = self.clock()
+            if now < self._next_purge:
+                return
             self._next_purge = now + self.purge_every
-            self.purge(now)
+            self._purging = now
+        at = self._purging
+        self.ops["purge"] += 1
+        if self._exec(_PURGE_BATCH, (at, at, PURGE_BATCH)).rowcount < PURGE_BATCH:
+            self._purging = None  # nothing left that had expired by then
 
     async def ping(self) -> None:
         self._exec("SELECT 1").fetchone()
@@ -399,8 +422,9 @@ def _read_only_sql(db: sqlite3.Connection, tables: set[str]) -> str:
     if "key_rows" in tables:
         rows = f"COALESCE({rows}, {from_table})"
     full = "full_fingerprint" if "full_fingerprint" in columns else "NULL"
+    results = "results" if "results" in columns else "NULL"
     return (
         "SELECT version, fingerprint, forwarded_at, message_id, publish_time, recent, fence, lease_holder, "
-        f"lease_fence, lease_expires, lease_fingerprint, lease_message_id, expires_at, {rows}, {full} "
+        f"lease_fence, lease_expires, lease_fingerprint, lease_message_id, expires_at, {rows}, {full}, {results} "
         "FROM key_state s WHERE s.route = ? AND s.key = ?"
     )

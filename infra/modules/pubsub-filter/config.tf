@@ -57,7 +57,7 @@ locals {
   # (tests/unit/test_infra_wiring.py writes a document and compares).
   store_unindexed_fields = [
     "route", "key", "fingerprint", "forwarded_at", "message_id", "publish_time", "recent", "fence", "lease", "rows",
-    "full_fingerprint",
+    "full_fingerprint", "results",
   ]
 
   # One entry per route. The subscription name is the route's `subscription` (the filter

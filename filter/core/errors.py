@@ -1,0 +1,30 @@
+"""The library's root exception, and the errors of its public surface that have no other home.
+
+Every error class the library defines derives from `FilterError`, beside the standard base it
+always had (a `FenceError` is still a `ValueError`, `FilterClosed` still a `RuntimeError`), so
+a caller can catch everything the filter raises with one clause and existing clauses still work.
+Imports nothing: any module may derive from it.
+"""
+
+from __future__ import annotations
+
+
+class FilterError(Exception):
+    """The root of every error pubsub-filter raises."""
+
+
+class FilterTypeError(FilterError, TypeError):
+    """A value the library cannot take: a message it cannot read as one, a body it cannot run."""
+
+
+class UnknownRouteError(FilterError, ValueError):
+    """A route name that the filter's config does not define."""
+
+
+class FilterUsageError(FilterError, RuntimeError):
+    """A call the filter cannot honour where it was made (closing a filter from inside its own body)."""
+
+
+class ResultNotStored(FilterError, ValueError):
+    """A body's result that a `cache_result` route cannot keep (not JSON-encodable, or too large):
+    raised when the body returns, before anything is committed (the message fails and comes again)."""

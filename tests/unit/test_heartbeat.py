@@ -1,0 +1,99 @@
+"""The heartbeat keeps a lease while a publish runs: every interval it pushes the expiry out,
+stops when the lease was taken over, and keeps beating through store errors. On an injected
+clock and sleep (tests/support/clock.py): each beat is stepped by the test, nothing waits
+on real time."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core.config import LeaseConfig
+from filter.core.heartbeat import Heartbeat
+from filter.core.model import KeyState, Lease
+from filter.core.ports import StoreUnavailable
+from tests.support.clock import ManualClock, ManualSleep
+
+ROUTE, KEY = "reports", "2025-01-10"
+LEASE = LeaseConfig(duration=3, ack_deadline=2, heartbeat=0.05)
+
+
+@pytest.fixture
+async def store(tmp_path: Path) -> AsyncIterator[SqliteStore]:
+    s = SqliteStore(tmp_path / "state.db")
+    yield s
+    await s.close()
+
+
+async def claim(store: SqliteStore, clock: ManualClock, seen: KeyState | None = None, fence: int = 1) -> KeyState:
+    expires = clock.now() + LEASE.duration
+    lease = Lease(holder=f"instance-{fence}", fence=fence, expires_at=expires, fingerprint="sha256:x", message_id="m1")
+    held = await store.claim(ROUTE, KEY, seen, KeyState(fence=fence, lease=lease, expires_at=expires))
+    assert held is not None
+    return held
+
+
+class Extends:
+    """The store's `extend`, failing on demand; `answered` is set as each call returns or raises
+    (the beat acts on the answer in the same step, before the test's waiter runs)."""
+
+    def __init__(self, inner: SqliteStore, fail: bool = False):
+        self.inner = inner
+        self.fail = fail
+        self.answered = asyncio.Event()
+
+    async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
+        try:
+            if self.fail:
+                raise StoreUnavailable("connection refused")
+            return await self.inner.extend(route, key, held, expires_at)
+        finally:
+            self.answered.set()
+
+
+async def test_the_heartbeat_pushes_the_lease_out_once_per_interval(store: SqliteStore) -> None:
+    clock = ManualClock()
+    sleep = ManualSleep(clock)
+    held = await claim(store, clock)
+    async with Heartbeat(store, ROUTE, KEY, held, LEASE, clock, sleep) as beat:
+        for n in (1, 2, 3):
+            assert await sleep.asleep() == LEASE.heartbeat
+            await sleep.wake()
+            await sleep.asleep()  # sleeping again: the extension is written
+            state = await store.read(ROUTE, KEY)
+            assert state is not None and state.lease is not None
+            assert (beat.extended, state.lease.expires_at) == (n, clock.now() + LEASE.duration)
+            assert beat.held == state  # what the commit will present
+    assert not beat.lost and beat.failures == 0
+
+
+async def test_the_heartbeat_stops_when_the_lease_was_taken_over(store: SqliteStore) -> None:
+    clock = ManualClock()
+    sleep = ManualSleep(clock)
+    held = await claim(store, clock)
+    await claim(store, clock, seen=held, fence=2)  # another instance's lease, a newer fence
+    extends = Extends(store)
+    async with Heartbeat(extends, ROUTE, KEY, held, LEASE, clock, sleep) as beat:  # type: ignore[arg-type]
+        await sleep.wake()
+        await extends.answered.wait()
+        assert (beat.lost, beat.extended) == (True, 0)
+    assert len(sleep.delays) == 1, "one beat, then no more"
+
+
+async def test_a_store_error_does_not_stop_the_heartbeat(store: SqliteStore) -> None:
+    clock = ManualClock()
+    sleep = ManualSleep(clock)
+    held = await claim(store, clock)
+    extends = Extends(store, fail=True)
+    async with Heartbeat(extends, ROUTE, KEY, held, LEASE, clock, sleep) as beat:  # type: ignore[arg-type]
+        await sleep.wake()
+        await sleep.asleep()  # beating on after the error
+        assert (beat.failures, beat.extended) == (1, 0)
+        extends.fail = False
+        await sleep.wake()
+        await sleep.asleep()
+        assert (beat.failures, beat.extended, beat.lost) == (1, 1, False)
