@@ -59,20 +59,21 @@ _decode = msgspec.json.Decoder(_Stored).decode
 class Before:
     """The last forward's field checksums (packed, in the order of `names`) and clock values, as stored."""
 
-    __slots__ = ("clocks", "names", "packed")
+    __slots__ = ("_crcs", "clocks", "names", "packed")
 
     def __init__(self, names: list[str], packed: str, clocks: dict[str, float | str]):
         self.names = names
         self.packed = packed
         self.clocks = clocks
+        self._crcs: dict[str, int] | None = None
 
-    def checksum(self, name: str) -> str | None:
-        try:
-            i = self.names.index(name)
-        except ValueError:
-            return None
-        c = self.packed[i * 8 : i * 8 + 8]
-        return None if c == _MISSING else c
+    def crcs(self) -> dict[str, int]:
+        """The checksums by name, as numbers: built on the first suppression that asks, then
+        kept with this state (a route keeps each stored state decoded, `RouteRules.fields_before`),
+        so the suppressions after one forward look a field up, never parse it again."""
+        if self._crcs is None:
+            self._crcs = {n: int(c, 16) for n, c in self.as_dict().items()}
+        return self._crcs
 
     def as_dict(self) -> dict[str, str]:
         p = self.packed
@@ -186,13 +187,14 @@ def excluded_changed(
         names: Iterable[str] = unselected
     else:
         names = {k for k in payload if not counts(k)} | {k for k in before.names if not counts(k)}
+    was = before.crcs()
     out = []
     for n in names:
         v = payload.get(n, _ABSENT)
-        now = None if v is _ABSENT else f"{zlib.crc32(_encode(v)):08x}"
-        if now != before.checksum(n):
+        if (None if v is _ABSENT else zlib.crc32(_encode(v))) != was.get(n):
             out.append(n)
-    out.sort()
+    if len(out) > 1:
+        out.sort()
     return out
 
 

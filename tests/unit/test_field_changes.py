@@ -46,6 +46,18 @@ def test_a_suppression_names_the_excluded_fields_that_changed() -> None:
     assert held.details == {"excluded_changed": ["scraped"]}
 
 
+def test_suppressions_after_one_forward_each_name_the_excluded_fields_that_came_went_or_changed() -> None:
+    r = rules(exclude=["scraped", "seq", "gone"])
+    _, state = step(r, {"id": 1, "status": "out", "scraped": "a", "gone": 0}, None, 1)
+    came, _ = step(r, {"id": 1, "status": "out", "scraped": "a", "gone": 0, "seq": 1}, state, 2)
+    went, _ = step(r, {"id": 1, "status": "out", "scraped": "b"}, state, 3)
+    same, _ = step(r, {"id": 1, "status": "out", "scraped": "a", "gone": 0}, state, 4)
+    assert [d.verdict.decision for d in (came, went, same)] == [Decision.SUPPRESSED] * 3
+    assert came.details == {"excluded_changed": ["seq"]}
+    assert went.details == {"excluded_changed": ["gone", "scraped"]}
+    assert same.details == {"excluded_changed": []}
+
+
 def test_a_route_that_selects_everything_records_nothing_on_a_suppression() -> None:
     r = rules()
     _, state = step(r, {"id": 1, "status": "out"}, None, 1)
