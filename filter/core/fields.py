@@ -83,13 +83,13 @@ class Before:
 class Now:
     """A forward's payload, field by field: names sorted, checksums packed in that order, clock values."""
 
-    __slots__ = ("changed_all", "clocks", "names", "packed")
+    __slots__ = ("changed_all", "clocks", "crcs", "names", "packed")
 
     def __init__(self, payload: Mapping[str, Any], counts: Callable[[str], bool] | None, before: Before | None):
         names = sorted(payload)
         values = list(map(payload.__getitem__, names))
         crcs = list(map(zlib.crc32, map(_encode, values)))
-        self.names = names
+        self.names, self.crcs = names, crcs
         self.packed = struct.pack(f">{len(crcs)}I", *crcs).hex()  # what f"{crc:08x}" each gives, in one call
         # Clock values: those of the last forward carry over (a field that did not change has
         # the same value); only the fields that changed are looked at, usually one or two.
@@ -109,15 +109,13 @@ class Now:
 
     def changed(self, before: Before, counts: Callable[[str], bool] | None) -> list[str]:
         """The selected fields whose checksum differs from the last forward's (or that came or went)."""
+        if before.packed == self.packed and before.names == self.names:
+            return []
+        was = before.crcs()  # usually built already, by the suppressions since that forward
         if before.names == self.names:
-            if before.packed == self.packed:
-                return []
-            new, old = self.packed, before.packed
-            found = [n for i, n in enumerate(self.names) if new[i * 8 : i * 8 + 8] != old[i * 8 : i * 8 + 8]]
+            found = [n for n, c in zip(self.names, self.crcs, strict=True) if c != was.get(n)]
         else:
-            p = self.packed
-            now = {n: p[i * 8 : i * 8 + 8] for i, n in enumerate(self.names)}
-            was = before.as_dict()
+            now = dict(zip(self.names, self.crcs, strict=True))
             found = sorted(k for k in now.keys() | was.keys() if now.get(k) != was.get(k))
         return found if counts is None else [n for n in found if counts(n)]
 
