@@ -34,14 +34,14 @@ from typing import Any, TypeVar
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode
 
 from filter.core.model import Decision, DecisionRecord, Message
 from filter.observability.latency import Histograms, Series
-from filter.observability.otlp import otlp_endpoint, otlp_metric_reader, otlp_span_processor
+from filter.observability.otlp import otlp_endpoint, otlp_metric_exporter, otlp_span_processor
 from filter.observability.prometheus_text import PrometheusText
 from filter.observability.tracing import (
     ATTRIBUTES_SET,
@@ -52,6 +52,7 @@ from filter.observability.tracing import (
     UNSAMPLED_PARENT,
     UNSAMPLED_ROOT,
     W3C,
+    DrawnIds,
     EarlySampling,
     message_parent,
     sampler,
@@ -73,7 +74,8 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 class Telemetry:
     """The filter's instruments on given providers; `Telemetry()` is off. `ids` is the random
-    source of the trace ids drawn for decisions without a parent (a test seeds it)."""
+    source of the trace ids drawn for decisions without a parent (a test seeds it); `resource`
+    the one `meter_provider` was built with (the latency histograms are exported under it)."""
 
     def __init__(
         self,
@@ -81,6 +83,7 @@ class Telemetry:
         tracer_provider: TracerProvider | None = None,
         prometheus: PrometheusText | None = None,
         ids: random.Random | None = None,
+        resource: Resource | None = None,
     ) -> None:
         self.meter_provider = meter_provider
         self.tracer_provider = tracer_provider
@@ -110,7 +113,7 @@ class Telemetry:
         )
         # Latencies are recorded on every path, the suppress path's included: kept in process
         # (filter.observability.latency) and merged into what each reader collects from the SDK.
-        self.histograms = Histograms(SCOPE, getattr(getattr(meter_provider, "_sdk_config", None), "resource", None))
+        self.histograms = Histograms(SCOPE, resource)
         if prometheus is not None:
             prometheus.merge = self.histograms.merge
         self._latency = self.histograms.create(
@@ -464,14 +467,14 @@ def from_config(metrics: bool, traces: bool, env: Mapping[str, str] | None = Non
         prometheus = PrometheusText()
         readers: list[MetricReader] = [prometheus.reader]
         if otlp_endpoint("metrics", env):
-            exporting = otlp_metric_reader(env)
-            readers.append(exporting)
+            exporting = otlp_metric_exporter(env)
+            readers.append(PeriodicExportingMetricReader(exporting))
         meter_provider = MeterProvider(metric_readers=readers, resource=resource)
     tracer_provider = None
     if traces and otlp_endpoint("traces", env):
-        tracer_provider = TracerProvider(resource=resource, sampler=sampler(env))
+        tracer_provider = TracerProvider(resource=resource, sampler=sampler(env), id_generator=DrawnIds())
         tracer_provider.add_span_processor(otlp_span_processor(env))
-    telemetry = Telemetry(meter_provider, tracer_provider, prometheus)
+    telemetry = Telemetry(meter_provider, tracer_provider, prometheus, resource=resource)
     if exporting is not None:
         exporting.merge = telemetry.histograms.merge
     return telemetry

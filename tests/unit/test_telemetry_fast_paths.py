@@ -24,7 +24,7 @@ from filter.observability.instrumented import InstrumentedStore
 from filter.observability.latency import Histograms
 from filter.observability.prometheus_text import PrometheusText
 from filter.observability.telemetry import LATENCY_BUCKETS, NO_TELEMETRY, Telemetry
-from filter.observability.tracing import UNSAMPLED_PARENT, UNSAMPLED_ROOT, sampler
+from filter.observability.tracing import UNSAMPLED_PARENT, UNSAMPLED_ROOT, DrawnIds, sampler
 from tests.unit.test_telemetry import TRACE_ID, Rig, envelope
 
 LABELS = [{"route": "r", "decision": "suppressed"}, {"route": "r", "decision": "forwarded"}]
@@ -114,7 +114,7 @@ async def test_a_store_read_without_metrics_or_spans_returns_the_stores_answer()
 
 def dropping(ratio: float) -> Telemetry:
     env = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(ratio)}
-    return Telemetry(None, TracerProvider(sampler=sampler(env)), None, random.Random(7))
+    return Telemetry(None, TracerProvider(sampler=sampler(env), id_generator=DrawnIds()), None, random.Random(7))
 
 
 MESSAGE = Message(data=b"{}", attributes={}, message_id="1")
