@@ -40,7 +40,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode
 
 from filter.core.model import Decision, DecisionRecord, Message
-from filter.observability.latency import Histograms, Series
+from filter.observability.latency import Histograms
 from filter.observability.otlp import otlp_endpoint, otlp_metric_exporter, otlp_span_processor
 from filter.observability.prometheus_text import PrometheusText
 from filter.observability.tracing import (
@@ -94,7 +94,7 @@ class Telemetry:
         # the SDK's ids come from the random module too
         self._early = EarlySampling.of(self.tracer, (ids or random).getrandbits) if self.tracing else None
         # per (route, decision, enforced), built once (routes and decisions are few): its count,
-        # the count's attribute set and the latency's series
+        # the count's attribute set and the latency's
         self._decisions: dict[tuple[str, Decision, bool], _Decided] = {}
         #: the configured routes (`watch_engine`); any other name a request makes up is counted,
         #: timed and named on spans as `UNKNOWN_ROUTE`, so it adds no series. None: every name is one.
@@ -281,7 +281,7 @@ class Telemetry:
                 decided = self._first_of(which)
             decided.count += 1
             if rec.latency_ms is not None:
-                decided.latency.record(rec.latency_ms / 1000)
+                self._latency.record(rec.latency_ms / 1000, decided.timed)
             if rec.decision is _FAIL_OPEN:
                 self._fail_open.add(1, {"route": self.route_label(rec.route)})
             if rec.extra and rec.extra.get("id_reused"):
@@ -312,7 +312,7 @@ class Telemetry:
         decided = self._decisions.get(shared)
         if decided is None:
             counted, timed = _labels(label, decision, enforced)
-            decided = self._decisions.setdefault(shared, _Decided(counted, self._latency.series(timed)))
+            decided = self._decisions.setdefault(shared, _Decided(counted, timed))
         return decided
 
     def lease_taken_over(self, route: str) -> None:
@@ -414,13 +414,13 @@ def _record_counts(recorder: Any) -> list[tuple[str, Mapping[str, str], float]]:
 
 
 class _Decided:
-    """One (route, decision, enforced): how many so far, and where their latencies go."""
+    """One (route, decision, enforced): how many so far, and their latencies' attribute set."""
 
-    __slots__ = ("attributes", "count", "latency")
+    __slots__ = ("attributes", "count", "timed")
 
-    def __init__(self, attributes: dict[str, str], latency: Series) -> None:
+    def __init__(self, attributes: dict[str, str], timed: dict[str, str]) -> None:
         self.attributes = attributes
-        self.latency = latency
+        self.timed = timed
         self.count = 0
 
 

@@ -167,20 +167,6 @@ def trace_of(headers: Mapping[bytes, str]) -> str | None:
     return None
 
 
-def request_trace(headers: Mapping[bytes, str]) -> tuple[str | None, RequestParent | None]:
-    """`trace_of` and `request_parent_of` in one reading. Cloud Run's front end sends
-    `X-Cloud-Trace-Context` alone on every request: a well-formed one is parsed once, its trace
-    id being what `trace_of` reads (the header starts with it) and its parent what
-    `request_parent_of` reads (no `traceparent` comes first). No trace header: neither reads
-    anything. Anything else: the two readings."""
-    cloud = headers.get(b"x-cloud-trace-context")
-    if cloud is not None and b"traceparent" not in headers and (m := _CLOUD_HEADER.fullmatch(cloud)):
-        return m.group(1), _cloud_parent(m)
-    if cloud is None and b"traceparent" not in headers:
-        return None, None  # no trace header: nothing for either reading
-    return trace_of(headers), request_parent_of(headers)
-
-
 def request_parent(headers: Mapping[bytes, str]) -> SpanContext | None:
     """`request_parent_of`'s parent as a SpanContext."""
     parent = request_parent_of(headers)

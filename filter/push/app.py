@@ -26,7 +26,7 @@ from filter.core.envelope import EnvelopeError, parse_envelope
 from filter.core.model import Cause
 from filter.core.numerals import bounded_int, digits_of
 from filter.observability.probes import backend_problems, metrics_routes, telemetry_of
-from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, request_trace, trace_of
+from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, request_parent_of, trace_of
 
 log = structlog.get_logger("pubsub_filter.push")
 
@@ -287,8 +287,8 @@ def create_app(
                 counts["auth_rejected"] += 1
                 log.warning("push_unauthorized", route=cut(route), status=exc.status, reason=exc.reason)
                 return _json({"error": exc.reason}, exc.status)
-        # the log line's trace, and the decision's parent (`tracing.request_trace`: one parse)
-        trace, parent = request_trace(headers) if tracing else (trace_of(headers), None)
+        trace = trace_of(headers)  # the log line's
+        parent = request_parent_of(headers) if tracing else None  # the decision's
         if trace:
             # Lifecycle lines (lease taken over, heartbeat failed...) then carry the request's trace too.
             structlog.contextvars.bind_contextvars(trace=trace)
