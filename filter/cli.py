@@ -9,7 +9,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from filter import __version__
 from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, Config, ConfigError, Route, load
@@ -186,7 +186,7 @@ def with_config(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--config", "-c", metavar="F", help=f"config file (default: ${CONFIG_ENV}, then ./filter.yaml)")
 
 
-def _add_worker_commands(sub: argparse._SubParsersAction[_Parser]) -> None:
+def _add_worker_commands(sub: Any) -> None:  # what add_subparsers returns (argparse's type is private)
     sp = sub.add_parser("pull", help="run the streaming-pull worker (beside a workload) until SIGTERM")
     with_config(sp)
     sp.add_argument(

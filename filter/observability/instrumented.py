@@ -31,9 +31,6 @@ class InstrumentedStore:
     def __init__(self, inner: StateStore, telemetry: Telemetry) -> None:
         self.inner = inner
         self.telemetry = telemetry
-        # the read's two series (ok, error), taken once: every message reads its key
-        latency = telemetry.store_latency if telemetry.metrics else None
-        self._read = None if latency is None else (latency.series(_OK["read"]), latency.series(_ERROR["read"]))
 
     async def _timed(self, operation: str, route: str, call: Callable[[], Awaitable[T]]) -> T:
         t = self.telemetry
@@ -57,22 +54,7 @@ class InstrumentedStore:
                 t.store_latency.record(time.perf_counter() - started, outcome)
 
     async def read(self, route: str, key: str) -> KeyState | None:
-        # Every message reads its key, and nearly every read has no span (untraced, or its decision
-        # dropped): that case in line, without `_timed`'s closure and the coroutine frame it awaits.
-        t = self.telemetry
-        if t.tracing and PUBLISH_SPAN.get() is not None:
-            return await self._timed("read", route, lambda: self.inner.read(route, key))
-        series = self._read
-        if series is None:
-            return await self.inner.read(route, key)
-        started = time.perf_counter()
-        try:
-            state = await self.inner.read(route, key)
-        except BaseException:
-            series[1].record(time.perf_counter() - started)
-            raise
-        series[0].record(time.perf_counter() - started)
-        return state
+        return await self._timed("read", route, lambda: self.inner.read(route, key))
 
     async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
         return await self._timed("claim", route, lambda: self.inner.claim(route, key, seen, new))

@@ -90,8 +90,11 @@ class _LineLogger:
     fatal = failure = err = error = critical = exception = msg
 
 
+_LINE_LOGGER = _LineLogger()
+
+
 def _line_logger(*_: Any) -> _LineLogger:
-    return _LineLogger()
+    return _LINE_LOGGER
 
 
 class _StdlibStream:
@@ -187,18 +190,20 @@ def log_line(logger: Any, method: str, event: str, fields: dict[str, Any]) -> No
 
     Every message logs a decision line, and structlog's dispatch (bind, the bound method,
     the event dict copied and updated, then a call per processor) cost more than the line
-    itself. When the logger would run our JSON chain into `_OUT`, the chain's own processors
+    itself. When structlog is configured with our JSON chain into `_OUT` (read through its
+    public `get_config`) and the logger has no bound context, the chain's own processors
     run here directly on `fields` (which this call owns) and the line is written once:
     the same processors, in the same order, on the same dict, so the same bytes. Anything
     else (console format, a test's capture, a bound context) goes through structlog.
     """
     bound = logger.bind()
+    config = structlog.get_config()
     if (
-        not _PROCESSORS
+        config["processors"] is not _PROCESSORS
+        or config["logger_factory"] is not _line_logger
+        or not _PROCESSORS
         or _PROCESSORS[-1] is not _json
-        or getattr(bound, "_processors", None) is not _PROCESSORS
-        or getattr(bound, "_context", None)
-        or type(getattr(bound, "_logger", None)) is not _LineLogger
+        or structlog.get_context(bound)
         or "event" in fields  # structlog would refuse it (two values for `event`): let it
     ):
         getattr(bound, method)(event, **fields)
@@ -210,7 +215,7 @@ def log_line(logger: Any, method: str, event: str, fields: dict[str, Any]) -> No
     for proc in _PROCESSORS:
         if proc is structlog.processors.format_exc_info and "exc_info" not in rendered:
             continue  # a no-op without `exc_info`, and the most expensive one to call
-        rendered = proc(bound._logger, method, rendered)
+        rendered = proc(_LINE_LOGGER, method, rendered)
     _OUT.line(rendered)
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from opentelemetry.sdk.metrics.export import MetricsData, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
 from filter.observability.latency import unchanged
@@ -35,25 +35,40 @@ def _endpoint(signal: str, env: Mapping[str, str], grpc: bool) -> str:
     return base if grpc else f"{base.rstrip('/')}/v1/{signal}"
 
 
-class MergingExportReader(PeriodicExportingMetricReader):
-    """The SDK's periodic OTLP reader, exporting the in-process latency histograms beside the SDK's own."""
+class MergingExporter(MetricExporter):
+    """An OTLP metric exporter that exports the in-process latency histograms beside the SDK's own.
 
-    merge: Callable[[MetricsData | None], MetricsData | None] = staticmethod(unchanged)
+    It wraps the exporter (its public `export`), not the reader: the reader's hand-off to its
+    exporter is the SDK's own business. Temporality is cumulative, the SDK's default and the
+    latency histograms' own.
+    """
 
-    def _receive_metrics(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> None:
+    def __init__(self, inner: MetricExporter) -> None:
+        super().__init__()
+        self.inner = inner
+        self.merge: Callable[[MetricsData | None], MetricsData | None] = unchanged
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
         merged = self.merge(metrics_data)
-        if merged is not None:
-            super()._receive_metrics(merged, timeout_millis, **kwargs)
+        if merged is None:
+            return MetricExportResult.SUCCESS
+        return self.inner.export(merged, timeout_millis=timeout_millis, **kwargs)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self.inner.force_flush(timeout_millis=timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
 
 
-def otlp_metric_reader(env: Mapping[str, str]) -> MergingExportReader:
+def otlp_metric_exporter(env: Mapping[str, str]) -> MergingExporter:
     if _grpc("metrics", env):
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
 
-        return MergingExportReader(GrpcMetrics(endpoint=_endpoint("metrics", env, True)))
+        return MergingExporter(GrpcMetrics(endpoint=_endpoint("metrics", env, True)))
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-    return MergingExportReader(OTLPMetricExporter(endpoint=_endpoint("metrics", env, False)))
+    return MergingExporter(OTLPMetricExporter(endpoint=_endpoint("metrics", env, False)))
 
 
 def otlp_span_processor(env: Mapping[str, str]) -> BatchSpanProcessor:

@@ -20,9 +20,10 @@ from filter.observability.latency import unchanged
 class PrometheusText:
     """The SDK's metrics, collected on demand, as Prometheus text exposition.
 
-    The official OpenTelemetry Prometheus exporter is not installable here; the text is
-    produced by prometheus_client's own `generate_latest`, from metric families built out
-    of the SDK's cumulative data (an `InMemoryMetricReader`, read at each scrape).
+    The text is produced by prometheus_client's own `generate_latest`, from metric families
+    built out of the SDK's cumulative data (an `InMemoryMetricReader`, read at each scrape)
+    with the in-process latency histograms merged in, which the official OpenTelemetry
+    Prometheus exporter has no public way to take.
     """
 
     def __init__(self) -> None:

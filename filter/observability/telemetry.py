@@ -34,14 +34,14 @@ from typing import Any, TypeVar
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode
 
 from filter.core.model import Decision, DecisionRecord, Message
-from filter.observability.latency import Histograms, Series
-from filter.observability.otlp import otlp_endpoint, otlp_metric_reader, otlp_span_processor
+from filter.observability.latency import Histograms
+from filter.observability.otlp import otlp_endpoint, otlp_metric_exporter, otlp_span_processor
 from filter.observability.prometheus_text import PrometheusText
 from filter.observability.tracing import (
     ATTRIBUTES_SET,
@@ -52,6 +52,7 @@ from filter.observability.tracing import (
     UNSAMPLED_PARENT,
     UNSAMPLED_ROOT,
     W3C,
+    DrawnIds,
     EarlySampling,
     message_parent,
     sampler,
@@ -73,7 +74,8 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 class Telemetry:
     """The filter's instruments on given providers; `Telemetry()` is off. `ids` is the random
-    source of the trace ids drawn for decisions without a parent (a test seeds it)."""
+    source of the trace ids drawn for decisions without a parent (a test seeds it); `resource`
+    the one `meter_provider` was built with (the latency histograms are exported under it)."""
 
     def __init__(
         self,
@@ -81,6 +83,7 @@ class Telemetry:
         tracer_provider: TracerProvider | None = None,
         prometheus: PrometheusText | None = None,
         ids: random.Random | None = None,
+        resource: Resource | None = None,
     ) -> None:
         self.meter_provider = meter_provider
         self.tracer_provider = tracer_provider
@@ -91,7 +94,7 @@ class Telemetry:
         # the SDK's ids come from the random module too
         self._early = EarlySampling.of(self.tracer, (ids or random).getrandbits) if self.tracing else None
         # per (route, decision, enforced), built once (routes and decisions are few): its count,
-        # the count's attribute set and the latency's series
+        # the count's attribute set and the latency's
         self._decisions: dict[tuple[str, Decision, bool], _Decided] = {}
         #: the configured routes (`watch_engine`); any other name a request makes up is counted,
         #: timed and named on spans as `UNKNOWN_ROUTE`, so it adds no series. None: every name is one.
@@ -110,7 +113,7 @@ class Telemetry:
         )
         # Latencies are recorded on every path, the suppress path's included: kept in process
         # (filter.observability.latency) and merged into what each reader collects from the SDK.
-        self.histograms = Histograms(SCOPE, getattr(getattr(meter_provider, "_sdk_config", None), "resource", None))
+        self.histograms = Histograms(SCOPE, resource)
         if prometheus is not None:
             prometheus.merge = self.histograms.merge
         self._latency = self.histograms.create(
@@ -278,7 +281,7 @@ class Telemetry:
                 decided = self._first_of(which)
             decided.count += 1
             if rec.latency_ms is not None:
-                decided.latency.record(rec.latency_ms / 1000)
+                self._latency.record(rec.latency_ms / 1000, decided.timed)
             if rec.decision is _FAIL_OPEN:
                 self._fail_open.add(1, {"route": self.route_label(rec.route)})
             if rec.extra and rec.extra.get("id_reused"):
@@ -309,7 +312,7 @@ class Telemetry:
         decided = self._decisions.get(shared)
         if decided is None:
             counted, timed = _labels(label, decision, enforced)
-            decided = self._decisions.setdefault(shared, _Decided(counted, self._latency.series(timed)))
+            decided = self._decisions.setdefault(shared, _Decided(counted, timed))
         return decided
 
     def lease_taken_over(self, route: str) -> None:
@@ -411,13 +414,13 @@ def _record_counts(recorder: Any) -> list[tuple[str, Mapping[str, str], float]]:
 
 
 class _Decided:
-    """One (route, decision, enforced): how many so far, and where their latencies go."""
+    """One (route, decision, enforced): how many so far, and their latencies' attribute set."""
 
-    __slots__ = ("attributes", "count", "latency")
+    __slots__ = ("attributes", "count", "timed")
 
-    def __init__(self, attributes: dict[str, str], latency: Series) -> None:
+    def __init__(self, attributes: dict[str, str], timed: dict[str, str]) -> None:
         self.attributes = attributes
-        self.latency = latency
+        self.timed = timed
         self.count = 0
 
 
@@ -464,14 +467,14 @@ def from_config(metrics: bool, traces: bool, env: Mapping[str, str] | None = Non
         prometheus = PrometheusText()
         readers: list[MetricReader] = [prometheus.reader]
         if otlp_endpoint("metrics", env):
-            exporting = otlp_metric_reader(env)
-            readers.append(exporting)
+            exporting = otlp_metric_exporter(env)
+            readers.append(PeriodicExportingMetricReader(exporting))
         meter_provider = MeterProvider(metric_readers=readers, resource=resource)
     tracer_provider = None
     if traces and otlp_endpoint("traces", env):
-        tracer_provider = TracerProvider(resource=resource, sampler=sampler(env))
+        tracer_provider = TracerProvider(resource=resource, sampler=sampler(env), id_generator=DrawnIds())
         tracer_provider.add_span_processor(otlp_span_processor(env))
-    telemetry = Telemetry(meter_provider, tracer_provider, prometheus)
+    telemetry = Telemetry(meter_provider, tracer_provider, prometheus, resource=resource)
     if exporting is not None:
         exporting.merge = telemetry.histograms.merge
     return telemetry

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import threading
+import weakref
 from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
 from typing import NamedTuple
@@ -166,20 +167,6 @@ def trace_of(headers: Mapping[bytes, str]) -> str | None:
     return None
 
 
-def request_trace(headers: Mapping[bytes, str]) -> tuple[str | None, RequestParent | None]:
-    """`trace_of` and `request_parent_of` in one reading. Cloud Run's front end sends
-    `X-Cloud-Trace-Context` alone on every request: a well-formed one is parsed once, its trace
-    id being what `trace_of` reads (the header starts with it) and its parent what
-    `request_parent_of` reads (no `traceparent` comes first). No trace header: neither reads
-    anything. Anything else: the two readings."""
-    cloud = headers.get(b"x-cloud-trace-context")
-    if cloud is not None and b"traceparent" not in headers and (m := _CLOUD_HEADER.fullmatch(cloud)):
-        return m.group(1), _cloud_parent(m)
-    if cloud is None and b"traceparent" not in headers:
-        return None, None  # no trace header: nothing for either reading
-    return trace_of(headers), request_parent_of(headers)
-
-
 def request_parent(headers: Mapping[bytes, str]) -> SpanContext | None:
     """`request_parent_of`'s parent as a SpanContext."""
     parent = request_parent_of(headers)
@@ -224,13 +211,35 @@ def short_name(path: str | None) -> str | None:
 #: exporting every decision doubles the suppress path's CPU (bench/README.md).
 DEFAULT_SAMPLER = "parentbased_traceidratio"
 DEFAULT_RATIO = 0.01
+
+
+#: The verdict each ParentBased `parent_based` builds reaches without the SDK (`EarlySampling`): on a span
+#: without a parent, sampled iff the trace id's low 64 bits are below this bound (None: not known
+#: here); and whether every child of an unsampled parent is dropped. Kept beside the sampler as
+#: it is built, because the SDK does not expose what a ParentBased wraps.
+class _Rule(NamedTuple):
+    bound: int | None
+    drops_unsampled_parents: bool
+
+
+_RULES: weakref.WeakKeyDictionary[Sampler, _Rule] = weakref.WeakKeyDictionary()
+
+
+def parent_based(root: Sampler, kind: type[ParentBased] = ParentBased) -> ParentBased:
+    """`kind(root)` with its default delegates (a parent's flag decides a child), known to
+    `EarlySampling`: built here, its root is known without reading the SDK's unexposed fields."""
+    s = kind(root)
+    _RULES[s] = _Rule(root_bound(root), True)
+    return s
+
+
 _SAMPLERS: dict[str, Callable[[float], Sampler]] = {
     "always_on": lambda _: ALWAYS_ON,
     "always_off": lambda _: ALWAYS_OFF,
     "traceidratio": TraceIdRatioBased,
-    "parentbased_always_on": lambda _: ParentBased(ALWAYS_ON),
-    "parentbased_always_off": lambda _: ParentBased(ALWAYS_OFF),
-    "parentbased_traceidratio": lambda ratio: ParentBased(TraceIdRatioBased(ratio)),
+    "parentbased_always_on": lambda _: parent_based(ALWAYS_ON),
+    "parentbased_always_off": lambda _: parent_based(ALWAYS_OFF),
+    "parentbased_traceidratio": lambda ratio: parent_based(TraceIdRatioBased(ratio)),
 }
 
 
@@ -268,36 +277,33 @@ UNSAMPLED_PARENT: ContextVar[SpanContext | None] = ContextVar("pubsub_filter_uns
 def root_bound(s: Sampler) -> int | None:
     """When `s`'s verdict on a span without a parent depends on nothing but the trace id's low
     64 bits (sampled iff below the bound: TraceIdRatioBased's rule; 0 for always off), that
-    bound; None for any other sampler (always on, or one this module does not know)."""
-    root: object = s
-    if isinstance(s, ParentBased):
-        root = getattr(s, "_root", None)  # the SDK keeps the root's sampler unexposed; unknown: no shortcut
-    if isinstance(root, TraceIdRatioBased):
-        return root.bound
-    if root is ALWAYS_OFF:
+    bound; None for any other sampler (always on, or one this module did not build)."""
+    if isinstance(s, TraceIdRatioBased):
+        return s.bound
+    if s is ALWAYS_OFF:
         return 0
-    return None
+    rule = _RULES.get(s)
+    return None if rule is None else rule.bound
 
 
 def drops_unsampled_parents(s: Sampler) -> bool:
     """Whether `s` drops every span whose parent is valid and not sampled, whatever else the span
-    is: always off, or ParentBased with its default always-off delegates for such parents
-    (remote and local). A ParentBased built with other delegates is left to the SDK."""
+    is: always off, or a ParentBased `sampler` built (its delegates for such parents are the
+    default always-off). Any other sampler is left to the SDK."""
     if s is ALWAYS_OFF:
         return True
-    return (
-        isinstance(s, ParentBased)  # the delegates are unexposed too; missing: no shortcut
-        and getattr(s, "_remote_parent_not_sampled", None) is ALWAYS_OFF
-        and getattr(s, "_local_parent_not_sampled", None) is ALWAYS_OFF
-    )
+    rule = _RULES.get(s)
+    return rule is not None and rule.drops_unsampled_parents
 
 
-class _DrawnIds(IdGenerator):
-    """The tracer's own ids, except a root trace id `EarlySampling` drew and found sampled: the
-    SDK's sampler then judges the same id, so it reaches the same verdict."""
+class DrawnIds(IdGenerator):
+    """Random ids, except a root trace id `EarlySampling` drew and found sampled: the SDK's
+    sampler then judges the same id, so it reaches the same verdict. A tracer provider built
+    with it (`TracerProvider(id_generator=DrawnIds())`, as `from_config` builds its own) lets
+    `EarlySampling` decide before the SDK; any other is left to the SDK."""
 
-    def __init__(self, inner: IdGenerator) -> None:
-        self.inner = inner
+    def __init__(self, inner: IdGenerator | None = None) -> None:
+        self.inner = inner or RandomIdGenerator()
         self._next = threading.local()  # per thread: start_span reads it on the thread that set it
 
     def use_next(self, trace_id: int) -> None:
@@ -334,23 +340,23 @@ class EarlySampling:
     sampler, goes to the SDK as before.
     """
 
-    def __init__(self, tracer: SdkTracer, bound: int, getrandbits: Callable[[int], int], parents: bool = False) -> None:
+    def __init__(self, ids: DrawnIds, bound: int, getrandbits: Callable[[int], int], parents: bool = False) -> None:
         self.bound = bound
         #: whether a decision with an unsampled parent is dropped here (`drops_unsampled_parents`)
         self.parents = parents
         self._bits = getrandbits
-        self._ids = _DrawnIds(tracer.id_generator)
-        tracer.id_generator = self._ids
+        self._ids = ids
 
     @classmethod
     def of(cls, tracer: object, getrandbits: Callable[[int], int]) -> EarlySampling | None:
-        """For an SDK tracer with random ids and a ratio (or always-off) root sampler; else None."""
-        if not isinstance(tracer, SdkTracer) or type(tracer.id_generator) is not RandomIdGenerator:
-            return None  # another id scheme (X-Ray's, say) is not ours to replace
+        """For an SDK tracer drawing its ids from `DrawnIds`, with a ratio (or always-off) root
+        sampler; else None (the SDK decides alone)."""
+        if not isinstance(tracer, SdkTracer) or not isinstance(tracer.id_generator, DrawnIds):
+            return None
         bound = root_bound(tracer.sampler)
         if bound is None:
             return None
-        return cls(tracer, bound, getrandbits, drops_unsampled_parents(tracer.sampler))
+        return cls(tracer.id_generator, bound, getrandbits, drops_unsampled_parents(tracer.sampler))
 
     def dropped(self) -> int:
         """A new trace's id when the sampler drops it; 0 when it samples it (the SDK's next

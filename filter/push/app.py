@@ -8,15 +8,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
 import structlog
 from starlette.applications import Starlette
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
+from starlette.types import Message, Receive, Scope, Send
 
 from filter.core.answer import answer_for
 from filter.core.counters import counts
@@ -25,7 +26,7 @@ from filter.core.envelope import EnvelopeError, parse_envelope
 from filter.core.model import Cause
 from filter.core.numerals import bounded_int, digits_of
 from filter.observability.probes import backend_problems, metrics_routes, telemetry_of
-from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, request_trace, trace_of
+from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, request_parent_of, trace_of
 
 log = structlog.get_logger("pubsub_filter.push")
 
@@ -42,40 +43,181 @@ def cut(name: str) -> str:
     return name if len(name) <= MAX_ROUTE_NAME else name[:MAX_ROUTE_NAME] + "…"
 
 
-def _json(body: dict[str, Any], status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(msgspec.json.encode(body), status, headers, media_type="application/json")
+Headers = tuple[tuple[bytes, bytes], ...]
+#: An answer as the push path sends it: status, headers besides the length and type, body.
+Answer = tuple[int, Headers, bytes]
+
+_RETRY = ((b"retry-after", b"1"),)
+_CLOSE = ((b"connection", b"close"),)
+_JSON_TYPE = (b"content-type", b"application/json")
+
+
+def _json(body: dict[str, Any], status: int = 200, headers: Headers = ()) -> Answer:
+    return status, headers, msgspec.json.encode(body)
+
+
+async def _send(send: Send, answer: Answer) -> None:
+    """`answer` as Starlette's `Response(body, status, headers, media_type="application/json")`
+    sends it: the given headers, then the length, then the type (none for an empty answer)."""
+    status, headers, body = answer
+    raw = [*headers, (b"content-length", str(len(body)).encode())]
+    if body:
+        raw.append(_JSON_TYPE)
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+def _json_response(body: dict[str, Any], status: int = 200) -> Response:
+    return Response(msgspec.json.encode(body), status, media_type="application/json")
 
 
 _READ_HEADERS = frozenset((b"content-length", *REQUEST_HEADERS))
+_READ_WITH_AUTH = _READ_HEADERS | {b"authorization"}
 
 
-def headers_of(request: Request) -> dict[bytes, str]:
-    """The few headers the push path reads, in one pass over the raw list: the first of each,
-    as `request.headers.get` gives it (ASGI names are lower case), without three scans and
-    the KeyError each missing header costs there."""
+def _headers(raw: Any, names: frozenset[bytes]) -> dict[bytes, str]:
     found: dict[bytes, str] = {}
-    for name, value in request.scope["headers"]:
-        if name in _READ_HEADERS and name not in found:
+    for name, value in raw:
+        if name in names and name not in found:
             found[name] = value.decode("latin-1")
     return found
 
 
-async def _body(request: Request, limit: int, declared: str | None) -> bytes:
+def headers_of(request: Request) -> dict[bytes, str]:
+    """The few headers the push path reads, in one pass over the raw list: the first of each,
+    as `request.headers.get` gives it (ASGI names are lower case)."""
+    return _headers(request.scope["headers"], _READ_HEADERS)
+
+
+class _Disconnected(Exception):
+    pass
+
+
+class _BodyTimer:
+    """The body's time limit, armed only when the body has not arrived at once.
+
+    A timer per request (`asyncio.timeout`) costs more than the rest of a suppressed request's
+    HTTP handling. Under uvicorn a body already received is handed over without suspending, so
+    the first read is not timed: a client that sent its body at once has met the limit. A read
+    that suspends is raced against the deadline (counted from the start of the read)."""
+
+    __slots__ = ("expired", "handle", "task")
+
+    def __init__(self) -> None:
+        self.expired = False
+        self.handle: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[Any] | None = None
+
+    def arm(self, timeout: float) -> None:
+        loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        self.handle = loop.call_later(timeout, self._expire)
+
+    def _expire(self) -> None:
+        self.expired = True
+        if self.task is not None:
+            self.task.cancel()
+
+    def disarm(self) -> None:
+        if self.handle is not None:
+            self.handle.cancel()
+
+
+async def _body(receive: Receive, limit: int, declared: str | None, within: float) -> bytes:
+    """The request body, at most `limit` bytes (`_TooLarge`), within `within` seconds
+    (`TimeoutError`); `_Disconnected` when the client left."""
     if declared is not None and declared.isascii() and declared.isdigit():
         # more digits than `limit` has: larger, whatever they are (and never handed to int())
         size = bounded_int(declared, digits_of(limit))
         if size is None or size > limit:
             raise _TooLarge
+    message = await _first(receive, within)
     chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise _TooLarge
-        chunks.append(chunk)
-    return b"".join(chunks)
+    timer = None
+    try:
+        while True:
+            if message["type"] == "http.disconnect":
+                raise _Disconnected
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > limit:
+                raise _TooLarge
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+            if timer is None:
+                timer = _BodyTimer()
+                timer.arm(within)
+            try:
+                message = await receive()
+            except asyncio.CancelledError:
+                if timer.expired and timer.task is not None and timer.task.uncancel() == 0:
+                    raise TimeoutError from None
+                raise
+    finally:
+        if timer is not None:
+            timer.disarm()
 
 
-async def _cancelled(engine: Engine, route: str) -> Response:
+async def _first(receive: Receive, within: float) -> Message:
+    """The first body message: at once when it is there, else within `within` seconds."""
+    pending = receive()
+    if not asyncio.iscoroutine(pending):  # another server's awaitable: raced as a whole
+        async with asyncio.timeout(within):
+            return await pending
+    try:
+        step = pending.send(None)
+    except StopIteration as done:  # it was there: no timer, no suspension
+        return done.value  # type: ignore[no-any-return]
+    # it was not: finish the read it started, under the deadline
+    timer = _BodyTimer()
+    timer.arm(within)
+    try:
+        return await _Resumed(pending, step)  # type: ignore[no-any-return]
+    except asyncio.CancelledError:
+        if timer.expired and timer.task is not None and timer.task.uncancel() == 0:
+            raise TimeoutError from None
+        raise
+    finally:
+        timer.disarm()
+
+
+class _Resumed:
+    """Awaits a coroutine that has already been stepped once (and yielded `step`), as if it had
+    been awaited from the start: what it yields goes to the task, what the task sends or throws
+    goes to it."""
+
+    __slots__ = ("coro", "step")
+
+    def __init__(self, coro: Any, step: Any) -> None:
+        self.coro = coro
+        self.step = step
+
+    def __await__(self) -> Any:
+        coro, step = self.coro, self.step
+        while True:
+            try:
+                sent = yield step
+            except GeneratorExit:
+                coro.close()
+                raise
+            except BaseException as exc:  # handed to the read, which decides
+                try:
+                    step = coro.throw(exc)
+                except StopIteration as done:
+                    return done.value
+            else:
+                try:
+                    step = coro.send(sent)
+                except StopIteration as done:
+                    return done.value
+
+
+def _cancelled_answer() -> Answer:
+    return _json({"decision": "failed", "reason": "cancelled by the shutdown; sent again"}, 503, _RETRY)
+
+
+async def _cancelled(engine: Engine, route: str) -> Answer:
     """The answer to a request cancelled by a shutdown that could not wait for it (uvicorn past
     `server.shutdown_grace`): a nack, which Pub/Sub redelivers, rather than the plain 500 and
     traceback an exception would give. A cancel that reached the engine has released the
@@ -87,41 +229,66 @@ async def _cancelled(engine: Engine, route: str) -> Response:
     log.warning("push_cancelled", route=route)
     with contextlib.suppress(asyncio.CancelledError):  # one more cancel: answer all the same
         await engine.recorded()  # as every answer: once its decision's row is written
-    return _json({"decision": "failed", "reason": "cancelled by the shutdown; sent again"}, 503, {"Retry-After": "1"})
+    return _cancelled_answer()
+
+
+class PushApp:
+    """The filter's HTTP surface: `POST /push/{route}` as one plain ASGI callable, everything
+    else (the probes, `/metrics`, lifespan, 404 and 405 answers) by a Starlette app beside it.
+
+    Starlette's routing and request objects cost about as much as the rest of a suppressed
+    request's HTTP handling; the push path reads a few headers and the body straight from ASGI."""
+
+    def __init__(self, push: Callable[[str, Scope, Receive, Send], Awaitable[None]], probes: Starlette) -> None:
+        self.push = push
+        self.probes = probes
+        #: the probes app's router (its lifespan is the app's)
+        self.router = probes.router
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            path: str = scope["path"]
+            if path.startswith("/push/"):
+                route = path[6:]
+                if route and "/" not in route:
+                    await self.push(route, scope, receive, send)
+                    return
+        await self.probes(scope, receive, send)
 
 
 def create_app(
     engine: Engine, authenticator: Any = None, lifespan: Any = None, body_timeout: float | None = None
-) -> Starlette:
+) -> PushApp:
     max_body = engine.config.server.max_body
     # A client that sends part of a body and stalls would otherwise hold a request (and its memory) open for good.
     body_timeout = engine.config.server.body_timeout if body_timeout is None else body_timeout
     tel = telemetry_of(engine)
     tracing = tel is not None and tel.tracing
+    wanted = _READ_HEADERS if authenticator is None else _READ_WITH_AUTH
 
-    async def push(request: Request) -> Response:
+    async def push(route: str, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            return await answer(request)
+            answer = await answer_of(route, scope, receive)
         except asyncio.CancelledError:
-            return await _cancelled(engine, request.path_params["route"])
+            answer = await _cancelled(engine, route)
+        await _send(send, answer)
 
-    async def answer(request: Request) -> Response:
-        route = request.path_params["route"]
+    async def answer_of(route: str, scope: Scope, receive: Receive) -> Answer:
+        headers = _headers(scope["headers"], wanted)
         if authenticator is not None:
             from filter.push.auth import AuthError
 
             try:
-                await authenticator.verify(request.headers.get("authorization"))
+                await authenticator.verify(headers.get(b"authorization"))
             except AuthError as exc:
                 if exc.status == 503:  # Google's certificates out of reach: our outage, and Pub/Sub retries
                     log.warning("push_auth_unavailable", route=route, reason=exc.reason)
-                    return _json({"error": exc.reason}, 503, {"Retry-After": "1"})
+                    return _json({"error": exc.reason}, 503, _RETRY)
                 counts["auth_rejected"] += 1
                 log.warning("push_unauthorized", route=cut(route), status=exc.status, reason=exc.reason)
                 return _json({"error": exc.reason}, exc.status)
-        headers = headers_of(request)
-        # the log line's trace, and the decision's parent (`tracing.request_trace`: one parse)
-        trace, parent = request_trace(headers) if tracing else (trace_of(headers), None)
+        trace = trace_of(headers)  # the log line's
+        parent = request_parent_of(headers) if tracing else None  # the decision's
         if trace:
             # Lifecycle lines (lease taken over, heartbeat failed...) then carry the request's trace too.
             structlog.contextvars.bind_contextvars(trace=trace)
@@ -130,20 +297,19 @@ def create_app(
             rec = await engine.reject(route, None, f"unknown route {route!r}", trace=trace, cause=Cause.UNKNOWN_ROUTE)
             return _json({"decision": "rejected", "reason": rec.reason}, 404)
         try:
-            async with asyncio.timeout(body_timeout):
-                body = await _body(request, max_body, headers.get(b"content-length"))
+            body = await _body(receive, max_body, headers.get(b"content-length"), body_timeout)
         except _TooLarge:
             rec = await engine.reject(route, None, f"body larger than {max_body} bytes", trace=trace)
             return _json({"decision": "rejected", "reason": rec.reason}, 413)
         except TimeoutError:
             rec = await engine.reject(route, None, f"body not received in full within {body_timeout:g}s", trace=trace)
             # the rest of the body may still arrive: it must not be read as the next request
-            return _json({"decision": "rejected", "reason": rec.reason}, 408, {"Connection": "close"})
-        except ClientDisconnect:
+            return _json({"decision": "rejected", "reason": rec.reason}, 408, _CLOSE)
+        except _Disconnected:
             # Nobody is left to answer, and no decision was taken: Pub/Sub sends it again.
             counts["client_disconnected"] += 1
             log.info("push_client_disconnected", route=route)
-            return Response(status_code=499)
+            return 499, (), b""
         try:
             msg = parse_envelope(body)
         except EnvelopeError as exc:
@@ -170,27 +336,28 @@ def create_app(
             out["enforced"] = False
         if rec.published_id:
             out["published_id"] = rec.published_id
-        return _json(out, answer.status, {"Retry-After": "1"} if answer.retry_after else None)
+        return _json(out, answer.status, _RETRY if answer.retry_after else ())
+
+    async def routed(scope: Scope, receive: Receive, send: Send) -> None:
+        """The push endpoint as Starlette reaches it (a mounted root path): the same handler."""
+        await push(scope["path_params"]["route"], scope, receive, send)
 
     async def healthz(_: Request) -> Response:
-        return _json({"status": "ok", "in_flight": engine.in_flight, "counts": dict(counts)})
+        return _json_response({"status": "ok", "in_flight": engine.in_flight, "counts": dict(counts)})
 
     async def readyz(_: Request) -> Response:
         problems = await backend_problems(engine)
         if problems:
-            return _json({"status": "unavailable", **problems}, 503)
-        return _json({"status": "ready"})
+            return _json_response({"status": "unavailable", **problems}, 503)
+        return _json_response({"status": "ready"})
 
     routes = [
-        Route("/push/{route}", push, methods=["POST"]),
+        Route("/push/{route}", routed, methods=["POST"]),
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
     routes += metrics_routes(engine)
-    return Starlette(
-        routes=routes,
-        lifespan=lifespan,
-    )
+    return PushApp(push, Starlette(routes=routes, lifespan=lifespan))
 
 
 @contextlib.asynccontextmanager

@@ -9,6 +9,11 @@ the loop any longer in what it ran. What it reports
 (`Executing <Handle ...> took 0.123 seconds` on the `asyncio` logger) is collected here, and
 the test fails at teardown naming each callback.
 
+A test whose loop was held is run once more (pytest-rerunfailures, `--only-rerun` on this
+message, set in pyproject's `addopts`) and fails only if it holds its loop again: the blocking
+this watch is for is deterministic (a lock waited out, a purge of everything at once) and comes
+back on the rerun; a CPU spike on a shared machine does not.
+
 A test whose loop may block on purpose says why, and is not watched:
 `@pytest.mark.loop_may_block("reason")`. Debug mode makes a loop several times slower (a test
 of 50,000 requests took 10x as long): such a test opts out too, naming that.

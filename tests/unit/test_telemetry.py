@@ -40,7 +40,14 @@ from filter.observability import logsetup
 from filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
 from filter.observability.prometheus_text import PrometheusText
 from filter.observability.telemetry import Telemetry, from_config
-from filter.observability.tracing import RequestParent, drops_unsampled_parents, root_bound, sampler
+from filter.observability.tracing import (
+    DrawnIds,
+    RequestParent,
+    drops_unsampled_parents,
+    parent_based,
+    root_bound,
+    sampler,
+)
 from filter.push.app import create_app
 from filter.runtime.operational import Failure
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
@@ -69,7 +76,7 @@ class Rig:
         meters = MeterProvider(metric_readers=[self.prometheus.reader]) if self.prometheus else None
         tracer = None
         if traces:
-            tracer = TracerProvider(sampler=sampler or ALWAYS_ON)
+            tracer = TracerProvider(sampler=sampler or ALWAYS_ON, id_generator=DrawnIds())
             tracer.add_span_processor(SimpleSpanProcessor(self.spans))
         self.telemetry = Telemetry(meters, tracer, self.prometheus, ids)
         cfg = parse(CONFIG)
@@ -491,7 +498,7 @@ async def test_a_dropped_decision_without_a_parent_never_reaches_the_sdks_sample
             Counting.calls += 1
             return super().should_sample(*args, **kwargs)
 
-    rig = build(rigs, tmp_path, ParentBased(Counting(0.0)))
+    rig = build(rigs, tmp_path, parent_based(Counting(0.0)))
     await rig.push(envelope(message_id="1"))  # forwarded
     await rig.push(envelope(message_id="2"))  # suppressed
     assert (Counting.calls, rig.finished()) == (0, [])
@@ -617,7 +624,7 @@ UNSAMPLED_PARENTS = pytest.mark.parametrize(
 async def test_a_decision_with_an_unsampled_parent_never_reaches_the_sdks_sampler(
     rigs: list[Rig], tmp_path: Path, headers: dict[str, str], attributes: dict[str, str]
 ) -> None:
-    counting = CountingParentBased(TraceIdRatioBased(1.0))  # every new trace sampled: the parent decides
+    counting = parent_based(TraceIdRatioBased(1.0), CountingParentBased)  # every new trace sampled: the parent decides
     rig = build(rigs, tmp_path, counting)
     assert (await rig.push(envelope(message_id="1", attributes=attributes), **headers)).json()[
         "decision"
@@ -730,7 +737,7 @@ async def test_under_parentbased_always_on_a_decision_with_an_unsampled_parent_i
     rigs: list[Rig], tmp_path: Path
 ) -> None:
     """Only the ratio family is judged before the SDK (OTel's rules for other samplers stay the SDK's)."""
-    counting = CountingParentBased(ALWAYS_ON)
+    counting = parent_based(ALWAYS_ON, CountingParentBased)
     rig = build(rigs, tmp_path, counting)
     await rig.push(envelope(), traceparent=UNSAMPLED_PARENT)
     assert (counting.calls, rig.finished()) == (1, [])

@@ -1,18 +1,15 @@
 """What every message passes through, kept short (issue 14), reports what it reported before.
 
-A latency recorded through a series a caller holds, a store read outside any recorded span,
-and the context of a decision that records nothing each have a path of their own; these
-tests hold each to the general path's output.
+Latency histograms kept in process, a store read outside any recorded span, and the context
+of a decision that records nothing; these tests hold each to the general path's output.
 """
 
 from __future__ import annotations
 
-import math
 import random
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import TracerProvider
@@ -24,7 +21,7 @@ from filter.observability.instrumented import InstrumentedStore
 from filter.observability.latency import Histograms
 from filter.observability.prometheus_text import PrometheusText
 from filter.observability.telemetry import LATENCY_BUCKETS, NO_TELEMETRY, Telemetry
-from filter.observability.tracing import UNSAMPLED_PARENT, UNSAMPLED_ROOT, sampler
+from filter.observability.tracing import UNSAMPLED_PARENT, UNSAMPLED_ROOT, DrawnIds, sampler
 from tests.unit.test_telemetry import TRACE_ID, Rig, envelope
 
 LABELS = [{"route": "r", "decision": "suppressed"}, {"route": "r", "decision": "forwarded"}]
@@ -42,42 +39,14 @@ def points(histograms: Histograms) -> list[tuple[dict[str, str], list[int], int,
     ]
 
 
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.tuples(VALUES, st.sampled_from([0, 1])), max_size=40))
-def test_recording_through_a_held_series_collects_what_recording_by_attributes_does(
-    observations: list[tuple[float, int]],
-) -> None:
-    by_attributes, by_series = Histograms("t"), Histograms("t")
-    plain = by_attributes.create("h", "s", "", LATENCY_BUCKETS)
-    held = by_series.create("h", "s", "", LATENCY_BUCKETS)
-    series = [held.series(labels) for labels in LABELS]  # taken before any record, as callers take them
-    for value, which in observations:
-        plain.record(value, LABELS[which])
-        series[which].record(value)
-    mine, theirs = points(by_series), points(by_attributes)
-    assert [p[:3] + p[4:] for p in mine] == [p[:3] + p[4:] for p in theirs]
-    assert all(math.isclose(a[3], b[3], rel_tol=1e-12, abs_tol=1e-12) for a, b in zip(mine, theirs, strict=True))
-
-
-def test_a_series_taken_and_never_recorded_into_is_not_collected() -> None:
-    histograms = Histograms("t")
-    histograms.create("h", "s", "", LATENCY_BUCKETS).series(LABELS[0])
-    assert histograms.merge(None) is None
-
-
-def test_series_are_collected_in_the_order_of_their_first_record_not_of_their_taking() -> None:
+def test_series_are_collected_in_the_order_of_their_first_record() -> None:
     histograms = Histograms("t")
     histogram = histograms.create("h", "s", "", LATENCY_BUCKETS)
-    first, second = histogram.series(LABELS[0]), histogram.series(LABELS[1])
-    second.record(0.1)
-    first.record(0.2)
-    histogram.record(0.3, LABELS[1])
+    assert histograms.merge(None) is None
+    histogram.record(0.1, LABELS[1])
+    histogram.record(0.2, LABELS[0])
+    histogram.record(0.3, dict(LABELS[1]))
     assert [(p[0], p[2]) for p in points(histograms)] == [(LABELS[1], 2), (LABELS[0], 1)]
-
-
-def test_one_attribute_set_has_one_series() -> None:
-    histogram = Histograms("t").create("h", "s", "", LATENCY_BUCKETS)
-    assert histogram.series(dict(LABELS[0])) is histogram.series(dict(LABELS[0]))
 
 
 class _Unreachable:
@@ -114,7 +83,7 @@ async def test_a_store_read_without_metrics_or_spans_returns_the_stores_answer()
 
 def dropping(ratio: float) -> Telemetry:
     env = {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": str(ratio)}
-    return Telemetry(None, TracerProvider(sampler=sampler(env)), None, random.Random(7))
+    return Telemetry(None, TracerProvider(sampler=sampler(env), id_generator=DrawnIds()), None, random.Random(7))
 
 
 MESSAGE = Message(data=b"{}", attributes={}, message_id="1")
@@ -142,10 +111,7 @@ def test_a_decision_dropped_under_a_publishers_unsampled_parent_names_it_while_i
     assert UNSAMPLED_PARENT.get() is None
 
 
-async def test_the_metrics_text_is_the_same_whether_a_histograms_series_were_taken_early_or_not(
-    tmp_path: Path,
-) -> None:
-    """The store's read series are taken when the store is built; the text still lists them as first recorded."""
+async def test_the_store_latency_series_are_listed_in_the_order_of_their_first_record(tmp_path: Path) -> None:
     (tmp_path / "a").mkdir()
     rig = Rig(tmp_path / "a", traces=False)
     try:
