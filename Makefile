@@ -20,7 +20,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import duckdb, duckdb_extensions; duckdb_extensions.import_extension('spatial', con=duckdb.connect())"
 	touch $@ $(VENV)/.installed
 
-.PHONY: serve test lint unit install lock bench-smoke
+.PHONY: serve test lint unit install lock bench-smoke docs
 install: $(VENV)/.installed
 
 serve: $(VENV)/.installed
@@ -41,6 +41,10 @@ bench-smoke: $(VENV)/.installed-test
 
 test: lint
 	$(BIN)/pytest -q
+
+# the documentation site (mkdocs.yml) into site/, strictly; tests/unit/test_docs_site.py builds it in make test
+docs: $(VENV)/.installed-test
+	$(BIN)/mkdocs build --strict --site-dir site
 
 # requirements.lock: what `pip install .` resolves for the runtime dependencies, in a
 # throw-away venv (the image installs exactly these; see the Dockerfile).

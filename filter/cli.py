@@ -1,4 +1,4 @@
-"""`pubsub-filter`: serve, pull, replay, provision, check, fingerprint, explain, skip-rate.
+"""`pubsub-filter`: serve, pull, replay, provision, check, fingerprint, explain, skip-rate, tune.
 
 Each command is a thin shell over the module that does the work.
 """
@@ -19,7 +19,7 @@ from filter.runtime import preflight
 from filter.runtime.operational import BIGQUERY, FIRESTORE, PUBSUB, Backend, describe, require
 
 ATTRIBUTE_HELP = "a message attribute (repeatable), for keys and bypass rules that read attributes"
-#: exit codes (the README's "Exit codes" table)
+#: exit codes (the "Exit codes" table of docs/cli.md)
 OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
 
 
@@ -142,6 +142,12 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 def cmd_skip_rate(args: argparse.Namespace) -> int:
     from filter.tools.skiprate import run
+
+    return run(args)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from filter.tools.tune import run
 
     return run(args)
 
@@ -361,6 +367,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="also draw the skip rate per route over time to a PNG (by hour unless --by day; needs the chart extra)",
     )
     sp.set_defaults(func=cmd_skip_rate)
+
+    sp = sub.add_parser("tune", help="which fields churn, and what another selection would have skipped")
+    with_config(sp)
+    sp.add_argument("--route", required=True, metavar="R", help="the route to look at")
+    sp.add_argument("--since", default="7d", metavar="WHEN", help="how far back (e.g. 24h, 7d; default 7d)")
+    sp.add_argument(
+        "--exclude", action="append", default=[], metavar="F", help="what if field F were excluded too (repeatable)"
+    )
+    sp.add_argument(
+        "--include", action="append", default=[], metavar="F", help="what if only these fields counted (repeatable)"
+    )
+    sp.add_argument(
+        "--format", choices=["table", "json"], default="table", metavar="table|json", help="table (default) or json"
+    )
+    sp.add_argument(
+        "--log", metavar="FILE|-", help="read decision log lines from FILE (- for stdin) instead of the records backend"
+    )
+    sp.set_defaults(func=cmd_tune)
     _add_worker_commands(sub)
     return p
 

@@ -12,7 +12,9 @@ look at the state, `explain` calls it to say why; read it top to bottom:
    is `noise_only`;
 4. a forward learns what it sends and commits: the row digests, and on a `rows_mode:
    changed` route only the new and changed rows. Row mode only narrows what a forward
-   carries; it never turns a change into a suppression.
+   carries; it never turns a change into a suppression. A whole-payload route's forward
+   keeps a checksum per top-level field instead, and its details say which fields changed;
+   a suppression's say which excluded fields changed (`pubsub-filter tune` reads both).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from filter.core import rows
+from filter.core import fields, rows
 from filter.core.config import Route
 from filter.core.model import UNKNOWN, Decision, KeyState, Message
 from filter.core.partial import partial
@@ -81,17 +83,23 @@ def decide(
     """The whole decision for `msg` (payload fingerprint `fp`) against `state`, the stored state for its key."""
     if state is not None and state.expired(now):
         state = state.forgotten()
-    verdict = judge(rules.route, msg, fp, state, now, bypass)
-    details: dict[str, Any] = {}
-    if state is not None and _id_reused(state, msg.message_id, fp):
-        verdict = Verdict(verdict.decision, f"{verdict.reason}; {ID_REUSED}")
-        details["id_reused"] = True
-    if verdict.decision is Decision.SUPPRESSED and _noise_only(rules, msg, state, rng):
-        verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
-    elif verdict.decision is Decision.FORWARDED:
-        out, found = _what_to_send(rules, msg, fp, state)
-        return Decided(verdict, state, out, {**details, **found})
-    return Decided(verdict, state, Outgoing(msg.data, {}), details)
+    try:
+        verdict = judge(rules.route, msg, fp, state, now, bypass)
+        details: dict[str, Any] = {}
+        if state is not None and _id_reused(state, msg.message_id, fp):
+            verdict = Verdict(verdict.decision, f"{verdict.reason}; {ID_REUSED}")
+            details["id_reused"] = True
+        if verdict.decision is Decision.SUPPRESSED and _noise_only(rules, msg, state, rng):
+            verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
+        elif verdict.decision is Decision.FORWARDED:
+            out, found = _what_to_send(rules, msg, fp, state)
+            return Decided(verdict, state, out, {**details, **found})
+        if verdict.decision in _HELD_BACK and rules.tracks_fields and rules.selects is not None:
+            _excluded_changed(rules, msg, state, details)
+        return Decided(verdict, state, Outgoing(msg.data, {}), details)
+    finally:
+        if rules.tracks_fields:
+            rules.forget(msg.data)  # whatever was decided: the payload is not kept past its decision
 
 
 def judge(
@@ -159,11 +167,62 @@ def _noise_only(rules: RouteRules, msg: Message, state: KeyState | None, rng: ra
     )
 
 
+_HELD_BACK = (Decision.SUPPRESSED, Decision.NOISE_ONLY)
+
+
+def _excluded_changed(rules: RouteRules, msg: Message, state: KeyState | None, details: dict[str, Any]) -> None:
+    """Which fields outside the selection changed since the last forward, for `tune`."""
+    before = rules.fields_before(state.rows) if state is not None else None
+    if before is None or rules.selects is None:
+        return
+    payload = rules.payload_of(msg.data)
+    if type(payload) is dict:
+        changed = fields.excluded_changed(payload, before, rules.unselected, rules.selects)
+        fields.named("excluded_changed", changed, details)
+
+
+def _fields_forwarded(
+    rules: RouteRules, msg: Message, fp: str, state: KeyState | None, full: str | None
+) -> tuple[Outgoing, dict[str, Any]]:
+    """A whole-payload forward stores its field checksums and records which selected fields changed."""
+    details: dict[str, Any] = {}
+    payload = rules.payload_of(msg.data)
+    if type(payload) is not dict:
+        return Outgoing(msg.data, {}, None, full), details
+    selects = rules.selects
+    new_key = state is None or (state.fingerprint is None and state.forwarded_at is None)
+    before = None if state is None else rules.fields_before(state.rows)
+    now = fields.Now(payload, selects, before)
+    out = Outgoing(msg.data, {}, now.blob(fp), full)
+    if out.rows is None:
+        details["fields_state"] = "too many fields to keep"
+    if new_key:
+        return out, details  # nothing to compare with
+    if before is None or now.changed_all is None:
+        details["fields_changed"] = None  # unknown: the last forward stored no field checksums
+        return out, details
+    changed = now.changed_all if selects is None else [n for n in now.changed_all if selects(n)]
+    fields.named("fields_changed", changed, details)
+    clocks, old = now.clocks, before.clocks
+    increased = [k for k in changed if k in clocks and k in old and _grew(old[k], clocks[k])]
+    if increased:
+        fields.named("fields_increased", increased, details)
+    return out, details
+
+
+def _grew(old: float | str, new: float | str) -> bool:
+    return type(old) is type(new) and new > old  # type: ignore[operator]
+
+
 def _what_to_send(rules: RouteRules, msg: Message, fp: str, state: KeyState | None) -> tuple[Outgoing, dict[str, Any]]:
     """What a forward commits (full fingerprint, row digests) and sends (all rows, or the changed
     ones), and the details for its record."""
     full = rules.full_scheme(msg.data)[1] if rules.full_scheme is not None else None
+    if rules.tracks_fields:
+        return _fields_forwarded(rules, msg, fp, state, full)
     before = rows.decode(state.rows) if state is not None and rules.tracks_rows else None
+    if before is not None and fields.PAYLOAD in before.raw:
+        before = None  # the field state of a whole-payload route (its config changed): no rows to compare
     typed = rules.typed_rows(msg.data)  # decoded once (usually kept from the fingerprint) for both uses
     digests = rules.row_digests(msg.data, before, typed)
     details: dict[str, Any] = {}
@@ -176,6 +235,7 @@ def _what_to_send(rules: RouteRules, msg: Message, fp: str, state: KeyState | No
         return Outgoing(msg.data, {}, kept, full), details
     diff = rows.diff(before, digests)
     details.update(diff.summary())
+    fields.named("fields_changed", sorted({f for names in diff.fields.values() for f in names}), details)
     data: bytes = msg.data
     attributes: Mapping[str, str] = {}
     content_changed = state is not None and state.fingerprint not in (None, fp)

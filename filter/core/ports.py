@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypedDict
+from typing import Any, Literal, Protocol, TypedDict
 
 from filter.core.errors import FilterError
 from filter.core.model import Cause, DecisionRecord, KeyState, Message
@@ -182,3 +182,24 @@ class RecordsReader(Protocol):
 
     def close(self) -> None:
         """Release the connection or client, if any."""
+
+
+class DecisionRow(TypedDict):
+    """One recorded decision as `tune` reads it back: the columns it needs, `extra` decoded
+    (for a log line: the whole line, whose keys include the record's `extra`)."""
+
+    time: float
+    decision: str
+    enforced: bool
+    key: str | None
+    reason: str | None
+    fingerprint: str | None
+    previous_fingerprint: str | None
+    extra: dict[str, Any]
+
+
+class RecordsLister(Protocol):
+    """A `RecordsReader` that also lists one route's decisions, oldest first (`pubsub-filter tune`)."""
+
+    def decision_rows(self, route: str, since: float | None) -> list[DecisionRow]:
+        """The route's decisions at or after `since` (epoch seconds; None: all), in time order."""

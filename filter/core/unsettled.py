@@ -9,7 +9,7 @@ unknown, and forwards its next message; and it holds that message's publish time
 newest forwarded, so a redelivered older message is still stale.
 
 This is one process's memory: another instance, or this one after a restart, does not know
-(README: "Fail-open"). It is bounded: past `limit` keys the oldest entry is dropped, and its
+(docs/decisions.md: "Ordering", fail-open). It is bounded: past `limit` keys the oldest entry is dropped, and its
 route then treats every key whose last forward is no newer than that fail-open as unknown, so
 a flood of keys costs extra forwards, never a lost change.
 """

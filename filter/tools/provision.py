@@ -11,7 +11,7 @@ For every route (each must name its `subscription`):
   the config's `auth.service_account`/`auth.audience` as its OIDC token when set) or pull
   (`--pull`), ack deadline `lease.ack_deadline`, retry policy 10 s to 600 s, a dead-letter
   policy after `--max-delivery-attempts` (default: ceil(lease.duration / 10 s) + 5, as infra/
-  sizes it), message ordering on (README, "Ordering"), never expiring;
+  sizes it), message ordering on (docs/decisions.md, "Ordering"), never expiring;
 - the **dead-letter topic** `<subscription id>-dlq` and its pull subscription
   `<subscription id>-dlq-sub` (ack deadline 60 s, 7 days' retention, never expiring),
   so what is dead-lettered waits for `pubsub-filter replay`.
@@ -26,7 +26,7 @@ summary counts the failures and the command exits 1.
 
 A route's existing subscription without message ordering gets a WARNING: Pub/Sub cannot
 turn ordering on for an existing subscription, and which version of a key ends up last
-downstream depends on it (README, "Ordering"); the way out is a new subscription.
+downstream depends on it (docs/decisions.md, "Ordering"); the way out is a new subscription.
 
 On the real service (not `PUBSUB_EMULATOR_HOST`), dead-lettering also needs IAM for the
 Pub/Sub service agent; that is printed as a reminder, and infra/ grants it in production.
@@ -191,9 +191,9 @@ def ordering_warning(spec: SubscriptionSpec, current: Any) -> str | None:
         f"WARNING: subscription {spec.path} (route {spec.route!r}) has message ordering off, and Pub/Sub "
         "cannot turn it on for an existing subscription. Without it a key's versions can be delivered out of "
         "order, so an older version can be forwarded after a newer one and be what downstream ends up with "
-        '(README, "Ordering"). What to do: create a new subscription with ordering (give the route a new '
-        "`subscription` in the config and run provision again), move the push endpoint or the pull consumers "
-        "to it, then delete this one."
+        '(docs/decisions.md, "Ordering: which version ends up last"). What to do: create a new subscription '
+        "with ordering (give the route a new `subscription` in the config and run provision again), move the "
+        "push endpoint or the pull consumers to it, then delete this one."
     )
 
 

@@ -9,7 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -358,3 +361,22 @@ def test_through_filter_stops_stale_and_unchanged_and_forwards_new(
     assert stale["publish_time"] < newer_row["publish_time"] < parse_time(dead["2026-03-01"].publish_time)
     again = run_replay([rig.dlq_sub, "--wait", "1", "--through-filter", "--config", str(cfg)], env)
     assert (again.code, counted(again, "replayed"), counted(again, "skipped by the filter")) == (0, 0, 0), again
+
+
+def test_the_local_dead_letter_example_makes_dead_letters_that_replay_lists(
+    pubsub_emulator: PubsubEmulator, env: dict[str, str]
+) -> None:
+    example = Path(__file__).resolve().parents[2] / "examples" / "local_dead_letters.py"
+    made = subprocess.run(
+        [sys.executable, str(example), '{"game_date": "2025-01-10", "players": []}'],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert made.returncode == 0, made.stderr
+    assert "1 message(s) in local-source-sub-dlq-sub" in made.stdout
+    listed = run_replay(["local-source-sub-dlq-sub", "--dry-run", "--wait", "2"], env)
+    assert listed.code == 0, listed
+    assert "would be replayed:     1" in listed.stdout, listed
+    assert "to projects/" in listed.stdout and "/topics/local-source" in listed.stdout, listed

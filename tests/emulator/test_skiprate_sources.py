@@ -477,3 +477,19 @@ def test_docs_queries_run_on_the_decisions_table(run: Run) -> None:
     assert [(r["route"], day_of(r["day"]), r["decided"], r["would_skip_n"], r["would_skip"]) for r in rows] == [
         ("lines", DAY, 16, 10, 62.5)
     ]
+
+
+# --- tune reads the same decisions from every source --------------------------------------
+
+
+@pytest.mark.parametrize("route", ["injuries", "props", "lines"])
+def test_tune_reads_the_same_field_changes_from_every_source(run: Run, route: str) -> None:
+    from filter.tools.tune import analyse
+
+    found = {}
+    for name in READERS:
+        rows = reader_of(run, name).decision_rows(route, None)  # type: ignore[attr-defined]
+        found[name] = analyse(rows, include=["v", "scraped"]).as_dict()
+    assert found["sqlite"] == found["bigquery"] == found["log"]
+    assert [f["name"] for f in found["sqlite"]["fields"]] == ["v"]  # the script changes only v between forwards
+    assert "scraped" in found["sqlite"]["excluded_fields"]  # rescrapes: changed outside the selection

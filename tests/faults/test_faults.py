@@ -79,7 +79,11 @@ from tests.support.faultrig import (
 from tests.support.pubsub_helpers import Pulled, emulator_env
 from tests.support.serve import ServeProcess
 
-pytestmark = [pytest.mark.faults, pytest.mark.timeout(420)]
+pytestmark = [
+    pytest.mark.faults,
+    pytest.mark.timeout(420),
+    pytest.mark.loop_may_block("the rig starts, waits for and reads server processes from the test body"),
+]
 
 # The rig's fixtures, used by name: a rig per test (torn down after it), the figures table per session.
 rig_factory = faultrig.rig_factory

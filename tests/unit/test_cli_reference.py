@@ -1,6 +1,6 @@
-"""The README's command reference stays complete and exact: every subcommand and every option the
-parser knows is in its Commands section with the metavar --help prints, and every option says what it
-is for in --help."""
+"""The command reference page (docs/cli.md) stays complete and exact: every subcommand and every option
+the parser knows is in it with the metavar --help prints, and every option says what it is for in
+--help."""
 
 from __future__ import annotations
 
@@ -18,8 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def commands_section() -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    return text[text.index("## Commands\n") : text.index("## Decisions\n")]
+    return (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
 
 
 def subcommands() -> dict[str, argparse.ArgumentParser]:
@@ -40,13 +39,13 @@ def options() -> Iterator[tuple[str, argparse.Action]]:
                 yield name, action
 
 
-def test_every_subcommand_is_in_the_readme() -> None:
+def test_every_subcommand_is_in_the_command_reference() -> None:
     section = commands_section()
     missing = [name for name in subcommands() if f"`pubsub-filter {name}" not in section]
-    assert not missing, f"README Commands lacks: {missing}"
+    assert not missing, f"docs/cli.md lacks: {missing}"
 
 
-def test_every_option_string_is_in_the_readme() -> None:
+def test_every_option_string_is_in_the_command_reference() -> None:
     section = commands_section()
     missing = sorted(
         {
@@ -56,7 +55,7 @@ def test_every_option_string_is_in_the_readme() -> None:
             if not re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", section)
         }
     )
-    assert not missing, f"README Commands lacks: {missing}"
+    assert not missing, f"docs/cli.md lacks: {missing}"
 
 
 @pytest.mark.parametrize(("command", "action"), list(options()), ids=lambda v: v if isinstance(v, str) else v.dest)
@@ -72,11 +71,11 @@ def test_the_infra_readme_skip_rate_formula_names_every_skipped_and_decided_deci
     assert all(d in decided for d in DECIDED), decided
 
 
-# --- the README's command table against the parser -------------------------------------------
+# --- the command reference's table against the parser -------------------------------------------
 
 
 def synopses() -> dict[str, str]:
-    """Each command's synopsis in the README table (markdown's `\\|` read as `|`), by command."""
+    """Each command's synopsis in the reference's table (markdown's `\\|` read as `|`), by command."""
     found = {}
     for line in commands_section().splitlines():
         m = re.match(r"\| `pubsub-filter ([a-z-]+)([^`]*)` \|", line)
@@ -111,7 +110,7 @@ def table_mismatches() -> list[str]:
     for name, parser in subcommands().items():
         synopsis = table.get(name)
         if synopsis is None:
-            found.append(f"{name}: no row in the README's table")
+            found.append(f"{name}: no row in docs/cli.md's table")
             continue
         known = set()
         for action in parser._actions:
@@ -122,7 +121,7 @@ def table_mismatches() -> list[str]:
             if not action.option_strings:  # a positional: its metavar as a word, in brackets if optional
                 shown = f"[{expected}]" if action.nargs == "?" else expected
                 if not re.search(rf"(?<![\w-]){re.escape(shown)}(?![\w-])", synopsis):
-                    found.append(f"{name}: positional {shown} (README: {synopsis.strip()})")
+                    found.append(f"{name}: positional {shown} (docs/cli.md: {synopsis.strip()})")
                 continue
             seen = written(synopsis, action)
             flag = action.option_strings[0]
@@ -131,17 +130,17 @@ def table_mismatches() -> list[str]:
                 continue
             before, meta = seen
             if meta != expected:
-                found.append(f"{name}: {flag} {meta or '-'} in the README, {expected or '-'} in --help")
+                found.append(f"{name}: {flag} {meta or '-'} in docs/cli.md, {expected or '-'} in --help")
             if action.required and before in ("[", "|"):
                 found.append(f"{name}: {flag} is required but shown in brackets")
             if not action.required and before not in ("[", "(", "|"):
                 found.append(f"{name}: {flag} is optional but shown without brackets")
         for flag in re.findall(r"(?<![\w-])(--?[a-z][\w-]*)", synopsis):
             if flag not in known:
-                found.append(f"{name}: {flag} is in the README but not in the parser")
+                found.append(f"{name}: {flag} is in docs/cli.md but not in the parser")
     return found
 
 
-def test_the_readme_command_table_matches_the_parser_option_for_option() -> None:
+def test_the_command_reference_table_matches_the_parser_option_for_option() -> None:
     mismatches = table_mismatches()
     assert not mismatches, "\n".join(mismatches)

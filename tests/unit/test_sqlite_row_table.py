@@ -155,3 +155,22 @@ async def test_keys_whose_route_and_key_run_together_alike_keep_their_own_row_st
     reads = [await store.read(r, k) for r, k in (("r", "a|b"), ("r|a", "b"), ("r", "a|b\x00"))]
     await store.close()
     assert [s.rows if s else None for s in reads] == [b"one", b"two", b"three"]
+
+
+async def test_a_small_state_is_committed_in_the_state_record_in_one_statement(tmp_path: Path) -> None:
+    """A whole-payload route's field checksums (a few hundred bytes) ride in the state record: one
+    UPDATE, no transaction with the row table. Large row state still goes to the row table."""
+    path = tmp_path / "state.db"
+    store = SqliteStore(path)
+    seen = await first(store, rows=ROWS)  # a large state first: the small one must take its place
+    held = await held_by(store, seen)
+    statements: list[str] = []
+    store._db.set_trace_callback(statements.append)
+    small = b'[["a","b"],{"":["0123456789abcdef","0000000100000002"]}]'
+    assert await store.commit("r", "k", held, replace(held, lease=None, rows=small, fingerprint="sha256:b"))
+    store._db.set_trace_callback(None)
+    assert statements and not any(s.startswith(("BEGIN", "INSERT", "COMMIT")) for s in statements), statements
+    assert stored_rows(path) == []  # nothing stale left in the row table
+    current = await store.read("r", "k")
+    assert current is not None and current.rows == small
+    await store.close()

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import hashlib
+import json
 import os
 from typing import Any
 
@@ -29,7 +30,7 @@ from filter.backends.records.extra import encode_extra
 from filter.core.config import BigqueryRecords
 from filter.core.errors import FilterError
 from filter.core.model import COLUMN_NAMES, DECISION_COLUMNS, Column, DecisionRecord
-from filter.core.ports import Bucket, DecisionCount
+from filter.core.ports import Bucket, DecisionCount, DecisionRow
 
 EMULATOR_ENV = "BIGQUERY_EMULATOR_HOST"
 
@@ -261,8 +262,41 @@ class BigQueryReader:
             for row in job.result(timeout=self.job_timeout)
         ]
 
+    def decision_rows(self, route: str, since: float | None) -> list[DecisionRow]:
+        params: list[Any] = [bigquery.ScalarQueryParameter("route", "STRING", route)]
+        where = "WHERE route = @route"
+        if since is not None:
+            where += " AND time >= @since"
+            stamp = dt.datetime.fromtimestamp(since, dt.UTC)
+            params.append(bigquery.ScalarQueryParameter("since", "TIMESTAMP", stamp))
+        sql = (
+            "SELECT time, decision, enforced, key, reason, fingerprint, previous_fingerprint, extra\n"
+            f"FROM `{self.table}`\n{where}\nORDER BY time"
+        )
+        job = self.client.query(sql, job_config=bigquery.QueryJobConfig(query_parameters=params))
+        return [_decision_row(row) for row in job.result(timeout=self.job_timeout)]
+
     def close(self) -> None:
         self.client.close()  # type: ignore[no-untyped-call]
+
+
+def _decision_row(row: Any) -> DecisionRow:
+    stamp = row["time"]
+    extra = row["extra"]
+    if isinstance(extra, str):
+        extra = json.loads(extra) if extra and extra != "null" else {}
+        if isinstance(extra, str):  # a JSON column holding the JSON text as a string
+            extra = json.loads(extra)
+    return {
+        "time": stamp.timestamp() if isinstance(stamp, dt.datetime) else float(stamp),
+        "decision": row["decision"],
+        "enforced": row["enforced"] is not False,
+        "key": row["key"],
+        "reason": row["reason"],
+        "fingerprint": row["fingerprint"],
+        "previous_fingerprint": row["previous_fingerprint"],
+        "extra": extra if isinstance(extra, dict) else {},
+    }
 
 
 def bigquery_reader(cfg: BigqueryRecords, project: str | None) -> BigQueryReader:

@@ -1,6 +1,6 @@
 """Decision records on the embedded default: readable as soon as the push has answered.
 
-Someone who runs the README's curl and then `pubsub-filter skip-rate` at once must see the
+Someone who runs the quick start's curl and then `pubsub-filter skip-rate` at once must see the
 decision, and a batch written up to a flush interval later is not there yet. So each request
 is answered only once the commit holding its record is done (`committing()`, which
 `Engine.recorded` awaits).

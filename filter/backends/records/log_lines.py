@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import gzip
+import itertools
 import sys
 import time
 from collections.abc import Iterable, Iterator
@@ -31,7 +32,7 @@ from typing import IO, Any
 
 import msgspec
 
-from filter.core.ports import Bucket, DecisionCount
+from filter.core.ports import Bucket, DecisionCount, DecisionRow
 
 _BUCKET_FORMAT = {"hour": "%Y-%m-%dT%H:00:00Z", "day": "%Y-%m-%d"}
 
@@ -194,6 +195,99 @@ def counts_from_log(source: str, since: float | None, by: str) -> list[DecisionC
     return counter.rows()
 
 
+_decode_any = msgspec.json.Decoder().decode
+
+
+def _decision_of(obj: Any) -> tuple[dict[str, Any], Any] | None:
+    """The decision line in a decoded object (ours, a LogEntry, Docker's wrapper) and its time."""
+    if not isinstance(obj, dict):
+        return None
+    if isinstance(obj.get("jsonPayload"), dict):
+        inner = obj["jsonPayload"]
+        return (inner, obj.get("timestamp") or inner.get("time")) if inner.get("message") == "decision" else None
+    if obj.get("message") is None and isinstance(obj.get("log"), str):
+        line = obj["log"]
+        brace = line.find("{")
+        if brace < 0:
+            return None
+        try:
+            return _decision_of(_decode_any(line[brace:].encode("utf-8", "surrogatepass")))
+        except (msgspec.DecodeError, UnicodeEncodeError):
+            return None
+    return (obj, obj.get("time")) if obj.get("message") == "decision" else None
+
+
+def _seconds(stamp: Any) -> float | None:
+    if isinstance(stamp, int | float) and not isinstance(stamp, bool):
+        return float(stamp)
+    if isinstance(stamp, str):
+        try:
+            t = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        return (t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)).timestamp()
+    return None
+
+
+def _row_of(obj: Any, route: str, since: float | None) -> DecisionRow | None:
+    found = _decision_of(obj)
+    if found is None:
+        return None
+    line, stamp = found
+    t = _seconds(stamp)
+    if line.get("route") != route or t is None or (since is not None and t < since):
+        return None
+    return {
+        "time": t,
+        "decision": str(line.get("decision")),
+        "enforced": line.get("enforced") is not False,
+        "key": line.get("key"),
+        "reason": line.get("reason"),
+        "fingerprint": line.get("fingerprint"),
+        "previous_fingerprint": line.get("previous_fingerprint"),
+        "extra": line,  # the record's `extra` keys are spread into the line
+    }
+
+
+def rows_from_log(source: str, route: str, since: float | None) -> list[DecisionRow]:
+    """One route's decisions from log lines in `source` (the sources `counts_from_log` reads),
+    in time order; lines that cannot be read are skipped (`skip-rate` counts and reports them).
+    Read line by line, as `counts_from_log` does; only the gcloud array is read whole."""
+    found: list[DecisionRow] = []
+    with _open(source) as fh:
+        first = b""
+        for first in fh:
+            first = first.removeprefix(b"\xef\xbb\xbf").lstrip()
+            if first:
+                break
+        objects: Iterable[Any]
+        if _is_array(first):
+            try:
+                entries = _decode_any(first + fh.read())
+            except msgspec.DecodeError:
+                return []
+            objects = entries if isinstance(entries, list) else []
+        else:
+            objects = _objects(itertools.chain([first], fh))
+        for obj in objects:
+            row = _row_of(obj, route, since)
+            if row is not None:
+                found.append(row)
+    found.sort(key=lambda r: r["time"])
+    return found
+
+
+def _objects(lines: Iterable[bytes]) -> Iterator[Any]:
+    for line in lines:
+        brace = line.find(b"{")
+        if b"decision" not in line or brace < 0:
+            continue
+        try:
+            yield _decode_any(line[brace:])
+        except msgspec.DecodeError:
+            continue
+
+
 class LogLinesReader:
     """The `RecordsReader` of decision log lines in a file (`.gz` too) or `-` (stdin), read
     anew on every call."""
@@ -203,6 +297,9 @@ class LogLinesReader:
 
     def decision_counts(self, since: float | None, by: Bucket) -> list[DecisionCount]:
         return counts_from_log(self.source, since, by)
+
+    def decision_rows(self, route: str, since: float | None) -> list[DecisionRow]:
+        return rows_from_log(self.source, route, since)
 
     def close(self) -> None:
         pass  # the file is opened and closed by each read

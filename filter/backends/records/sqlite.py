@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import operator
 import sqlite3
 from itertools import compress
@@ -12,7 +13,7 @@ from typing import Any
 
 from filter.backends.records.extra import encode_extra
 from filter.core.model import COLUMN_NAMES, DECISION_COLUMNS, DecisionRecord
-from filter.core.ports import Bucket, DecisionCount
+from filter.core.ports import Bucket, DecisionCount, DecisionRow
 
 _TYPES = {"time": "REAL", "text": "TEXT", "bool": "INTEGER", "int": "INTEGER", "float": "REAL", "json": "TEXT"}
 # SQLite keeps this text as written in sqlite_master: it spells today's tables byte for byte
@@ -136,6 +137,32 @@ class SqliteReader:
         finally:
             db.close()
         return [{"route": r, "bucket": b, "decision": d, "enforced": bool(e), "n": n} for r, b, d, e, n in rows]
+
+    def decision_rows(self, route: str, since: float | None) -> list[DecisionRow]:
+        if not self.path.exists():
+            return []
+        db = _connect(str(self.path))
+        try:
+            rows = db.execute(
+                "SELECT time, decision, enforced, key, reason, fingerprint, previous_fingerprint, extra "
+                "FROM decisions WHERE route = ? AND time >= ? ORDER BY time",
+                (route, since or 0.0),
+            ).fetchall()
+        finally:
+            db.close()
+        return [
+            {
+                "time": t,
+                "decision": d,
+                "enforced": bool(e),
+                "key": k,
+                "reason": r,
+                "fingerprint": fp,
+                "previous_fingerprint": pfp,
+                "extra": json.loads(x) if x else {},
+            }
+            for t, d, e, k, r, fp, pfp, x in rows
+        ]
 
     def close(self) -> None:
         pass  # each read opens and closes its own connection

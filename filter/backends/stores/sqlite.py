@@ -80,6 +80,10 @@ _TRIGGERS = (
     "BEGIN DELETE FROM key_rows WHERE route = new.route AND key = new.key; END",
 )
 
+#: Row state up to this size is kept in `key_state.rows` (a claim rewriting it costs nothing worth
+#: a second table); larger state in `key_rows`, written only when it changes.
+INLINE_ROWS = 1024
+
 # Columns newer than the first release. `results` (the in-process API's kept results) is NULL when
 # there are none: a process of an earlier version sharing the file never reads it.
 _ADDED_COLUMNS = {"rows": "BLOB", "full_fingerprint": "TEXT", "results": "TEXT"}
@@ -334,6 +338,13 @@ class SqliteStore:
         if rows is None:
             return self._write(sql_no_rows, params, route, key, None)
         unchanged = rows is stored_rows or rows == stored_rows
+        if not unchanged and len(rows) <= INLINE_ROWS:
+            # A small state (a whole-payload route's field checksums, `filter.core.fields`) goes in
+            # the state record itself: one statement, not a transaction of four. Setting the column
+            # fires `key_rows_yield_to_column`, so no larger state is left behind in the row table.
+            at = len(_WRITTEN)
+            inline = sql.replace(" WHERE", ", rows = ? WHERE", 1)
+            return self._write(inline, (*params[:at], rows, *params[at:]), route, key, None)
         return self._write(sql, params, route, key, None if unchanged else rows)
 
     def _rollback(self) -> None:

@@ -393,7 +393,7 @@ resource "google_monitoring_alert_policy" "lease_takeovers" {
       An instance held a key's lease past its expiry (it died, or its heartbeat could not
       reach Firestore) and another instance took the key over with a higher fence. The
       late holder's commit is refused, but its publish may already have gone out: the
-      content can reach downstream twice. Seed 004's threshold: more than 3 an hour.
+      content can reach downstream twice. The default threshold: more than 3 an hour.
     EOT
   }
 }

@@ -1,0 +1,199 @@
+"""Field-level state of a whole-payload route: which top-level fields changed. Pure, no I/O.
+
+A route without `rows` decides on the payload as a whole, so its fingerprint says *that* the
+content changed, not *where*. For `pubsub-filter tune` (`filter.tools.tune`) a forward also
+stores, in the state's `rows` blob, the payload as one row keyed by nothing (the key `""`,
+which no row key can be: those are JSON lists): one 32-bit checksum per top-level field,
+selected or not, in the row state's columnar layout (`filter.core.rows`), plus the values of
+the selected fields that read as a clock (numbers, ISO 8601 timestamps). The next decision
+for the key compares against it:
+
+* a forward records `fields_changed` (the selected fields that changed) and
+  `fields_increased` (those whose clock value grew);
+* a suppression, on a route that leaves fields out, records `excluded_changed` (the fields
+  outside the selection that changed).
+
+Each list holds at most `MAX_NAMED` names, sorted; `*_more` counts the rest. A state written
+before this feature (or too large to keep) has no field checksums: the forward then records
+`fields_changed: null`, "unknown", and tune counts it as not evaluable.
+
+Cost: the payload is the one the fingerprint decoded (`RouteRules.payload_of`); a forward
+pays a checksum per top-level field, a suppression one per field outside the selection.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import msgspec
+
+from filter.core.config import Route
+
+#: How many field names a decision record lists (the count of the rest is always there).
+MAX_NAMED = 32
+#: A payload with more top-level fields than this is not tracked field by field.
+MAX_FIELDS = 512
+#: The payload's row key in the stored blob: never a row key (those are JSON lists).
+PAYLOAD = ""
+
+_encode = msgspec.json.Encoder(order="sorted").encode
+_MISSING = "-" * 8
+
+
+class _Stored(msgspec.Struct, array_like=True, omit_defaults=True):
+    """The row state's layout (`filter.core.rows._Stored`), with the clock values after it:
+    a reader of the row layout reads this too (trailing elements are ignored)."""
+
+    fields: list[str]
+    rows: dict[str, tuple[str, str]]
+    clocks: dict[str, float | str] = {}
+
+
+_decode = msgspec.json.Decoder(_Stored).decode
+
+
+class Before:
+    """The last forward's field checksums (packed, in the order of `names`) and clock values, as stored."""
+
+    __slots__ = ("_crcs", "clocks", "names", "packed")
+
+    def __init__(self, names: list[str], packed: str, clocks: dict[str, float | str]):
+        self.names = names
+        self.packed = packed
+        self.clocks = clocks
+        self._crcs: dict[str, int] | None = None
+
+    def crcs(self) -> dict[str, int]:
+        """The checksums by name, as numbers: built on the first suppression that asks, then
+        kept with this state (a route keeps each stored state decoded, `RouteRules.fields_before`),
+        so the suppressions after one forward look a field up, never parse it again."""
+        if self._crcs is None:
+            self._crcs = {n: int(c, 16) for n, c in self.as_dict().items()}
+        return self._crcs
+
+    def as_dict(self) -> dict[str, str]:
+        p = self.packed
+        return {n: p[i * 8 : i * 8 + 8] for i, n in enumerate(self.names) if p[i * 8 : i * 8 + 8] != _MISSING}
+
+
+class Now:
+    """A forward's payload, field by field: names sorted, checksums packed in that order, clock values."""
+
+    __slots__ = ("changed_all", "clocks", "crcs", "names", "packed")
+
+    def __init__(self, payload: Mapping[str, Any], counts: Callable[[str], bool] | None, before: Before | None):
+        names = sorted(payload)
+        values = list(map(payload.__getitem__, names))
+        crcs = list(map(zlib.crc32, map(_encode, values)))
+        self.names, self.crcs = names, crcs
+        self.packed = struct.pack(f">{len(crcs)}I", *crcs).hex()  # what f"{crc:08x}" each gives, in one call
+        # Clock values: those of the last forward carry over (a field that did not change has
+        # the same value); only the fields that changed are looked at, usually one or two.
+        looked_at: Iterable[str]
+        self.changed_all: list[str] | None  # every field that changed, selected or not (None: nothing to compare)
+        if before is None:
+            self.changed_all, looked_at, self.clocks = None, names, {}
+        else:
+            self.changed_all = looked_at = self.changed(before, None)
+            self.clocks = {k: v for k, v in before.clocks.items() if k in payload}  # a copy: `before` is shared
+        for n in looked_at:
+            c = clock_value(payload.get(n)) if counts is None or counts(n) else None
+            if c is None:
+                self.clocks.pop(n, None)
+            else:
+                self.clocks[n] = c
+
+    def changed(self, before: Before, counts: Callable[[str], bool] | None) -> list[str]:
+        """The selected fields whose checksum differs from the last forward's (or that came or went)."""
+        if before.packed == self.packed and before.names == self.names:
+            return []
+        was = before.crcs()  # usually built already, by the suppressions since that forward
+        if before.names == self.names:
+            found = [n for n, c in zip(self.names, self.crcs, strict=True) if c != was.get(n)]
+        else:
+            now = dict(zip(self.names, self.crcs, strict=True))
+            found = sorted(k for k in now.keys() | was.keys() if now.get(k) != was.get(k))
+        return found if counts is None else [n for n in found if counts(n)]
+
+    def blob(self, fingerprint: str) -> bytes | None:
+        """What a forward stores; None when the payload has too many fields to keep."""
+        if len(self.names) > MAX_FIELDS:
+            return None
+        return msgspec.json.encode(_Stored(self.names, {PAYLOAD: (fingerprint[-16:], self.packed)}, self.clocks))
+
+
+def selector(route: Route) -> Callable[[str], bool] | None:
+    """Whether a top-level field counts for the route; None when every field does."""
+    exclude = frozenset(route.exclude)
+    include = frozenset(k for k in route.include if k not in exclude)
+    if include:
+        return include.__contains__
+    if exclude:
+        return lambda name: name not in exclude
+    return None
+
+
+def clock_value(value: Any) -> float | str | None:
+    """The value as a point on a line, if it reads as one: a number, or a string shaped like an
+    ISO 8601 date or time (kept as the string: one producer writes them one way, and then they
+    compare as text as they compare as times; no parse on the forward path)."""
+    t = type(value)
+    if t is float:
+        return value if math.isfinite(value) else None
+    if t is int:
+        return float(value) if -_FLOAT_INT <= value <= _FLOAT_INT else None  # beyond: no float to compare
+    if t is str and 10 <= len(value) <= 40 and value[4:5] == "-" and value[7:8] == "-" and value[:4].isdigit():
+        return str(value)
+    return None
+
+
+_CLOCKISH = frozenset({int, float, str})
+_FLOAT_INT = 2**1023
+
+
+def decode(blob: bytes | None) -> Before | None:
+    """The stored field state, or None when the blob holds none (no blob, rows, or unreadable)."""
+    if not blob:
+        return None
+    try:
+        stored = _decode(blob)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    row = stored.rows.get(PAYLOAD)
+    if row is None or len(stored.rows) != 1:
+        return None
+    return Before(stored.fields, row[1], stored.clocks)
+
+
+def named(key: str, names: list[str], into: dict[str, Any]) -> None:
+    """`names` under `key`, at most `MAX_NAMED` of them, the count of the rest under `key_more`."""
+    into[key] = names[:MAX_NAMED]
+    if len(names) > MAX_NAMED:
+        into[f"{key}_more"] = len(names) - MAX_NAMED
+
+
+def excluded_changed(
+    payload: Mapping[str, Any], before: Before, unselected: tuple[str, ...] | None, counts: Callable[[str], bool]
+) -> list[str]:
+    """The fields outside the selection that changed. `unselected`, the route's `exclude` when
+    it has no `include`: only those are looked at (a checksum each), not every field."""
+    if unselected is not None:
+        names: Iterable[str] = unselected
+    else:
+        names = {k for k in payload if not counts(k)} | {k for k in before.names if not counts(k)}
+    was = before.crcs()
+    out = []
+    for n in names:
+        v = payload.get(n, _ABSENT)
+        if (None if v is _ABSENT else zlib.crc32(_encode(v))) != was.get(n):
+            out.append(n)
+    if len(out) > 1:
+        out.sort()
+    return out
+
+
+_ABSENT = object()

@@ -1,0 +1,130 @@
+"""What a decision records about which fields changed: what `pubsub-filter tune` reads."""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from filter.core import fields
+from filter.core.config import parse
+from filter.core.judge import Decided, decide
+from filter.core.model import Decision, KeyState, Message
+from filter.core.routes import RouteRules
+from filter.core.transitions import forwarded
+
+
+def rules(**route: Any) -> RouteRules:
+    route = {"name": "r", "destination": "downstream", "key": ["payload.id"], **route}
+    return RouteRules(parse({"routes": [route]}).routes[0])
+
+
+def step(r: RouteRules, payload: dict[str, Any], state: KeyState | None, n: int) -> tuple[Decided, KeyState | None]:
+    data = json.dumps(payload).encode()
+    msg = Message(data, {}, f"m{n}", publish_time=float(n))
+    _, fp = r.scheme(data)
+    decided = decide(r, msg, fp, state, float(n), False, random.Random(0))
+    if decided.verdict.decision is Decision.FORWARDED:
+        state = forwarded(decided.state, msg, fp, 1, decided.out, float(n), 1e12)
+    return decided, state
+
+
+def test_a_forward_names_the_selected_fields_that_changed_and_those_that_increased() -> None:
+    r = rules()
+    first, state = step(r, {"id": 1, "status": "out", "scraped": "2026-11-25T10:00:00Z", "n": 3}, None, 1)
+    assert "fields_changed" not in first.details  # a new key: nothing to compare with
+    second, _ = step(r, {"id": 1, "status": "in", "scraped": "2026-11-25T10:05:00Z", "n": 2}, state, 2)
+    assert second.details["fields_changed"] == ["n", "scraped", "status"]
+    assert second.details["fields_increased"] == ["scraped"]
+
+
+def test_a_suppression_names_the_excluded_fields_that_changed() -> None:
+    r = rules(exclude=["scraped", "seq"])
+    _, state = step(r, {"id": 1, "status": "out", "scraped": "a", "seq": 1}, None, 1)
+    held, _ = step(r, {"id": 1, "status": "out", "scraped": "b", "seq": 1}, state, 2)
+    assert held.verdict.decision is Decision.SUPPRESSED
+    assert held.details == {"excluded_changed": ["scraped"]}
+
+
+def test_suppressions_after_one_forward_each_name_the_excluded_fields_that_came_went_or_changed() -> None:
+    r = rules(exclude=["scraped", "seq", "gone"])
+    _, state = step(r, {"id": 1, "status": "out", "scraped": "a", "gone": 0}, None, 1)
+    came, _ = step(r, {"id": 1, "status": "out", "scraped": "a", "gone": 0, "seq": 1}, state, 2)
+    went, _ = step(r, {"id": 1, "status": "out", "scraped": "b"}, state, 3)
+    same, _ = step(r, {"id": 1, "status": "out", "scraped": "a", "gone": 0}, state, 4)
+    assert [d.verdict.decision for d in (came, went, same)] == [Decision.SUPPRESSED] * 3
+    assert came.details == {"excluded_changed": ["seq"]}
+    assert went.details == {"excluded_changed": ["gone", "scraped"]}
+    assert same.details == {"excluded_changed": []}
+
+
+def test_a_route_that_selects_everything_records_nothing_on_a_suppression() -> None:
+    r = rules()
+    _, state = step(r, {"id": 1, "status": "out"}, None, 1)
+    held, _ = step(r, {"id": 1, "status": "out"}, state, 2)
+    assert held.verdict.decision is Decision.SUPPRESSED and held.details == {}
+
+
+def test_state_stored_before_field_tracking_gives_fields_unknown_then_known() -> None:
+    r = rules()
+    old = KeyState(fingerprint="sha256:old", forwarded_at=1.0, message_id="m0", publish_time=1.0)
+    first, state = step(r, {"id": 1, "status": "in"}, old, 2)
+    assert first.details == {"fields_changed": None}
+    second, _ = step(r, {"id": 1, "status": "out"}, state, 3)
+    assert second.details == {"fields_changed": ["status"]}
+
+
+def test_the_recorded_names_are_capped_with_a_count_of_the_rest() -> None:
+    r = rules()
+    _, state = step(r, {"id": 1, **{f"f{i:02}": 0 for i in range(40)}}, None, 1)
+    second, _ = step(r, {"id": 1, **{f"f{i:02}": 1 for i in range(40)}}, state, 2)
+    assert len(second.details["fields_changed"]) == fields.MAX_NAMED
+    assert second.details["fields_changed_more"] == 40 - fields.MAX_NAMED
+
+
+def test_the_field_state_is_read_by_the_row_state_reader_and_not_mistaken_for_rows() -> None:
+    blob = fields.Now({"a": 5}, None, None).blob("sha256:" + "a" * 64)
+    assert blob is not None
+    before = fields.decode(blob)
+    assert before is not None and before.names == ["a"] and before.clocks == {"a": 5.0}
+    from filter.core import rows
+
+    assert rows.decode(blob) is not None  # a row route reading it (config changed) does not fail
+    assert fields.decode(rows.encode({'["k"]': ("f" * 16, {"a": "00000001"})})) is None
+
+
+def test_a_decoded_payload_is_not_decoded_again_for_the_decision() -> None:
+    r = rules()
+    data = b'{"id": 1, "status": "out"}'
+    payload, _ = r.scheme(data)
+    assert r.payload_of(data) is payload
+    assert r.payload_of(data) == payload and r.payload_of(data) is not payload  # forgotten: decoded again
+
+
+def test_a_number_beyond_float_range_is_a_field_like_any_other_not_a_clock() -> None:
+    r = rules()
+    huge = 10**400
+    _, state = step(r, {"id": 1, "n": huge, "x": 1e308}, None, 1)
+    second, _ = step(r, {"id": 1, "n": huge + 1, "x": 1e308}, state, 2)
+    assert second.details == {"fields_changed": ["n"]}  # changed; not comparable as a clock
+
+
+def test_a_route_switched_from_whole_payload_to_rows_starts_its_row_state_afresh() -> None:
+    whole = rules()
+    doc = {"id": 1, "players": [{"p": "a", "s": "out"}]}
+    _, state = step(whole, doc, None, 1)
+    assert state is not None and fields.decode(state.rows) is not None  # field checksums stored
+    by_rows = rules(rows="payload.players", row_key=["p"], rows_mode="changed", removed_rows="tombstone")
+    changed = {"id": 1, "players": [{"p": "a", "s": "in"}]}
+    decided, _ = step(by_rows, changed, state, 2)
+    assert decided.verdict.decision is Decision.FORWARDED
+    assert "rows_removed" not in decided.details  # the field state is not a row that went away
+    assert json.loads(decided.out.data) == changed
+
+
+def test_every_decision_lets_go_of_the_payload_it_was_given() -> None:
+    r = rules()
+    _, state = step(r, {"id": 1, "status": "out"}, None, 1)
+    for n in range(2, 200):
+        step(r, {"id": 1, "status": "out"}, state, n)  # suppressions of a route that selects every field
+    assert len(r._decoded) == 0
