@@ -4,23 +4,35 @@ Calls run inline on the event loop: a local WAL read or write takes microseconds
 less than a hop to a thread. Two processes may share the file: writes are conditional
 (on the row version for a claim, on the lease fence for the rest), so the loser of a
 race sees zero rows changed and the engine looks again.
+
+The event loop never waits for the file's lock: another connection may hold it for as long
+as it likes (another instance sharing the file, an `sqlite3` shell in `BEGIN IMMEDIATE`, a
+backup). On the loop a statement does not wait at all (`busy_timeout` 0); a call that finds the
+file locked is undone and made again, whole, on the store's own thread, which waits for the
+lock up to `busy_timeout` from when the call was made. Calls use one connection, one at a time
+(`_conn`): while the thread has it, the loop's calls go to the thread too, behind it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
 from filter.core.model import KeyState, Lease
 from filter.core.ports import StoreUnavailable
+
+T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS key_state (
@@ -194,6 +206,16 @@ _PURGE_BATCH = (
 )
 
 
+class _Locked(StoreUnavailable):
+    """Another connection holds the file's lock (SQLITE_BUSY) and the statement waited as long as
+    it was allowed to: on the event loop, not at all."""
+
+
+def _is_locked(exc: sqlite3.Error) -> bool:
+    code = getattr(exc, "sqlite_errorcode", None)  # extended codes (BUSY_SNAPSHOT, ...) keep BUSY's low byte
+    return code is not None and code & 0xFF == sqlite3.SQLITE_BUSY
+
+
 class SqliteStore:
     """`purge_every`: seconds between the store's own purges of expired keys (`filter.runtime.wiring` sets
     `PURGE_EVERY`; None: only when `purge()` is called). A purge runs from a claim, a write the
@@ -202,8 +224,9 @@ class SqliteStore:
     in batches, one a claim (`PURGE_BATCH` keys), from when it is due until a batch finds fewer,
     so no claim holds the event loop for long whatever has expired."""
 
-    #: Every call runs to completion without yielding to the event loop (see the module doc):
-    #: `GuardedStore` need not bound it with a timeout that could never fire.
+    #: `GuardedStore` sets no timeout: a call either runs inline on the loop, where no timeout
+    #: could fire, or on the store's thread, bounded by `busy_timeout` already; a timeout there
+    #: would abandon a write the thread still makes.
     suspends = False
 
     def __init__(
@@ -215,11 +238,14 @@ class SqliteStore:
         clock: Callable[[], float] = time.time,
     ):
         self.path = str(path)
+        self.busy_timeout = busy_timeout
         self.ops: Counter[str] = Counter()  # statements by kind, as FirestoreStore.ops counts RPCs
         self.purge_every = purge_every
         self.clock = clock
         self._next_purge = 0.0
         self._purging: float | None = None  # the time the purge under way deletes keys expired before
+        self._conn = threading.Lock()  # held by whoever uses the connection: the loop or the thread
+        self._thread: ThreadPoolExecutor | None = None  # the calls that wait for the file's lock
         try:
             self._db = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
@@ -233,6 +259,7 @@ class SqliteStore:
             self._db.execute(_ROWS_SCHEMA)
             for trigger in _TRIGGERS:
                 self._db.execute(trigger)
+            self._db.execute("PRAGMA busy_timeout = 0")  # on the loop: only the thread waits, and says so
         except sqlite3.Error as exc:
             raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
 
@@ -240,7 +267,40 @@ class SqliteStore:
         try:
             return self._db.execute(sql, params)
         except sqlite3.Error as exc:  # locked beyond busy_timeout, disk I/O, a corrupt file, ...
-            raise StoreUnavailable(f"sqlite {self.path}: {exc}") from exc
+            error = _Locked if _is_locked(exc) else StoreUnavailable
+            raise error(f"sqlite {self.path}: {exc}") from exc
+
+    async def _run(self, call: Callable[..., T], *args: Any) -> T:
+        """`call(*args)` on the loop if the file is free, else on the store's thread (see the module doc).
+
+        A call found locked has changed nothing: its single statements did not run, and a
+        transaction is rolled back (`_write`), so it can be made again from the start.
+        """
+        if self._conn.acquire(False):
+            try:
+                return call(*args)
+            except _Locked:
+                pass
+            finally:
+                self._conn.release()
+        return await self._on_thread(call, *args)
+
+    def _on_thread(self, call: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """`call(*args)` on the store's thread, waiting for the file's lock up to `busy_timeout` from now."""
+        deadline = time.monotonic() + self.busy_timeout
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"sqlite-store-{Path(self.path).name}")
+        return asyncio.get_running_loop().run_in_executor(self._thread, self._waiting, deadline, call, *args)
+
+    def _waiting(self, deadline: float, call: Callable[..., T], *args: Any) -> T:
+        """`call(*args)`, its statements waiting for the file's lock until `deadline` (monotonic)."""
+        with self._conn:
+            self._exec(f"PRAGMA busy_timeout = {max(0, round((deadline - time.monotonic()) * 1000))}")
+            try:
+                return call(*args)
+            finally:
+                with contextlib.suppress(StoreUnavailable):
+                    self._exec("PRAGMA busy_timeout = 0")
 
     def _write(self, sql: str, params: tuple[Any, ...], route: str, key: str, rows: bytes | None) -> bool:
         """One conditional write of the state record and, given `rows`, of new row state: whether it won.
@@ -298,10 +358,7 @@ class SqliteStore:
         row = self._exec(_READ, (route, key)).fetchone()
         return _row_to_state(row) if row else None
 
-    async def read(self, route: str, key: str) -> KeyState | None:
-        return self._get(route, key)
-
-    async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
+    def _claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
         self._purge_when_due()
         self.ops["write"] += 1
         self.ops["claim"] += 1
@@ -316,7 +373,7 @@ class SqliteStore:
             version = seen.version + 1
         return replace(new, version=version) if won else None
 
-    async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
+    def _extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
         assert held.lease is not None
         self.ops["write"] += 1
         self.ops["extend"] += 1
@@ -330,7 +387,7 @@ class SqliteStore:
         lease = Lease(held.lease.holder, held.lease.fence, expires_at, held.lease.fingerprint, held.lease.message_id)
         return replace(held, lease=lease, version=row[0])
 
-    async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
+    def _commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
         assert held.lease is not None
         self.ops["write"] += 1
         self.ops["commit"] += 1
@@ -342,7 +399,7 @@ class SqliteStore:
         current = self._get(route, key)
         return current is not None and current.holds_commit_of(new)
 
-    async def release(self, route: str, key: str, held: KeyState) -> None:
+    def _release(self, route: str, key: str, held: KeyState) -> None:
         assert held.lease is not None
         self.ops["write"] += 1
         self.ops["release"] += 1
@@ -354,11 +411,15 @@ class SqliteStore:
         )
 
     def purge(self, now: float | None = None) -> int:
-        """Delete keys past their expiry (the embedded twin of Firestore's TTL policy).
+        """Delete keys past their expiry (the embedded twin of Firestore's TTL policy). Not for
+        the event loop: it waits for the file's lock (`busy_timeout`).
 
         Safe against a holder that is still publishing: a key with a live lease stays, and a
         late commit is conditional on its holder token, which a recreated key never carries.
         """
+        return self._waiting(time.monotonic() + self.busy_timeout, self._purge, now)
+
+    def _purge(self, now: float | None) -> int:
         at = self.clock() if now is None else now
         cur = self._exec(f"DELETE FROM key_state WHERE {_EXPIRED}", (at, at))
         self.ops["purge"] += 1
@@ -378,10 +439,41 @@ class SqliteStore:
         if self._exec(_PURGE_BATCH, (at, at, PURGE_BATCH)).rowcount < PURGE_BATCH:
             self._purging = None  # nothing left that had expired by then
 
+    async def read(self, route: str, key: str) -> KeyState | None:
+        # `_run` written out: the suppress path is this one read, and a coroutine less is 5% of it
+        if self._conn.acquire(False):
+            try:
+                return self._get(route, key)
+            except _Locked:
+                pass
+            finally:
+                self._conn.release()
+        return await self._on_thread(self._get, route, key)
+
+    async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
+        return await self._run(self._claim, route, key, seen, new)
+
+    async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
+        return await self._run(self._extend, route, key, held, expires_at)
+
+    async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
+        return await self._run(self._commit, route, key, held, new)
+
+    async def release(self, route: str, key: str, held: KeyState) -> None:
+        await self._run(self._release, route, key, held)
+
     async def ping(self) -> None:
-        self._exec("SELECT 1").fetchone()
+        if not self._conn.acquire(blocking=False):
+            return  # a call is under way on the thread (the file is locked): it will say how it went
+        try:
+            self._exec("SELECT 1").fetchone()
+        finally:
+            self._conn.release()
 
     async def close(self) -> None:
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            await asyncio.to_thread(thread.shutdown)  # a call under way ends within `busy_timeout`
         self._db.close()
 
 

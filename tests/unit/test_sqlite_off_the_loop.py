@@ -1,0 +1,127 @@
+"""A state file someone else holds locked (another instance sharing it, an `sqlite3` shell in
+`BEGIN IMMEDIATE`, a backup) holds up neither the event loop nor `/healthz`: a store call
+that finds the file locked waits for it on the store's own thread, and goes on once the
+lock is gone. Nothing is lost; a lock held past `busy_timeout` is the store unavailable."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from filter.backends.publishers.outbox import read_outbox
+from filter.backends.stores.guard import GuardedStore
+from filter.backends.stores.sqlite import SqliteStore
+from filter.core.config import load
+from filter.core.envelope import make_envelope
+from filter.core.model import KeyState
+from filter.core.ports import StoreUnavailable
+from filter.push.app import create_app
+from filter.runtime.wiring import make_engine
+from tests.support.asgi import call
+
+ROOT = Path(__file__).resolve().parents[2]
+REPORT = json.loads((ROOT / "examples" / "injury-report.json").read_bytes())
+PROMPT = 0.1  # seconds: what "at once" means for an answer here
+
+
+@contextmanager
+def write_locked(path: Path) -> Iterator[sqlite3.Connection]:
+    """Another connection holding the file's write lock until it rolls back (or the block ends)."""
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        yield holder
+    finally:
+        if holder.in_transaction:
+            holder.execute("ROLLBACK")
+        holder.close()
+
+
+async def reached_a_write(store: SqliteStore) -> None:
+    """Until a request's write (its claim, or the purge a claim runs first) was tried."""
+    deadline = time.monotonic() + 10
+    while not (store.ops["claim"] or store.ops["purge"]):
+        assert time.monotonic() < deadline, "no write was tried within 10 s"
+        await asyncio.sleep(0)
+
+
+async def test_a_locked_state_file_holds_up_neither_healthz_nor_a_push_that_goes_on_once_it_is_free(
+    quick_start: Path,
+) -> None:
+    config = load(str(quick_start))
+    engine = make_engine(config)
+    app = create_app(engine)
+    guarded = engine.store
+    assert isinstance(guarded, GuardedStore) and isinstance(guarded.inner, SqliteStore)
+    store = guarded.inner
+    try:
+        body = make_envelope(json.dumps({**REPORT, "game_date": "2025-03-01"}).encode(), "m1")
+        with write_locked(Path(store.path)) as holder:
+            push = asyncio.create_task(call(app, "POST", "/push/injury-report", body))
+            await reached_a_write(store)
+            assert not push.done(), "the push cannot have claimed its key under another connection's lock"
+            started = time.perf_counter()
+            health, _ = await call(app, "GET", "/healthz")
+            took = time.perf_counter() - started
+            assert health == 200 and took < PROMPT, took
+            assert not push.done()
+            holder.execute("ROLLBACK")
+            status, _ = await asyncio.wait_for(push, 10)
+        assert status == 200
+        state = await store.read("injury-report", "2025-03-01")
+        assert state is not None and state.message_id is not None and state.lease is None
+        published = read_outbox(config.publisher.path).messages
+        assert [m["attributes"]["filter_source_message_id"] for m in published] == ["m1"]  # type: ignore[index]
+    finally:
+        await engine.close()
+
+
+async def test_calls_that_find_the_file_locked_wait_off_the_loop_and_all_go_on_once_it_is_free(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(tmp_path / "state.db")
+    try:
+        first = await store.claim("r", "a", None, KeyState(fingerprint="sha256:a", fence=1))
+        assert first is not None
+        with write_locked(tmp_path / "state.db") as holder:
+            claims = [
+                asyncio.create_task(store.claim("r", f"k{n}", None, KeyState(fingerprint=f"sha256:{n}", fence=1)))
+                for n in range(5)
+            ]
+            reads = [asyncio.create_task(store.read("r", "a")) for _ in range(3)]
+            for _ in range(5):
+                await asyncio.sleep(0)
+            assert not any(c.done() for c in claims), "no claim can be written under another connection's lock"
+            await store.ping()  # /readyz answers meanwhile
+            holder.execute("ROLLBACK")
+            claimed = await asyncio.wait_for(asyncio.gather(*claims), 10)
+            read = await asyncio.wait_for(asyncio.gather(*reads), 10)
+        assert all(c is not None for c in claimed)
+        assert read == [first] * 3
+        for n in range(5):
+            assert await store.read("r", f"k{n}") == claimed[n]
+    finally:
+        await store.close()
+
+
+async def test_a_lock_held_past_the_busy_timeout_is_the_store_unavailable_without_blocking_the_loop(
+    tmp_path: Path,
+) -> None:
+    store = SqliteStore(tmp_path / "state.db", busy_timeout=0.3)
+    try:
+        with write_locked(tmp_path / "state.db"):
+            started = time.monotonic()
+            with pytest.raises(StoreUnavailable, match="locked"):
+                await store.claim("r", "k", None, KeyState(fingerprint="sha256:a", fence=1))
+            assert time.monotonic() - started >= 0.25  # it waited for the lock, on the thread
+        assert await store.read("r", "k") is None  # nothing half-written
+        assert await store.claim("r", "k", None, KeyState(fingerprint="sha256:a", fence=1)) is not None
+    finally:
+        await store.close()
