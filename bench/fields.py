@@ -24,6 +24,7 @@ from pathlib import Path
 import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import harness  # bench/harness.py: the shared --smoke
 
 from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
@@ -79,7 +80,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=600, help="messages measured")
     ap.add_argument("--skip", type=int, default=4, help="suppressions after each forward")
+    harness.add_smoke(ap)
     args = ap.parse_args()
+    harness.smoke(args, messages=20, skip=1)
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
     forward, suppress = asyncio.run(run(args.messages, args.skip))
     print(f"forward {forward:.0f} µs  suppress {suppress:.0f} µs (process CPU, medians)")
