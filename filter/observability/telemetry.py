@@ -179,6 +179,13 @@ class Telemetry:
         self.watch(lambda: [("in_flight", {}, float(engine.in_flight))])
         recorder = engine.recorder
         self.watch(lambda: _record_counts(recorder))
+        if self.metrics:
+            # Every route's counters exist from the start, at zero: an alert or a rate() on a series
+            # that appears only at its first event sees nothing (or a jump) instead of zero.
+            counters = (self._takeovers, self.heartbeat_failures, self.commit_refusals, self._fail_open)
+            for counter in (*counters, self._ids_reused):
+                for route in self.routes:
+                    counter.add(0, {"route": route})
 
     def route_label(self, route: str) -> str:
         """`route` as metrics and spans name it: itself when configured, else `UNKNOWN_ROUTE`."""
