@@ -5,17 +5,25 @@ port, so neither surface imports the other."""
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from filter.core.counters import counts
 from filter.observability.telemetry import Telemetry
 
 if TYPE_CHECKING:
     from filter.core.engine import Engine
     from filter.observability.prometheus_text import PrometheusText
+
+
+def health(engine: Engine, status: str = "ok", **more: Any) -> dict[str, Any]:
+    """`/healthz`'s body, the same shape for `serve` and `pull`: status, messages being decided,
+    the process's counters, then what the surface adds (pull: `handled`; on failure, `error`
+    and the failed `streams`)."""
+    return {"status": status, "in_flight": engine.in_flight, "counts": dict(counts), **more}
 
 
 def telemetry_of(engine: Engine) -> Telemetry | None:

@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from filter.observability.probes import backend_problems, metrics_routes
+from filter.observability.probes import backend_problems, health, metrics_routes
 from filter.runtime.operational import Failure
 
 log = structlog.get_logger("pubsub_filter.pull")
@@ -179,8 +179,8 @@ def health_app(worker: Any) -> Starlette:
         streams = worker.stream_failures()
         if worker.failure is not None or streams:
             error = str(worker.failure) if worker.failure is not None else next(iter(streams.values()))
-            return _json({"status": "failed", "error": error, **{f"route {r}": e for r, e in streams.items()}}, 503)
-        return _json({"status": "ok", "in_flight": engine.in_flight, "handled": worker.handled})
+            return _json(health(engine, "failed", handled=worker.handled, error=error, streams=streams), 503)
+        return _json(health(engine, handled=worker.handled))
 
     async def readyz(_: Request) -> Response:
         problems: dict[str, str] = {}

@@ -25,7 +25,7 @@ from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError, parse_envelope
 from filter.core.model import Cause
 from filter.core.numerals import bounded_int, digits_of
-from filter.observability.probes import backend_problems, metrics_routes, telemetry_of
+from filter.observability.probes import backend_problems, health, metrics_routes, telemetry_of
 from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, request_parent_of, trace_of
 
 log = structlog.get_logger("pubsub_filter.push")
@@ -343,7 +343,7 @@ def create_app(
         await push(scope["path_params"]["route"], scope, receive, send)
 
     async def healthz(_: Request) -> Response:
-        return _json_response({"status": "ok", "in_flight": engine.in_flight, "counts": dict(counts)})
+        return _json_response(health(engine))
 
     async def readyz(_: Request) -> Response:
         problems = await backend_problems(engine)
