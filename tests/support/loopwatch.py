@@ -54,7 +54,7 @@ async def loop_watch(request: pytest.FixtureRequest) -> AsyncIterator[SlowCallba
     """Fails the test when its event loop ran a callback longer than `BLOCKED` seconds. A test
     marked `loop_may_block` is not watched at all (debug mode costs a test of 50,000 requests 10x)."""
     handler = SlowCallbacks()
-    if request.node.get_closest_marker(MARKER) is not None:
+    if request.node.get_closest_marker(MARKER) is not None or unwatched(request.node):
         yield handler
         return
     loop = asyncio.get_running_loop()
@@ -101,12 +101,17 @@ def on_firestore(item: pytest.Item) -> bool:
     return "firestore" in params.rstrip("]").split("-")
 
 
+def unwatched(item: pytest.Item) -> bool:
+    return any(item.get_closest_marker(tier) is not None for tier in UNWATCHED_TIERS) or on_firestore(item)
+
+
 def watch_coroutine_tests(items: list[pytest.Item]) -> None:
     """Give every coroutine test the `loop_watch` fixture (from `pytest_collection_modifyitems`),
     but those of `UNWATCHED_TIERS`."""
     for item in items:
         function = getattr(item, "function", None)
         coroutine = function is not None and inspect.iscoroutinefunction(function)
-        unwatched = any(item.get_closest_marker(tier) is not None for tier in UNWATCHED_TIERS) or on_firestore(item)
-        if coroutine and not unwatched and isinstance(item, pytest.Function) and "loop_watch" not in item.fixturenames:
+        # Parametrized items share one fixture list: the fixture itself skips an unwatched item too.
+        watched = coroutine and not unwatched(item) and isinstance(item, pytest.Function)
+        if watched and "loop_watch" not in item.fixturenames:
             item.fixturenames.insert(0, "loop_watch")
