@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import http.server
 import json
 import os
 import shutil
@@ -55,7 +54,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -271,25 +269,11 @@ def filters_to_run(
     return out
 
 
-class _OtlpSink(http.server.BaseHTTPRequestHandler):
-    """Accepts any OTLP/HTTP export (answers 200, keeps nothing): the traced filter's collector."""
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        self.send_response(200)
-        self.send_header("Content-Length", "0")
-        self.end_headers()
-
-    def log_message(self, *_: Any) -> None:
-        pass
-
-
-_SINK = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _OtlpSink)
-OTLP_SINK = f"http://127.0.0.1:{_SINK.server_address[1]}"
+# the traced filter's collector: accepts every OTLP/HTTP export, keeps nothing
+_SINK, OTLP_SINK = harness.otlp_sink()
 
 
 def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
-    threading.Thread(target=_SINK.serve_forever, daemon=True).start()
     import httptools  # noqa: F401  (uvicorn's "auto" picks these when importable: make sure both are)
     import uvloop  # noqa: F401
 
