@@ -34,6 +34,7 @@ content must then have reached the destination: nothing lost.
 from __future__ import annotations
 
 import asyncio
+import io
 import itertools
 import json
 import shutil
@@ -85,6 +86,17 @@ CLOSED_UNDER_WORK = frozenset(
 
 T = TypeVar("T")
 
+#: How long one step may take before it is called hung (a watchdog: nothing waits on it).
+STEP_WATCHDOG = 3 * WATCHDOG
+
+
+def _stacks(loop: asyncio.AbstractEventLoop) -> str:
+    out = io.StringIO()
+    for task in asyncio.all_tasks(loop):
+        print(f"-- {task!r}", file=out)
+        task.print_stack(limit=12, file=out)
+    return out.getvalue()
+
 
 def config(scratch: Path) -> Config:
     return parse(
@@ -112,7 +124,10 @@ class Sent:
 
     @property
     def acked(self) -> bool:
-        return any(a.acked for a in self.answers)
+        """Whether Pub/Sub is done with it: its latest delivery was acked. A message delivered
+        again after an ack (an ack Pub/Sub lost) is outstanding again, and an answer other than
+        2xx to that delivery has it redelivered once more."""
+        return bool(self.answers) and self.answers[-1].acked
 
 
 @dataclass(frozen=True)
@@ -151,11 +166,22 @@ class PushShutdownMachine(RuleBasedStateMachine):
     # --- running the loop --------------------------------------------------------------
 
     def _run(self, coro: Awaitable[T]) -> T:
+        """Run one step on the loop; a step that has not ended after `STEP_WATCHDOG` seconds is a
+        call that never returns: the loop is stopped and the step fails with what each task awaits."""
+        task = asyncio.ensure_future(coro, loop=self.loop)
+        watchdog = self.loop.call_later(STEP_WATCHDOG, self.loop.stop)
         try:
-            return self.loop.run_until_complete(coro)
+            return self.loop.run_until_complete(task)
+        except RuntimeError as exc:
+            self.broken = True
+            if task.done():
+                raise
+            raise AssertionError(f"a step never returned ({exc}); tasks:\n{_stacks(self.loop)}") from None
         except BaseException:
             self.broken = True  # the failure is reported as it is: teardown only cleans up
             raise
+        finally:
+            watchdog.cancel()
 
     def _serve(self) -> ServedPush:
         publisher = StallingPublisher(self.downstream)

@@ -260,7 +260,9 @@ class ServedPush:
         assert self._client is not None
         try:
             r = await self._client.post(f"/push/{route}", content=body)
-        except BaseException as exc:  # what uvicorn turns into a plain 500 and a traceback
+        # what uvicorn turns into a plain 500 and a traceback, or a cancel that never became an
+        # answer (not other BaseExceptions: a test's own timeout must not be taken for an answer)
+        except (Exception, asyncio.CancelledError) as exc:
             return Answer(None, {}, exc)
         return Answer(r.status_code, r.json() if r.headers.get("content-type") == "application/json" else {})
 

@@ -89,10 +89,10 @@ async def served(tmp_path: Path) -> AsyncIterator[ServedPush]:
     yield await ServedPush(config(tmp_path), tmp_path, publisher, ManualClock()).start()
 
 
-async def publish_stalled(served: ServedPush, message_id: str) -> asyncio.Task[Answer]:
+async def publish_stalled(served: ServedPush, message_id: str, content: int = 0) -> asyncio.Task[Answer]:
     served.publisher.mode = "stall"
     served.publisher.stalling.clear()
-    task = served.post("reports", envelope(message_id))
+    task = served.post("reports", envelope(message_id, content=content))
     await served.publisher.stalling.wait()
     return task
 
@@ -236,3 +236,30 @@ async def test_under_uvicorn_a_publish_flushed_at_close_is_answered_200_with_its
     assert isinstance(got, httpx.Response) and got.status_code == 200
     assert [r["decision"] for r in rows(served.records_path)] == ["forwarded"]
     assert_closed_under_nothing(logs)
+
+
+async def test_a_redelivered_holder_whose_publish_fails_is_nacked_so_the_copies_acked_as_duplicates_still_arrive(
+    served: ServedPush,
+) -> None:
+    """A copy acked as `duplicate` ("same content in flight") relies on the holder: until the
+    holder is acked, Pub/Sub delivers it again. That holds for a holder delivered again after an
+    ack Pub/Sub lost (it is outstanding again): its failed publish is a 503, and its next
+    delivery forwards the content. (The push model once counted any earlier ack as final and
+    called this content lost.)"""
+
+    async def answer(message_id: str) -> Answer:
+        served.publisher.mode = "ok"
+        return await served.post("reports", envelope(message_id, content=7))
+
+    holder = await publish_stalled(served, "m2", content=7)
+    assert (await answer("m1")).body["decision"] == "duplicate"  # m1 acked: m2 carries content 7
+    served.publisher.settle(0, False)
+    assert not (await holder).acked  # a nack: 5xx
+    again = await publish_stalled(served, "m1", content=7)  # m1 delivered again: its ack was lost
+    assert (await answer("m2")).body["decision"] == "duplicate"  # m2 acked: m1 now carries it
+    served.publisher.settle(0, False)
+    assert not (await again).acked  # m1 is outstanding: Pub/Sub delivers it again
+    last = await answer("m1")
+    assert (last.status, last.body["decision"]) == (200, "forwarded")
+    assert [p.source_id for p in served.publisher.downstream.landed] == ["m1"]
+    await served.shutdown(GRACE)
