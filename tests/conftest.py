@@ -6,7 +6,9 @@ skips. Each emulator is one JVM we own, stopped by PID at the end of the session
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import faulthandler
+import os
+from collections.abc import Generator, Iterator
 from typing import TypeVar
 
 import pytest
@@ -55,6 +57,32 @@ def firestore(firestore_emulator: FirestoreEmulator) -> Iterator[FirestoreEmulat
     except EmulatorError as exc:
         pytest.fail(str(exc), pytrace=False)
     yield firestore_emulator
+
+
+#: Past its pytest-timeout by this much, a test is one whose timeout was swallowed (the timeout is
+#: raised in the main thread, and code under test that catches BaseException can take it).
+BACKSTOP = 120
+
+
+_stderr: list[int] = []
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    _stderr.append(os.dup(2))  # the terminal's stderr: while a test runs, fd 2 is pytest's capture
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object]:
+    """A test that outlives its timeout by `BACKSTOP` seconds ends the run with every thread's
+    stack, rather than hold CI until its own limit with nothing said."""
+    marker = item.get_closest_marker("timeout")
+    limit = float(marker.args[0]) if marker is not None and marker.args else float(item.config.getini("timeout"))
+    if limit > 0:
+        faulthandler.dump_traceback_later(limit + BACKSTOP, exit=True, file=_stderr[0])
+    try:
+        return (yield)
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
