@@ -71,7 +71,7 @@ STEPS: Counter[str] = Counter()
 ROUTE = "reports"
 KEYS = ("a", "b")
 CONTENTS = (0, 1, 2)
-GRACE = 0.02
+GRACE = 0.05
 #: Log events that mean something was closed under a decision still using it, or a record was lost.
 CLOSED_UNDER_WORK = frozenset(
     {
