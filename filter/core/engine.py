@@ -195,7 +195,8 @@ class Engine:
         for task in left:
             if not task.done() and not task.cancelling():
                 task.cancel()  # ...unless a surface's cancel was that one: this one goes through
-        if not await self._wait_deciding(grace):  # each release is bounded by the store's own budget
+        # each release is bounded by the store's own budget: that long, at least, is theirs
+        if not await self._wait_deciding(max(grace, self.config.store_errors.budget)):
             log.error("decisions_abandoned", count=len(self._deciding))
 
     async def _wait_deciding(self, grace: float) -> bool:

@@ -103,8 +103,9 @@ def config(scratch: Path) -> Config:
         {
             "routes": [{"name": ROUTE, "destination": "phase3", "key": ["payload.k"]}],
             "server": {"shutdown_grace": GRACE},
-            # a store closed under a release is retried for the whole budget: keep a failure quick
-            "store_errors": {"timeout": "0.01s", "budget": "0.02s"},
+            # the decisions a shutdown cancels are given the store's budget to release their leases
+            # (no store call here waits on a timeout: a budget a loaded machine cannot miss)
+            "store_errors": {"timeout": "0.5s", "budget": "1s"},
             "store": {"backend": "sqlite", "path": str(scratch / "state.db")},
             "records": {"backend": "sqlite", "path": str(scratch / "records.db")},
         }

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
@@ -265,3 +266,23 @@ async def test_a_cancel_while_the_claims_reply_is_on_its_way_frees_the_key_the_c
     state = await rig.state()
     assert state is not None and state.lease is None and state.fingerprint is None
     assert rig.recorder.decisions == [Decision.FAILED] and rig.publisher.published == []
+
+
+async def test_close_gives_a_cancelled_decision_the_store_budget_to_release_its_lease_even_past_the_grace(
+    rig: Rig,
+) -> None:
+    """Each release is bounded by `store_errors.budget`: a close that gave the cancelled
+    decisions only the grace (10 ms here) closed the store under a release still inside it."""
+    await rig.held_in_publish("reports", "out", "m1")  # a publish that never ends
+    rig.store.release_gate = asyncio.Event()
+    with structlog.testing.capture_logs() as logs:
+        closing = asyncio.create_task(rig.engine.close())
+        await rig.store.releasing.wait()  # the close cancelled the decision: its release is under way
+        # a release slower than the grace, well inside the budget (5 s by default)
+        asyncio.get_running_loop().call_later(0.1, rig.store.release_gate.set)
+        await closing
+    assert "decisions_abandoned" not in {e["event"] for e in logs}
+    reopened = SqliteStore(rig.sqlite.path)
+    state = await reopened.read("reports", "2025-01-10")
+    await reopened.close()
+    assert state is not None and state.lease is None
