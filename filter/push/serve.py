@@ -6,6 +6,7 @@ import contextlib
 import signal
 import socket
 from collections.abc import Iterator
+from typing import Any
 
 import structlog
 import uvicorn
@@ -49,6 +50,19 @@ def serve(cfg: Config, host: str, port: int) -> int:
         sock.close()
 
 
+def server_config(app: Any, cfg: Config, host: str, port: int) -> uvicorn.Config:
+    return uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        lifespan="on",
+        access_log=False,
+        log_level="warning",
+        # uvicorn waits on it with asyncio.wait_for, which takes a float: `int()` made 0.5s none at all
+        timeout_graceful_shutdown=cfg.server.shutdown_grace,  # type: ignore[arg-type]
+    )
+
+
 def _serve(cfg: Config, sock: socket.socket, host: str, port: int) -> int:
     configure(project=cfg.project)
     engine = make_engine(cfg, make_telemetry(cfg))
@@ -72,16 +86,6 @@ def _serve(cfg: Config, sock: socket.socket, host: str, port: int) -> int:
         port=port,
     )
     app = create_app(engine, authenticator, lifespan=lambda _app: engine_lifespan(engine))
-    server = _GracefulServer(
-        uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            lifespan="on",
-            access_log=False,
-            log_level="warning",
-            timeout_graceful_shutdown=int(cfg.server.shutdown_grace),
-        )
-    )
+    server = _GracefulServer(server_config(app, cfg, host, port))
     server.run(sockets=[sock])
     return 0
