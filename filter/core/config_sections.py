@@ -1,6 +1,6 @@
 """The config's sections other than routes: the backends, lease timing, store error budget,
-server, pull, telemetry and auth, each a strict pydantic model with its defaults, and the
-value types they share (durations, sizes)."""
+server, pull, telemetry, auth and decision lines, each a strict pydantic model with its
+defaults, and the value types they share (durations, sizes)."""
 
 from __future__ import annotations
 
