@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 from collections import Counter
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import structlog
+import yaml
 from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -36,6 +38,7 @@ from filter.observability.telemetry import Telemetry
 from filter.push.app import create_app
 from filter.runtime.wiring import make_engine, quiet_decision_lines
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
+from tests.support.payloads import injury_report
 
 ROUTE: dict[str, Any] = {
     "name": "reports",
@@ -268,3 +271,40 @@ def test_a_line_outside_the_sample_is_at_debug_and_inside_at_its_level() -> None
     assert level_of(Quieting("warning", 0.5), "info", inside) == "warning"
     assert level_of(Quieting(None, 0.5), "info", outside) == "debug"
     assert level_of(Quieting("debug"), "warning", inside) == "debug"
+
+
+# --- what a line costs -------------------------------------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def test_the_line_sizes_the_cost_model_uses_are_the_lines_the_product_writes(
+    tmp_path: Path, log_lines: io.StringIO
+) -> None:
+    """The example config's injury report on Cloud Run (its trace header on every push), rendered by
+    the JSON chain: within a few bytes of the sizes docs/performance.md prices."""
+    documented = re.search(
+        r"a `suppressed` line is\s+(\d+) bytes, a `forwarded` one (\d+)",
+        (ROOT / "docs" / "performance.md").read_text(encoding="utf-8"),
+    )
+    assert documented, "docs/performance.md no longer states the line sizes"
+    example = yaml.safe_load((ROOT / "infra" / "example-config.yaml").read_text(encoding="utf-8"))
+    files = {k: {"path": str(tmp_path / f"{k}.db")} for k in ("store", "records")}
+    cfg = parse({**files, "publisher": {"path": str(tmp_path / "out.jsonl")}, "routes": example["routes"]})
+    logsetup.configure(fmt="json", project=example["project"], stream=log_lines, cache=False)
+    engine = make_engine(cfg)
+    sub = f"projects/{example['project']}/subscriptions/pubsub-filter-injury-report"
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(engine)), base_url="http://f") as c:
+        for seed, mid in ((1, "13356294717040412"), (2, "13356294717040413")):  # a rescrape: same rows
+            body = make_envelope(json.dumps(injury_report(40, seed)).encode(), mid, subscription=sub)
+            trace = {"X-Cloud-Trace-Context": f"4bf92f3577b34da6a3ce929d0e0e47{seed:02d}/1234567890123456789;o=0"}
+            assert (await c.post("/push/injury-report", content=body, headers=trace)).status_code == 200
+    await engine.close()
+    sizes = {
+        json.loads(line)["decision"]: len(line.encode()) + 1  # the newline is stored too
+        for line in log_lines.getvalue().splitlines()
+        if json.loads(line).get("message") == "decision"
+    }
+    assert set(sizes) == {"forwarded", "suppressed"}
+    assert abs(sizes["suppressed"] - int(documented[1])) <= 8, sizes
+    assert abs(sizes["forwarded"] - int(documented[2])) <= 8, sizes
