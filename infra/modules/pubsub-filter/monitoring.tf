@@ -3,9 +3,9 @@
 # Every decision is one log line with jsonPayload.message = "decision" and the fields
 # route, decision (forwarded|suppressed|duplicate|contended|stale|noise_only|fail_open|rejected|
 # failed) and enforced, at the decision's level or, when the config's decision_logs quiets it,
-# at DEBUG: no metric filter here names a severity, so every line counts whatever its level. Lifecycle lines carry jsonPayload.message = lease_taken_over,
-# heartbeat_failed, store_unavailable, publish_failed or push_unauthorized, with a route
-# field.
+# at DEBUG: no metric filter here names a severity, so every line counts whatever its level.
+# Lifecycle lines carry jsonPayload.message = lease_taken_over, heartbeat_failed,
+# store_unavailable, publish_failed or push_unauthorized, with a route field.
 
 locals {
   log_source = join(" AND ", [
