@@ -24,6 +24,8 @@ from filter.core.config_sections import (
     STATE_TTL,
     AuthConfig,
     BigqueryRecords,
+    DecisionLog,
+    DecisionLogs,
     Duration,
     FirestoreStore,
     LeaseConfig,
@@ -49,6 +51,8 @@ __all__ = [
     "Condition",
     "Config",
     "ConfigError",
+    "DecisionLog",
+    "DecisionLogs",
     "FirestoreStore",
     "LeaseConfig",
     "OutboxPublisher",
@@ -153,7 +157,7 @@ class Route(Strict):
 
 
 _DEFAULT_BACKENDS = {"store": "sqlite", "publisher": "outbox", "records": "sqlite"}
-_SECTIONS = (*_DEFAULT_BACKENDS, "lease", "store_errors", "server", "auth", "pull", "telemetry")
+_SECTIONS = (*_DEFAULT_BACKENDS, "lease", "store_errors", "server", "auth", "pull", "telemetry", "decision_logs")
 
 
 class Config(Strict):
@@ -166,6 +170,7 @@ class Config(Strict):
     auth: AuthConfig = Field(default_factory=AuthConfig)
     pull: PullConfig = Field(default_factory=PullConfig)
     telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
+    decision_logs: DecisionLogs = Field(default_factory=DecisionLogs)
     project: str | None = None
     state_ttl: Duration = STATE_TTL
     routes: list[Route] = Field(min_length=1)

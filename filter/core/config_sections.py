@@ -1,6 +1,6 @@
 """The config's sections other than routes: the backends, lease timing, store error budget,
-server, pull, telemetry and auth, each a strict pydantic model with its defaults, and the
-value types they share (durations, sizes)."""
+server, pull, telemetry, auth and decision lines, each a strict pydantic model with its
+defaults, and the value types they share (durations, sizes)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
+from filter.core.decision_line import Quieting
 from filter.core.times import parse_duration
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -184,3 +185,51 @@ class AuthConfig(Strict):
 
 #: How long a key's state lives after its last forward, unless `state_ttl` says otherwise.
 STATE_TTL = 30 * 86400.0
+
+
+# --- decision lines -----------------------------------------------------------------
+
+LineLevel = Literal["debug", "info", "warning", "error"]
+
+#: Decisions whose lines the alerts and runbooks follow: their lines are never quieted.
+LOUD_DECISIONS = ("contended", "fail_open", "rejected", "failed")
+
+
+class DecisionLog(Strict):
+    """How one decision's lines are logged: at `level` (default: the decision's own), for the
+    share `sample` of its messages, chosen by message id; the others at debug."""
+
+    level: LineLevel | None = None
+    sample: float = Field(default=1.0, ge=0.0, le=1.0)
+
+
+class DecisionLogs(Strict):
+    """Per decision, how its log line is written (`filter.core.decision_line`). Every decision is
+    still recorded and counted in the metrics; only the line is quieted. At the default
+    LOG_LEVEL (info), a line at debug is not written at all."""
+
+    forwarded: DecisionLog | None = None
+    suppressed: DecisionLog | None = None
+    duplicate: DecisionLog | None = None
+    stale: DecisionLog | None = None
+    noise_only: DecisionLog | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _loud_ones_stay(cls, raw: Any) -> Any:
+        if isinstance(raw, dict):
+            loud = [name for name in LOUD_DECISIONS if name in raw]
+            if loud:
+                raise ValueError(
+                    f"the lines of {', '.join(loud)} cannot be quieted: alerts and runbooks follow them "
+                    f"(quiet any of {', '.join(cls.model_fields)})"
+                )
+        return raw
+
+    def quieting(self) -> dict[str, Quieting]:
+        """The decisions quieted, as `decision_line.quiet` takes them."""
+        return {
+            name: Quieting(log.level, log.sample)
+            for name in type(self).model_fields
+            if (log := getattr(self, name)) is not None
+        }

@@ -197,6 +197,29 @@ MISTAKES: list[tuple[str, dict[str, Any], list[str]]] = [
         {"telemetry": {"metrics": "maybe"}, "routes": [a_route()]},
         ["telemetry.metrics: 'maybe' is not true or false"],
     ),
+    (
+        "a misspelt decision in decision_logs",
+        {"decision_logs": {"supressed": {"level": "debug"}}, "routes": [a_route()]},
+        ["decision_logs.supressed: unknown key; did you mean 'suppressed'?"],
+    ),
+    (
+        "a decision line level that is not a level",
+        {"decision_logs": {"suppressed": {"level": "verbose"}}, "routes": [a_route()]},
+        ["decision_logs.suppressed.level: 'verbose' is not one of debug, info, warning, error"],
+    ),
+    (
+        "a decision line sample that is not a share",
+        {"decision_logs": {"duplicate": {"sample": 10}}, "routes": [a_route()]},
+        ["decision_logs.duplicate.sample: 10 is out of range: it must be at most 1"],
+    ),
+    (
+        "quieting a decision the alerts follow",
+        {"decision_logs": {"fail_open": {"sample": 0.1}, "suppressed": {"level": "debug"}}, "routes": [a_route()]},
+        [
+            "decision_logs: the lines of fail_open cannot be quieted: alerts and runbooks follow them "
+            "(quiet any of forwarded, suppressed, duplicate, stale, noise_only)"
+        ],
+    ),
 ]
 
 

@@ -62,6 +62,6 @@ routes:
     with pytest.raises(ConfigError) as exc:  # x-defaults is an unknown key, but no duplicate is claimed
         load(path)
     assert exc.value.problems == [
-        "x-defaults: unknown key; the keys here are auth, lease, project, publisher, pull, records, routes, server, "
-        "state_ttl, store, store_errors, telemetry"
+        "x-defaults: unknown key; the keys here are auth, decision_logs, lease, project, publisher, pull, records, "
+        "routes, server, state_ttl, store, store_errors, telemetry"
     ]

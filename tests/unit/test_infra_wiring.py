@@ -592,3 +592,92 @@ def test_alert_thresholds_are_variables_the_root_example_passes_on(name: str) ->
     assert expr(variables(MODULE)[name]["type"]) in ("number", "${number}")  # as python-hcl2 versions write it
     assert name in variables(INFRA)
     assert expr(_blocks(INFRA, "module")[0]["pubsub_filter"][name]) == f"${{var.{name}}}"
+
+
+# --- quieted decision lines (the config's decision_logs) -------------------------------------
+#
+# The dashboard and the alerts count decision lines with log-based metrics. A line the filter
+# quiets is written at DEBUG; the module then runs the service at LOG_LEVEL=debug and excludes
+# its DEBUG entries from Cloud Logging's storage. Cloud Logging computes user-defined
+# log-based metrics from every entry it receives, excluded or not, so they keep counting
+# every decision: provided no metric filter names a severity.
+
+
+def log_based_metric_filters() -> dict[str, str]:
+    """Every log-based metric's filter, the event metrics' matches written out."""
+    declared = {
+        name: str(body["filter"]) for (rtype, name), body in resources().items() if rtype == "google_logging_metric"
+    }
+    events = declared.pop("events")
+    out = {
+        f"events[{name}]": events.replace("${each.value.match}", str(m["match"]))
+        for name, m in tf_locals()["event_metrics"].items()
+    }
+    return {**declared, **out}
+
+
+def test_no_log_based_metric_filter_names_a_severity_so_debug_lines_count() -> None:
+    filters = log_based_metric_filters()
+    assert {"decisions", "decision_latency", "events[fail_open]", "events[contention]"} <= set(filters)
+    assert {name: f for name, f in filters.items() if "severity" in f.lower()} == {}
+
+
+def test_alerts_and_dashboard_read_only_log_based_metrics_or_pubsubs_own() -> None:
+    for (rtype, name), body in resources().items():
+        if rtype != "google_monitoring_alert_policy":
+            continue
+        c = only(only(body["conditions"])["condition_threshold"])
+        for f in (c["filter"], c.get("denominator_filter", "")):
+            if f:
+                assert "${local.user_metric_prefix}/${google_logging_metric." in f or "pubsub.googleapis.com/" in f, (
+                    name
+                )
+    # the dashboard: test_dashboard_tiles_read_metrics_the_module_declares
+    assert "logging.googleapis.com/user/${var.name}/${m}" in str(tf_locals()["dashboard_metric"])
+
+
+def test_decisions_the_alerts_count_one_by_one_are_never_quieted() -> None:
+    from filter.core.config_sections import LOUD_DECISIONS, DecisionLogs
+
+    named = {
+        d
+        for m in tf_locals()["event_metrics"].values()
+        for d in re.findall(r'jsonPayload.decision=\\?"(\w+)\\?"', str(m["match"]))
+    }
+    assert named == {"contended", "fail_open", "failed"}
+    assert named <= set(LOUD_DECISIONS)
+    assert not set(LOUD_DECISIONS) & set(DecisionLogs.model_fields)
+
+
+def test_debug_lines_are_excluded_from_storage_only_when_decision_lines_are_quieted() -> None:
+    exclusion = resources()[("google_logging_project_exclusion", "debug_lines")]
+    assert expr(exclusion["count"]) == "${length(local.decision_lines_quieted)>0?1:0}"
+    assert expr(exclusion["filter"]) == expr("${local.log_source} AND severity=DEBUG")
+    [service] = [b for (t, _), b in resources().items() if t == "google_cloud_run_v2_service"]
+    container = only(only(service["template"])["containers"])
+    [log_level] = [d["env"] for d in container["dynamic"] if "env" in d]
+    assert expr(log_level["for_each"]) == "${local.service_log_level==null?[]:[local.service_log_level]}"
+    assert only(log_level["content"])["name"] == "LOG_LEVEL"
+
+
+QUIETINGS: list[dict[str, Any] | None] = [
+    None,
+    {},
+    {"suppressed": None},
+    {"suppressed": {"level": "debug"}},
+    {"suppressed": {"sample": 0.01}, "duplicate": {"sample": 1}, "noise_only": {"level": "info"}},
+    {"forwarded": {"level": "warning", "sample": 0.5}, "stale": {"level": "debug", "sample": 1.0}},
+]
+
+
+@needs_terraform
+@pytest.mark.parametrize("quieting", QUIETINGS)
+def test_terraform_finds_the_lines_the_filter_writes_at_debug(tmp_path: Path, quieting: dict[str, Any] | None) -> None:
+    from filter.core.config import parse
+
+    cfg = {**example_config(), "decision_logs": quieting}
+    at_debug = sorted(
+        name for name, q in parse(cfg).decision_logs.quieting().items() if q.level == "debug" or q.sample < 1
+    )
+    found = evaluate(tmp_path, "[local.decision_lines_quieted, local.service_log_level]", config=cfg)
+    assert found == [at_debug, "debug" if at_debug else None]

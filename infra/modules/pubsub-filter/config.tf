@@ -38,6 +38,19 @@ locals {
 
   publisher_project = coalesce(try(local.config.publisher.project, null), local.app_project)
 
+  # Decisions whose lines the filter writes at debug, all or a share of them (the config's
+  # decision_logs: `level: debug`, or `sample` below 1). The dashboard and alerts count
+  # decision lines with log-based metrics, so those lines must still reach Cloud Logging:
+  # the service then runs at LOG_LEVEL=debug (main.tf) and its DEBUG entries are excluded
+  # from storage (monitoring.tf): not stored, not charged, still counted by the log-based
+  # metrics, which Cloud Logging computes before exclusions. Keep in sync with
+  # filter.core.decision_line.level_of (tests/unit/test_infra_wiring.py compares).
+  decision_logs = try({ for d, v in local.config.decision_logs : d => v if v != null }, {})
+  decision_lines_quieted = sort([
+    for d, v in local.decision_logs : d if try(v.level, null) == "debug" || try(tonumber(v.sample), 1) < 1
+  ])
+  service_log_level = length(local.decision_lines_quieted) > 0 ? "debug" : null
+
   # OIDC: the audience Pub/Sub puts in the push token. The filter verifies tokens only
   # when auth.audience is set; Cloud Run always verifies them, against the service URL
   # or one of its custom audiences, so a configured audience is also made a custom

@@ -101,6 +101,16 @@ resource "google_cloud_run_v2_service" "this" {
         value = "${local.config_dir}/${local.config_file}"
       }
 
+      # Quieted decision lines (config.tf: decision_lines_quieted) are written at debug and
+      # excluded from Cloud Logging's storage, so the log-based metrics still count them.
+      dynamic "env" {
+        for_each = local.service_log_level == null ? [] : [local.service_log_level]
+        content {
+          name  = "LOG_LEVEL"
+          value = env.value
+        }
+      }
+
       resources {
         limits = {
           cpu    = var.cpu

@@ -2,9 +2,10 @@
 #
 # Every decision is one log line with jsonPayload.message = "decision" and the fields
 # route, decision (forwarded|suppressed|duplicate|contended|stale|noise_only|fail_open|rejected|
-# failed) and enforced. Lifecycle lines carry jsonPayload.message = lease_taken_over,
-# heartbeat_failed, store_unavailable, publish_failed or push_unauthorized, with a route
-# field.
+# failed) and enforced, at the decision's level or, when the config's decision_logs quiets it,
+# at DEBUG: no metric filter here names a severity, so every line counts whatever its level.
+# Lifecycle lines carry jsonPayload.message = lease_taken_over, heartbeat_failed,
+# store_unavailable, publish_failed or push_unauthorized, with a route field.
 
 locals {
   log_source = join(" AND ", [
@@ -173,6 +174,20 @@ resource "google_logging_metric" "events" {
   label_extractors = {
     route = "EXTRACT(jsonPayload.route)"
   }
+}
+
+# The service's DEBUG entries, when the config quiets decision lines (config.tf): kept out
+# of Cloud Logging's storage (and its ingestion charge) by an exclusion on the _Default
+# sink. User-defined log-based metrics are computed from every entry Cloud Logging
+# receives, excluded or not, so `decisions`, `decision_latency` and the counters above,
+# whose filters name no severity, still count every decision for the dashboard and alerts.
+resource "google_logging_project_exclusion" "debug_lines" {
+  count = length(local.decision_lines_quieted) > 0 ? 1 : 0
+
+  project     = var.project
+  name        = "${var.name}-debug-lines"
+  description = "pubsub-filter ${var.name}: DEBUG lines (quieted decisions: ${join(", ", local.decision_lines_quieted)}) are counted by the log-based metrics, not stored."
+  filter      = "${local.log_source} AND severity=DEBUG"
 }
 
 # --- alerts --------------------------------------------------------------------------
