@@ -681,3 +681,14 @@ def test_terraform_finds_the_lines_the_filter_writes_at_debug(tmp_path: Path, qu
     )
     found = evaluate(tmp_path, "[local.decision_lines_quieted, local.service_log_level]", config=cfg)
     assert found == [at_debug, "debug" if at_debug else None]
+
+
+def test_every_log_line_a_metric_or_alert_matches_is_one_the_filter_writes() -> None:
+    """A metric matching a line the code no longer writes counts nothing, and its alert never fires."""
+    source = "\n".join(p.read_text() for p in (ROOT / "filter").rglob("*.py"))
+    matched = set()
+    for tf in MODULE.glob("*.tf"):
+        matched |= set(re.findall(r'jsonPayload\.message=\\"([a-z_]+)\\"', tf.read_text()))
+    assert matched, "no log line matched: the pattern above no longer fits the .tf files"
+    unwritten = sorted(m for m in matched if f'"{m}"' not in source)
+    assert unwritten == []

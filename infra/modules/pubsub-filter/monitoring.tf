@@ -5,7 +5,7 @@
 # failed) and enforced, at the decision's level or, when the config's decision_logs quiets it,
 # at DEBUG: no metric filter here names a severity, so every line counts whatever its level.
 # Lifecycle lines carry jsonPayload.message = lease_taken_over, heartbeat_failed,
-# store_unavailable, publish_failed or push_unauthorized, with a route field.
+# store_unavailable or push_unauthorized, with a route field.
 
 locals {
   log_source = join(" AND ", [
@@ -46,7 +46,7 @@ locals {
     }
     publish_failures = {
       # the engine records a failed publish as decision "failed" with cause "publish"
-      match       = "(jsonPayload.message=\"publish_failed\" OR (jsonPayload.message=\"decision\" AND jsonPayload.decision=\"failed\" AND jsonPayload.cause=\"publish\"))"
+      match       = "jsonPayload.message=\"decision\" AND jsonPayload.decision=\"failed\" AND jsonPayload.cause=\"publish\""
       description = "Publishes to a destination topic that were not confirmed (the source message was nacked)."
     }
   }
