@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -46,11 +45,19 @@ class Heartbeat:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         if self._task is not None:
+            current = asyncio.current_task()
+            cancels = current.cancelling() if current is not None else 0
             self._task.cancel()
-            # The beat never raises into the publish it guards: by now the publish may have
-            # landed, and only a commit attempt (refused if the lease moved) may follow it.
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await self._task
+            except asyncio.CancelledError:
+                # The beat never raises into the publish it guards: by now the publish may have
+                # landed, and only a commit attempt (refused if the lease moved) may follow it.
+                # A cancel of ours that landed while the beat stopped is taken back, as
+                # `Engine._despite_one_cancel` takes one back: left counted, it would make a
+                # later `asyncio.timeout` in this task take its own expiry for someone else's cancel.
+                if current is not None and current.cancelling() > cancels:
+                    current.uncancel()
 
     async def _beat(self) -> None:
         fence = self.held.lease.fence if self.held.lease else None

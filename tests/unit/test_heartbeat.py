@@ -97,3 +97,40 @@ async def test_a_store_error_does_not_stop_the_heartbeat(store: SqliteStore) -> 
         await sleep.wake()
         await sleep.asleep()
         assert (beat.failures, beat.extended, beat.lost) == (1, 1, False)
+
+
+class SlowToStop:
+    """A sleep that, once cancelled, takes until `stop` is set to end (a beat stopping mid-call)."""
+
+    def __init__(self) -> None:
+        self.stopping = asyncio.Event()
+        self.stop = asyncio.Event()
+
+    async def __call__(self, delay: float) -> None:
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.stopping.set()
+            await self.stop.wait()
+            raise
+
+
+async def test_a_cancel_landing_while_the_beat_stops_is_taken_back_not_left_counted(store: SqliteStore) -> None:
+    """The guarded publish has returned: its commit comes first, so the cancel is taken back, and
+    uncancelled, or a later `asyncio.timeout` in the task would mistake its own expiry."""
+    clock = ManualClock()
+    held = await claim(store, clock)
+    slow = SlowToStop()
+
+    async def guarded() -> int:
+        async with Heartbeat(store, ROUTE, KEY, held, LEASE, clock, slow):
+            await asyncio.sleep(0)  # the beat is sleeping
+        task = asyncio.current_task()
+        assert task is not None
+        return task.cancelling()
+
+    task = asyncio.create_task(guarded())
+    await slow.stopping.wait()  # the exit waits for the beat to end
+    task.cancel()
+    slow.stop.set()
+    assert await task == 0
