@@ -19,34 +19,33 @@ def otlp_endpoint(signal: str, env: Mapping[str, str]) -> bool:
     return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"))
 
 
-def _grpc(signal: str, env: Mapping[str, str]) -> bool:
-    protocol = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-    return (protocol or "http/protobuf").strip().lower() == "grpc"
-
-
-def _endpoint(signal: str, env: Mapping[str, str], grpc: bool) -> str:
-    specific = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
-    if specific:
-        return specific
-    base = env["OTEL_EXPORTER_OTLP_ENDPOINT"]
-    return base if grpc else f"{base.rstrip('/')}/v1/{signal}"
+def _exporter_args(signal: str, env: Mapping[str, str]) -> tuple[bool, str]:
+    """Whether `signal` goes over gRPC (else HTTP/protobuf, the default), and its endpoint."""
+    up = signal.upper()
+    protocol = env.get(f"OTEL_EXPORTER_OTLP_{up}_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+    grpc = (protocol or "http/protobuf").strip().lower() == "grpc"
+    specific = env.get(f"OTEL_EXPORTER_OTLP_{up}_ENDPOINT")
+    base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    return grpc, specific or (base if grpc else f"{base.rstrip('/')}/v1/{signal}")
 
 
 def otlp_metric_exporter(env: Mapping[str, str]) -> MetricExporter:
-    if _grpc("metrics", env):
+    grpc, endpoint = _exporter_args("metrics", env)
+    if grpc:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
 
-        return GrpcMetrics(endpoint=_endpoint("metrics", env, True))
+        return GrpcMetrics(endpoint=endpoint)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-    return OTLPMetricExporter(endpoint=_endpoint("metrics", env, False))
+    return OTLPMetricExporter(endpoint=endpoint)
 
 
 def otlp_span_processor(env: Mapping[str, str]) -> BatchSpanProcessor:
-    if _grpc("traces", env):
+    grpc, endpoint = _exporter_args("traces", env)
+    if grpc:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpans
 
-        return BatchSpanProcessor(GrpcSpans(endpoint=_endpoint("traces", env, True)))
+        return BatchSpanProcessor(GrpcSpans(endpoint=endpoint))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return BatchSpanProcessor(OTLPSpanExporter(endpoint=_endpoint("traces", env, False)))
+    return BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint))

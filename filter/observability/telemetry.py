@@ -22,9 +22,10 @@ from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from typing import Any
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
-from opentelemetry.metrics import CallbackOptions, Observation
+from opentelemetry.context import Context
+from opentelemetry.metrics import CallbackOptions, Histogram, Observation
+from opentelemetry.metrics import Counter as MetricCounter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
@@ -51,6 +52,20 @@ SCOPE = "pubsub_filter"
 #: Seconds. Decisions take from well under a millisecond (SQLite, suppressed) to a lease
 #: duration (a publish retried under a heartbeat): the default OTel buckets are in ms.
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+
+_HISTOGRAMS = {
+    "decision": "Time from a message's arrival to its decision, by route and decision.",
+    "store": "State store calls (read, claim, extend, commit, release) by operation and outcome.",
+    "publish": "Publishes to a destination topic, by destination and outcome.",
+}
+_COUNTERS = {
+    "lease_takeovers": "Expired leases taken over, by route.",
+    "heartbeat_failures": "Lease extensions that failed, by route.",
+    "commit_refusals": "Commits refused because the lease's fence moved (the key was taken over), by route.",
+    "fail_open": "Messages forwarded without a dedup decision (store unreachable), by route.",
+    "ids_reused": "Messages whose id was forwarded recently with other content (decided as new), by route.",
+}
 
 
 class PrometheusText:
@@ -90,66 +105,34 @@ class Telemetry:
         #: timed and named on spans as `UNKNOWN_ROUTE`, so it adds no series. None: every name is one.
         self.routes: frozenset[str] | None = None
         self._engine: Any = None
+        self.latency: dict[str, Histogram] = {}
+        self.counters: dict[str, MetricCounter] = {}
         #: decisions by (route, decision, enforced), read by the SDK at collection time: an
         #: increment on every decision instead of a synchronous counter's add() (~8 µs a call).
-        self._decisions: Counter[tuple[str, str, bool]] = Counter()
+        self._decisions: Counter[tuple[str, str, str]] = Counter()
         if meter_provider is None:
             return
         m = meter_provider.get_meter(SCOPE)
         m.create_observable_counter(
-            "pubsub_filter_decisions",
-            callbacks=[self._observe_decisions],
-            unit="1",
-            description="Decisions by route, decision and enforced.",
+            "pubsub_filter_decisions", [self._observe_decisions], "1", "Decisions by route, decision and enforced."
         )
-
-        def latency(name: str, description: str) -> Any:
-            return m.create_histogram(
-                name, unit="s", description=description, explicit_bucket_boundaries_advisory=LATENCY_BUCKETS
+        self.latency = {
+            name: m.create_histogram(
+                f"pubsub_filter_{name}_duration", "s", about, explicit_bucket_boundaries_advisory=LATENCY_BUCKETS
             )
-
-        self._latency = latency(
-            "pubsub_filter_decision_duration", "Time from a message's arrival to its decision, by route and decision."
-        )
-        self.store_latency = latency(
-            "pubsub_filter_store_duration",
-            "State store calls (read, claim, extend, commit, release) by operation and outcome.",
-        )
-        self.publish_latency = latency(
-            "pubsub_filter_publish_duration", "Publishes to a destination topic, by destination and outcome."
-        )
-        self._takeovers = m.create_counter(
-            "pubsub_filter_lease_takeovers", unit="1", description="Expired leases taken over, by route."
-        )
-        self.heartbeat_failures = m.create_counter(
-            "pubsub_filter_heartbeat_failures", unit="1", description="Lease extensions that failed, by route."
-        )
-        self.commit_refusals = m.create_counter(
-            "pubsub_filter_commit_refusals",
-            unit="1",
-            description="Commits refused because the lease's fence moved (the key was taken over), by route.",
-        )
-        self._fail_open = m.create_counter(
-            "pubsub_filter_fail_open",
-            unit="1",
-            description="Messages forwarded without a dedup decision (store unreachable), by route.",
-        )
-        self._ids_reused = m.create_counter(
-            "pubsub_filter_ids_reused",
-            unit="1",
-            description="Messages whose id was forwarded recently with other content (decided as new), by route.",
-        )
+            for name, about in _HISTOGRAMS.items()
+        }
+        self.counters = {
+            name: m.create_counter(f"pubsub_filter_{name}", "1", about) for name, about in _COUNTERS.items()
+        }
         m.create_observable_counter(
             "pubsub_filter_records",
-            callbacks=[self._observe_records],
-            unit="1",
-            description="Decision records by outcome: written, retried (rows in a retried batch) or dropped.",
+            [self._observe_records],
+            "1",
+            "Decision records by outcome: written, retried (rows in a retried batch) or dropped.",
         )
         m.create_observable_gauge(
-            "pubsub_filter_in_flight",
-            callbacks=[self._observe_in_flight],
-            unit="1",
-            description="Messages being decided now.",
+            "pubsub_filter_in_flight", [self._observe_in_flight], "1", "Messages being decided now."
         )
 
     # --- wiring -----------------------------------------------------------------------
@@ -160,8 +143,7 @@ class Telemetry:
         if self.metrics:
             # Every route's counters exist from the start, at zero: an alert or a rate() on a series
             # that appears only at its first event sees nothing (or a jump) instead of zero.
-            counters = (self._takeovers, self.heartbeat_failures, self.commit_refusals, self._fail_open)
-            for counter in (*counters, self._ids_reused):
+            for counter in self.counters.values():
                 for route in self.routes:
                     counter.add(0, {"route": route})
 
@@ -170,12 +152,8 @@ class Telemetry:
         return route if self.routes is None or route in self.routes else UNKNOWN_ROUTE
 
     def _observe_decisions(self, _: CallbackOptions) -> Iterable[Observation]:
-        for (route, decision, enforced), count in list(
-            self._decisions.items()
-        ):  # one C-level copy: safe beside the loop
-            yield Observation(
-                count, {"route": route, "decision": decision, "enforced": "true" if enforced else "false"}
-            )
+        for labels, count in list(self._decisions.items()):  # a C-level copy: safe beside the loop
+            yield Observation(count, dict(zip(("route", "decision", "enforced"), labels, strict=True)))
 
     def _observe_records(self, _: CallbackOptions) -> Iterable[Observation]:
         """written / retried / dropped, from the recorder and the batching recorder behind it."""
@@ -217,17 +195,13 @@ class Telemetry:
         if parent is None and not trace.get_current_span().get_span_context().is_valid:
             parent = message_parent(msg.attributes)
         # A request's or a message's parent goes to the SDK alone in its context, as a propagator extracts it.
-        context = (
-            None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent), otel_context.Context())
-        )
+        context = None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent), Context())
         subscription = short_name(msg.subscription)
         route = self.route_label(route)
-        span = self.tracer.start_span(f"{subscription or route} process", context=context, kind=SpanKind.CONSUMER)
-        if span.is_recording():  # an unsampled decision builds no attributes
-            span.set_attributes(_decision_attributes(route, msg, subscription))
+        name, attributes = f"{subscription or route} process", _decision_attributes(route, msg, subscription)
         box = PUBLISH_SPAN.set([None])
         try:
-            with trace.use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
+            with self.tracer.start_as_current_span(name, context, SpanKind.CONSUMER, attributes) as span:
                 yield span
         finally:
             PUBLISH_SPAN.reset(box)
@@ -236,32 +210,29 @@ class Telemetry:
         """Count a finished decision (every one, rejected included) and describe it on its span."""
         if self.metrics:
             route, decision = self.route_label(rec.route), str(rec.decision)
-            self._decisions[(route, decision, rec.enforced)] += 1
+            self._decisions[(route, decision, "true" if rec.enforced else "false")] += 1
             if rec.latency_ms is not None:
-                self._latency.record(rec.latency_ms / 1000, {"route": route, "decision": decision})
+                self.latency["decision"].record(rec.latency_ms / 1000, {"route": route, "decision": decision})
             if rec.decision is Decision.FAIL_OPEN:
-                self._fail_open.add(1, {"route": route})
+                self.counters["fail_open"].add(1, {"route": route})
             if rec.extra and rec.extra.get("id_reused"):
-                self._ids_reused.add(1, {"route": route})
+                self.counters["ids_reused"].add(1, {"route": route})
         if self.recording():
-            described: dict[str, str | bool] = {
+            described: dict[str, str | bool | None] = {
                 "pubsub_filter.decision": str(rec.decision),
                 "pubsub_filter.enforced": rec.enforced,
+                "pubsub_filter.key": rec.key,
+                "pubsub_filter.destination": rec.destination or None,
+                "pubsub_filter.published_id": rec.published_id or None,
             }
-            if rec.key is not None:
-                described["pubsub_filter.key"] = rec.key
-            if rec.destination:
-                described["pubsub_filter.destination"] = rec.destination
-            if rec.published_id:
-                described["pubsub_filter.published_id"] = rec.published_id
             span = trace.get_current_span()
-            span.set_attributes(described)
+            span.set_attributes({k: v for k, v in described.items() if v is not None})
             if rec.decision in (Decision.FAILED, Decision.FAIL_OPEN):
                 span.set_status(Status(StatusCode.ERROR, rec.reason))
 
     def lease_taken_over(self, route: str) -> None:
         if self.metrics:
-            self._takeovers.add(1, {"route": self.route_label(route)})
+            self.counters["lease_takeovers"].add(1, {"route": self.route_label(route)})
 
     # --- children -----------------------------------------------------------------------
 

@@ -28,9 +28,9 @@ REQUEST_HEADERS = (b"traceparent", b"tracestate", b"x-cloud-trace-context")
 # The Cloud Trace propagator ends in int() of the options, which raises past 4,300 digits: a
 # header it could not read names no parent (its trace id is still logged, `trace_of`).
 _CLOUD_READABLE = re.compile(r"[0-9a-f]{32}/\d{1,20}(;o=\d{1,20})?")
-_REQUEST_PROPAGATORS: tuple[tuple[bytes, TextMapPropagator], ...] = (
-    (b"traceparent", W3C),
-    (b"x-cloud-trace-context", CloudTraceFormatPropagator()),
+_REQUEST_PROPAGATORS: tuple[tuple[str, TextMapPropagator], ...] = (
+    ("traceparent", W3C),
+    ("x-cloud-trace-context", CloudTraceFormatPropagator()),
 )
 
 
@@ -48,20 +48,8 @@ class _AttributeSetter(Setter[MutableMapping[str, str]]):
         carrier[ATTRIBUTE_PREFIX + key] = value
 
 
-class _HeaderGetter(Getter[Mapping[bytes, str]]):
-    """The push app's `headers_of`: lower-case ASGI names, the first of each."""
-
-    def get(self, carrier: Mapping[bytes, str], key: str) -> list[str] | None:
-        value = carrier.get(key.encode("latin-1"))
-        return None if value is None else [value]
-
-    def keys(self, carrier: Mapping[bytes, str]) -> list[str]:
-        return [k.decode("latin-1") for k in carrier]
-
-
 ATTRIBUTES_GET = _AttributeGetter()
 ATTRIBUTES_SET = _AttributeSetter()
-_HEADERS_GET = _HeaderGetter()
 
 #: The publish span of the decision under way, shared with the heartbeat task (it copies
 #: this context when it starts, before the publish span exists, so it holds a box).
@@ -71,13 +59,14 @@ REQUEST_PARENT: ContextVar[SpanContext | None] = ContextVar("pubsub_filter_reque
 
 
 def request_parent_of(headers: Mapping[bytes, str]) -> SpanContext | None:
-    """The parent a push request names: W3C `traceparent` (and `tracestate`), else
-    `X-Cloud-Trace-Context`; None when neither names a valid one."""
+    """The parent a push request names (`headers`: the push app's `headers_of`): W3C
+    `traceparent` (and `tracestate`), else `X-Cloud-Trace-Context`; None when neither is valid."""
+    carrier = {name.decode("latin-1"): value for name, value in headers.items()}
     for header, propagator in _REQUEST_PROPAGATORS:
-        value = headers.get(header)
+        value = carrier.get(header)
         if value is None or (propagator is not W3C and not _CLOUD_READABLE.fullmatch(value)):
             continue
-        parent = trace.get_current_span(propagator.extract(headers, getter=_HEADERS_GET)).get_span_context()
+        parent = trace.get_current_span(propagator.extract(carrier)).get_span_context()
         if parent.is_valid:
             return parent
     return None
