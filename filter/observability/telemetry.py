@@ -24,7 +24,7 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.metrics import CallbackOptions, Histogram, Observation
+from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.metrics import Counter as MetricCounter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
 
 from filter.core.model import Decision, DecisionRecord, Message
+from filter.observability.latency import Latencies, LatencyHistogram, WithLatencies
 from filter.observability.otlp import otlp_endpoint, otlp_metric_exporter, otlp_span_processor
 from filter.observability.tracing import (
     ATTRIBUTES_SET,
@@ -94,6 +95,7 @@ class Telemetry:
         meter_provider: MeterProvider | None = None,
         tracer_provider: TracerProvider | None = None,
         prometheus: PrometheusText | None = None,
+        latencies: Latencies | None = None,
     ) -> None:
         self.meter_provider = meter_provider
         self.tracer_provider = tracer_provider
@@ -105,7 +107,7 @@ class Telemetry:
         #: timed and named on spans as `UNKNOWN_ROUTE`, so it adds no series. None: every name is one.
         self.routes: frozenset[str] | None = None
         self._engine: Any = None
-        self.latency: dict[str, Histogram] = {}
+        self.latency: dict[str, LatencyHistogram] = {}
         self.counters: dict[str, MetricCounter] = {}
         #: decisions by (route, decision, enforced), read by the SDK at collection time: an
         #: increment on every decision instead of a synchronous counter's add() (~8 µs a call).
@@ -116,12 +118,13 @@ class Telemetry:
         m.create_observable_counter(
             "pubsub_filter_decisions", [self._observe_decisions], "1", "Decisions by route, decision and enforced."
         )
+        self.latencies = latencies or Latencies(SCOPE, Resource.create({}))
         self.latency = {
-            name: m.create_histogram(
-                f"pubsub_filter_{name}_duration", "s", about, explicit_bucket_boundaries_advisory=LATENCY_BUCKETS
-            )
+            name: self.latencies.create(f"pubsub_filter_{name}_duration", about, LATENCY_BUCKETS)
             for name, about in _HISTOGRAMS.items()
         }
+        if prometheus is not None:
+            prometheus.registry.register(self.latencies)
         self.counters = {
             name: m.create_counter(f"pubsub_filter_{name}", "1", about) for name, about in _COUNTERS.items()
         }
@@ -306,15 +309,15 @@ def from_config(metrics: bool, traces: bool, env: Mapping[str, str] | None = Non
     if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
         return NO_TELEMETRY
     resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or SERVICE})
-    meter_provider = prometheus = None
+    meter_provider = prometheus = latencies = None
     if metrics:
-        prometheus = PrometheusText()
+        prometheus, latencies = PrometheusText(), Latencies(SCOPE, resource)
         readers: list[MetricReader] = [prometheus.reader]
         if otlp_endpoint("metrics", env):
-            readers.append(PeriodicExportingMetricReader(otlp_metric_exporter(env)))
+            readers.append(PeriodicExportingMetricReader(WithLatencies(otlp_metric_exporter(env), latencies)))
         meter_provider = MeterProvider(metric_readers=readers, resource=resource)
     tracer_provider = None
     if traces and otlp_endpoint("traces", env):
         tracer_provider = TracerProvider(resource=resource, sampler=sampler(env))
         tracer_provider.add_span_processor(otlp_span_processor(env))
-    return Telemetry(meter_provider, tracer_provider, prometheus)
+    return Telemetry(meter_provider, tracer_provider, prometheus, latencies)
