@@ -201,10 +201,12 @@ class Telemetry:
         context = None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent), Context())
         subscription = short_name(msg.subscription)
         route = self.route_label(route)
-        name, attributes = f"{subscription or route} process", _decision_attributes(route, msg, subscription)
+        span = self.tracer.start_span(f"{subscription or route} process", context, SpanKind.CONSUMER)
+        if span.is_recording():  # a dropped decision builds no attributes
+            span.set_attributes(_decision_attributes(route, msg, subscription))
         box = PUBLISH_SPAN.set([None])
         try:
-            with self.tracer.start_as_current_span(name, context, SpanKind.CONSUMER, attributes) as span:
+            with trace.use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
                 yield span
         finally:
             PUBLISH_SPAN.reset(box)
