@@ -1,8 +1,8 @@
 """The store and the publisher, measured and traced, around whatever backends the config names.
 
-Composed like `GuardedStore` (and outside it: a store call's latency and span include its
-retries), so the engine needs no code for store and publish latency, their child spans,
-heartbeat events, commit refusals or the trace context a forwarded message carries.
+Composed outside `GuardedStore` (a store call's latency and span include its retries), so the
+engine needs no code for store and publish latency, their child spans, heartbeat events,
+commit refusals or the trace context a forwarded message carries.
 """
 
 from __future__ import annotations
@@ -11,20 +11,20 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from filter.core.model import KeyState
 from filter.core.ports import Publisher, StateStore
 from filter.observability.telemetry import Telemetry
-from filter.observability.tracing import PUBLISH_SPAN, SYSTEM, short_name
+from filter.observability.tracing import SYSTEM, short_name
 
 T = TypeVar("T")
 
 
-_OPERATIONS = ("read", "claim", "extend", "commit", "release")
-# attribute sets built once: the SDK hashes them on every record
-_OK = {op: {"operation": op, "outcome": "ok"} for op in _OPERATIONS}
-_ERROR = {op: {"operation": op, "outcome": "error"} for op in _OPERATIONS}
+def _failed(span: Span | None, exc: BaseException) -> None:
+    if span is not None:
+        span.record_exception(exc)
+        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
 
 
 class InstrumentedStore:
@@ -35,23 +35,20 @@ class InstrumentedStore:
     async def _timed(self, operation: str, route: str, call: Callable[[], Awaitable[T]]) -> T:
         t = self.telemetry
         started = time.perf_counter()
-        outcome = _ERROR[operation]
-        # PUBLISH_SPAN is set only in a decision that entered the SDK: a dropped one asks no further
-        span = t.store_span(operation, route) if t.tracing and PUBLISH_SPAN.get() is not None else None
+        outcome = "error"
+        span = t.store_span(operation, route)
         try:
             result = await call()
-            outcome = _OK[operation]
+            outcome = "ok"
             return result
         except BaseException as exc:
-            if span is not None:
-                span.record_exception(exc)
-                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+            _failed(span, exc)
             raise
         finally:
             if span is not None:
                 span.end()
             if t.metrics:
-                t.store_latency.record(time.perf_counter() - started, outcome)
+                t.latency["store"].record(time.perf_counter() - started, {"operation": operation, "outcome": outcome})
 
     async def read(self, route: str, key: str) -> KeyState | None:
         return await self._timed("read", route, lambda: self.inner.read(route, key))
@@ -65,21 +62,25 @@ class InstrumentedStore:
         started = time.perf_counter()
         try:
             extended = await self.inner.extend(route, key, held, expires_at)
-        except Exception as exc:
+        except Exception as exc:  # a cancelled heartbeat (its publish ended) is not measured
+            self._extended(started, "error")
             if t.metrics:
-                t.store_latency.record(time.perf_counter() - started, _ERROR["extend"])
-                t.heartbeat_failures.add(1, {"route": route})
+                t.counters["heartbeat_failures"].add(1, {"route": route})
             t.heartbeat_event("heartbeat failed", error=f"{type(exc).__name__}: {exc}")
             raise
-        if t.metrics:
-            t.store_latency.record(time.perf_counter() - started, _OK["extend"])
+        self._extended(started, "ok")
         t.heartbeat_event("lease extended" if extended is not None else "lease lost")
         return extended
+
+    def _extended(self, started: float, outcome: str) -> None:
+        if self.telemetry.metrics:
+            elapsed = time.perf_counter() - started
+            self.telemetry.latency["store"].record(elapsed, {"operation": "extend", "outcome": outcome})
 
     async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
         committed = await self._timed("commit", route, lambda: self.inner.commit(route, key, held, new))
         if not committed and self.telemetry.metrics:
-            self.telemetry.commit_refusals.add(1, {"route": route})
+            self.telemetry.counters["commit_refusals"].add(1, {"route": route})
         return committed
 
     async def release(self, route: str, key: str, held: KeyState) -> None:
@@ -104,7 +105,7 @@ class InstrumentedPublisher:
         topic = short_name(destination) or destination
         started = time.perf_counter()
         outcome = "error"
-        span_attributes: dict[str, str | int] = {
+        described: dict[str, str | int] = {
             "messaging.system": SYSTEM,
             "messaging.operation.name": "send",
             "messaging.operation.type": "send",
@@ -112,18 +113,14 @@ class InstrumentedPublisher:
             "messaging.message.body.size": len(data),
         }
         if ordering_key:
-            span_attributes["messaging.gcp_pubsub.message.ordering_key"] = ordering_key
+            described["messaging.gcp_pubsub.message.ordering_key"] = ordering_key
         try:
-            with t.child(f"{topic} send", span_attributes, SpanKind.PRODUCER) as span:
+            with t.child(f"{topic} send", described, SpanKind.PRODUCER) as span:
                 t.publishing(span)
                 outgoing = dict(attributes)
                 t.inject(outgoing)
                 try:
                     published = await self.inner.publish(destination, data, outgoing, ordering_key)
-                except BaseException as exc:
-                    if span is not None:
-                        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
-                    raise
                 finally:
                     t.publishing(None)
                 if span is not None:
@@ -132,7 +129,7 @@ class InstrumentedPublisher:
             return published
         finally:
             if t.metrics:
-                t.publish_latency.record(
+                t.latency["publish"].record(
                     time.perf_counter() - started, {"destination": destination, "outcome": outcome}
                 )
 

@@ -1,26 +1,28 @@
-"""Latency histograms kept in process and handed to the OpenTelemetry SDK's readers at collection.
+"""Latency histograms kept in process: the one fast path left in telemetry.
 
-Every message records two latencies (its decision, its store read), the suppress path's
-included. The SDK's synchronous `Histogram.record` costs ~10 µs a call here, nearly all of it
-cleaning and hashing the attribute set; a request on the suppress path costs ~450 µs of
-CPU in all, so two such calls alone take most of a 5 % budget. Here a record is a dict
-lookup, a bisect and three adds under a lock (~1.4 µs). At each collection the cumulative
-counts become SDK `Histogram` points (explicit buckets, cumulative temporality), which the
-SDK's readers then export like any other metric: Prometheus text on `/metrics` and OTLP.
+Every message records two latencies (its decision, its store read). The SDK's
+`Histogram.record` cleans and hashes the attribute set on every call (~8 µs): on the
+suppress path the two cost 14.5 % of the whole server's instructions (bench/README.md, T).
+Here a record is a dict lookup, a bisect and a few adds under a lock. The histograms reach
+`/metrics` as prometheus_client families (`collect`, beside the official reader's) and OTLP
+as SDK `Histogram` points (`with_latencies`, cumulative like the SDK's default).
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 from opentelemetry.sdk.metrics.export import (
     AggregationTemporality,
     HistogramDataPoint,
     Metric,
+    MetricExporter,
+    MetricExportResult,
     MetricsData,
     ResourceMetrics,
     ScopeMetrics,
@@ -30,98 +32,98 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 
-class _Counts:
-    """One attribute set's cumulative counts in a histogram."""
-
-    __slots__ = ("count", "counts", "high", "low", "total")
-
-    def __init__(self, buckets: int) -> None:
-        self.counts = [0] * buckets
-        self.total = 0.0
-        self.count = 0
-        self.low = float("inf")
-        self.high = float("-inf")
-
-
-@dataclass
 class LatencyHistogram:
-    """Same `record(value, attributes)` as an SDK histogram; buckets hold values up to and including their bound."""
+    """Same `record(value, attributes)` as an SDK histogram; a bucket holds values up to and including its bound."""
 
-    name: str
-    unit: str
-    description: str
-    bounds: Sequence[float]
-    #: by attribute set, in the order of their first records (the order they are collected in)
-    _series: dict[tuple[tuple[str, str], ...], _Counts] = field(default_factory=dict)
-    _lock: threading.Lock = field(default_factory=threading.Lock)
-    _start: int = field(default_factory=time.time_ns)
+    def __init__(self, name: str, description: str, bounds: Sequence[float]) -> None:
+        self.name, self.description, self.bounds = name, description, tuple(bounds)
+        #: by attribute set, in the order of their first records: [bucket counts, count, sum, min, max]
+        self.series: dict[tuple[tuple[str, str], ...], list[Any]] = {}
+        self.lock = threading.Lock()
+        self.start = time.time_ns()
 
     def record(self, value: float, attributes: Mapping[str, str]) -> None:
         key = tuple(attributes.items())
-        with self._lock:
-            c = self._series.get(key)
-            if c is None:
-                c = self._series[key] = _Counts(len(self.bounds) + 1)
-            c.counts[bisect.bisect_left(self.bounds, value)] += 1
-            c.total += value
-            c.count += 1
-            c.low = min(c.low, value)
-            c.high = max(c.high, value)
+        with self.lock:
+            s = self.series.get(key)
+            if s is None:
+                s = self.series[key] = [[0] * (len(self.bounds) + 1), 0, 0.0, value, value]
+            s[0][bisect.bisect_left(self.bounds, value)] += 1
+            s[1] += 1
+            s[2] += value
+            s[3] = min(s[3], value)
+            s[4] = max(s[4], value)
+
+    def points(self) -> list[tuple[dict[str, str], list[int], int, float, float, float]]:
+        with self.lock:
+            return [(dict(key), list(s[0]), s[1], s[2], s[3], s[4]) for key, s in self.series.items()]
 
     def metric(self) -> Metric | None:
         """The cumulative state as an SDK metric (None before the first record)."""
-        now = time.time_ns()
-        with self._lock:
-            points = [
-                HistogramDataPoint(
-                    attributes=dict(key),
-                    start_time_unix_nano=self._start,
-                    time_unix_nano=now,
-                    count=c.count,
-                    sum=c.total,
-                    bucket_counts=list(c.counts),
-                    explicit_bounds=list(self.bounds),
-                    min=c.low,
-                    max=c.high,
-                )
-                for key, c in self._series.items()
-            ]
-        if not points:
-            return None
-        data = HistogramData(data_points=points, aggregation_temporality=AggregationTemporality.CUMULATIVE)
-        return Metric(name=self.name, description=self.description, unit=self.unit, data=data)
+        now, bounds = time.time_ns(), list(self.bounds)
+        points = [
+            HistogramDataPoint(labels, self.start, now, count, total, buckets, bounds, low, high)
+            for labels, buckets, count, total, low, high in self.points()
+        ]
+        data = HistogramData(points, AggregationTemporality.CUMULATIVE)
+        return Metric(self.name, self.description, "s", data) if points else None
 
 
-class Histograms:
-    """The process's latency histograms, merged into whatever a reader collected from the SDK."""
+class Latencies:
+    """The process's latency histograms: a prometheus_client collector, and what an OTLP export adds."""
 
-    def __init__(self, scope: str, resource: Resource | None = None) -> None:
-        self.scope = InstrumentationScope(scope)
-        self.resource = resource or Resource.create({})
+    def __init__(self, scope: str, resource: Resource) -> None:
+        self.scope, self.resource = InstrumentationScope(scope), resource
         self.histograms: list[LatencyHistogram] = []
 
-    def create(self, name: str, unit: str, description: str, bounds: Sequence[float]) -> LatencyHistogram:
-        histogram = LatencyHistogram(name, unit, description, tuple(bounds))
-        self.histograms.append(histogram)
-        return histogram
+    def create(self, name: str, description: str, bounds: Sequence[float]) -> LatencyHistogram:
+        self.histograms.append(LatencyHistogram(name, description, bounds))
+        return self.histograms[-1]
 
-    def merge(self, data: MetricsData | None) -> MetricsData | None:
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import HistogramMetricFamily
+
+        for h in self.histograms:
+            points = h.points()
+            labels = sorted({k for p in points for k in p[0]})
+            family = HistogramMetricFamily(f"{h.name}_seconds", h.description, labels=labels)
+            les = [repr(float(b)) for b in h.bounds] + ["+Inf"]
+            for attributes, buckets, _, total, _, _ in points:
+                cumulative = list(itertools.accumulate(buckets))
+                family.add_metric(
+                    [attributes.get(k, "") for k in labels], list(zip(les, cumulative, strict=True)), total
+                )
+            if points:
+                yield family
+
+    def with_latencies(self, data: MetricsData) -> MetricsData:
+        """`data` with the histograms in its first resource's scope of ours (OTLP's encoder keeps
+        one entry per resource and per scope: a second one would replace the first)."""
         ours = [m for m in (h.metric() for h in self.histograms) if m is not None]
         if not ours:
             return data
-        if data is None or not data.resource_metrics:
+        if not data.resource_metrics:
             return MetricsData([ResourceMetrics(self.resource, [ScopeMetrics(self.scope, ours, "")], "")])
         first, *rest = data.resource_metrics
-        scopes = list(first.scope_metrics)
-        for i, scope in enumerate(scopes):
-            if scope.scope.name == self.scope.name:
-                scopes[i] = ScopeMetrics(scope.scope, [*scope.metrics, *ours], scope.schema_url)
-                break
-        else:
-            scopes.append(ScopeMetrics(self.scope, ours, ""))
+        scopes = [s for s in first.scope_metrics if s.scope.name != self.scope.name]
+        mine = [s for s in first.scope_metrics if s.scope.name == self.scope.name]
+        metrics = [*(mine[0].metrics if mine else []), *ours]
+        scopes.append(ScopeMetrics(mine[0].scope if mine else self.scope, metrics, mine[0].schema_url if mine else ""))
         return MetricsData([ResourceMetrics(first.resource, scopes, first.schema_url), *rest])
 
 
-def unchanged(data: MetricsData | None) -> MetricsData | None:
-    """A reader's merge before `Telemetry` sets it: what the SDK collected, as is."""
-    return data
+class WithLatencies(MetricExporter):
+    """An OTLP metric exporter (its public `export`) that sends the latency histograms beside the SDK's metrics."""
+
+    def __init__(self, inner: MetricExporter, latencies: Latencies) -> None:
+        super().__init__()
+        self.inner, self.latencies = inner, latencies
+
+    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
+        return self.inner.export(self.latencies.with_latencies(metrics_data), timeout_millis=timeout_millis, **kwargs)
+
+    def force_flush(self, timeout_millis: float = 10_000) -> bool:
+        return self.inner.force_flush(timeout_millis=timeout_millis)
+
+    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
+        self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)

@@ -2,27 +2,12 @@
 
 Cloud Run forwards stdout lines to Cloud Logging, which lifts `severity`, `time`,
 `logging.googleapis.com/trace`, `logging.googleapis.com/spanId` and
-`logging.googleapis.com/labels` out of the JSON into the LogEntry; everything else,
-`message` included, stays in `jsonPayload`. One decision is one line:
-
-    {"route": "injuries", "decision": "suppressed", "enforced": true, "message_id": "...",
-     "key": "...", "fingerprint": "sha256:...", ..., "latency_ms": 0.41,
-     "severity": "INFO", "message": "decision", "time": "2026-01-01T00:00:00.000000Z",
-     "logging.googleapis.com/trace": "projects/P/traces/T",
-     "logging.googleapis.com/labels": {"component": "pubsub-filter", "route": "injuries", "decision": "suppressed"}}
-
-Lifecycle events (`lease_taken_over`, `heartbeat_failed`, `store_unavailable`, ...) are
-lines of the same shape whose `message` is the event name. `pubsub-filter skip-rate
---log` reads these lines back (see `filter.backends.records.log_lines`).
-
-No line ever carries a message payload or a credential: `_scrub` drops the keys
-`authorization`, `token`, `payload`, `data` and `body` whoever logged them.
-
-Every message logs one line, so the JSON chain is four small processors and one
-msgspec encode. Loggers are cached on first use (structlog's fast path); `configure`
-may still be called again and redirects output and format for loggers already cached,
-because it edits the processor list in place and the cached loggers write through
-`_OUT`. Only the level of already-cached loggers is fixed at first use.
+`logging.googleapis.com/labels` out of the JSON into the LogEntry; the rest, `message`
+included, stays in `jsonPayload`. One decision is one line (`message` "decision"); lifecycle
+events are lines of the same shape whose `message` is the event name (`skip-rate --log`
+reads them back: `filter.backends.records.log_lines`). `_scrub` keeps payloads and
+credentials off every line. `configure` may be called again: it edits the processor list in
+place and cached loggers write through `_OUT`, so they follow (all but their level).
 """
 
 from __future__ import annotations

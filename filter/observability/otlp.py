@@ -6,13 +6,10 @@ The SDK's exporters read only `os.environ`; these read the mapping they are give
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
 
-from opentelemetry.sdk.metrics.export import MetricExporter, MetricExportResult, MetricsData
+from opentelemetry.sdk.metrics.export import MetricExporter
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
-
-from filter.observability.latency import unchanged
 
 
 def otlp_endpoint(signal: str, env: Mapping[str, str]) -> bool:
@@ -22,60 +19,33 @@ def otlp_endpoint(signal: str, env: Mapping[str, str]) -> bool:
     return bool(env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT"))
 
 
-def _grpc(signal: str, env: Mapping[str, str]) -> bool:
-    protocol = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
-    return (protocol or "http/protobuf").strip().lower() == "grpc"
+def _exporter_args(signal: str, env: Mapping[str, str]) -> tuple[bool, str]:
+    """Whether `signal` goes over gRPC (else HTTP/protobuf, the default), and its endpoint."""
+    up = signal.upper()
+    protocol = env.get(f"OTEL_EXPORTER_OTLP_{up}_PROTOCOL") or env.get("OTEL_EXPORTER_OTLP_PROTOCOL")
+    grpc = (protocol or "http/protobuf").strip().lower() == "grpc"
+    specific = env.get(f"OTEL_EXPORTER_OTLP_{up}_ENDPOINT")
+    base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")
+    return grpc, specific or (base if grpc else f"{base.rstrip('/')}/v1/{signal}")
 
 
-def _endpoint(signal: str, env: Mapping[str, str], grpc: bool) -> str:
-    specific = env.get(f"OTEL_EXPORTER_OTLP_{signal.upper()}_ENDPOINT")
-    if specific:
-        return specific
-    base = env["OTEL_EXPORTER_OTLP_ENDPOINT"]
-    return base if grpc else f"{base.rstrip('/')}/v1/{signal}"
-
-
-class MergingExporter(MetricExporter):
-    """An OTLP metric exporter that exports the in-process latency histograms beside the SDK's own.
-
-    It wraps the exporter (its public `export`), not the reader: the reader's hand-off to its
-    exporter is the SDK's own business. Temporality is cumulative, the SDK's default and the
-    latency histograms' own.
-    """
-
-    def __init__(self, inner: MetricExporter) -> None:
-        super().__init__()
-        self.inner = inner
-        self.merge: Callable[[MetricsData | None], MetricsData | None] = unchanged
-
-    def export(self, metrics_data: MetricsData, timeout_millis: float = 10_000, **kwargs: Any) -> MetricExportResult:
-        merged = self.merge(metrics_data)
-        if merged is None:
-            return MetricExportResult.SUCCESS
-        return self.inner.export(merged, timeout_millis=timeout_millis, **kwargs)
-
-    def force_flush(self, timeout_millis: float = 10_000) -> bool:
-        return self.inner.force_flush(timeout_millis=timeout_millis)
-
-    def shutdown(self, timeout_millis: float = 30_000, **kwargs: Any) -> None:
-        self.inner.shutdown(timeout_millis=timeout_millis, **kwargs)
-
-
-def otlp_metric_exporter(env: Mapping[str, str]) -> MergingExporter:
-    if _grpc("metrics", env):
+def otlp_metric_exporter(env: Mapping[str, str]) -> MetricExporter:
+    grpc, endpoint = _exporter_args("metrics", env)
+    if grpc:
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter as GrpcMetrics
 
-        return MergingExporter(GrpcMetrics(endpoint=_endpoint("metrics", env, True)))
+        return GrpcMetrics(endpoint=endpoint)
     from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
 
-    return MergingExporter(OTLPMetricExporter(endpoint=_endpoint("metrics", env, False)))
+    return OTLPMetricExporter(endpoint=endpoint)
 
 
 def otlp_span_processor(env: Mapping[str, str]) -> BatchSpanProcessor:
-    if _grpc("traces", env):
+    grpc, endpoint = _exporter_args("traces", env)
+    if grpc:
         from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcSpans
 
-        return BatchSpanProcessor(GrpcSpans(endpoint=_endpoint("traces", env, True)))
+        return BatchSpanProcessor(GrpcSpans(endpoint=endpoint))
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-    return BatchSpanProcessor(OTLPSpanExporter(endpoint=_endpoint("traces", env, False)))
+    return BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint))

@@ -12,11 +12,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from filter.core.counters import counts
-from filter.observability.telemetry import Telemetry
+from filter.observability.telemetry import PrometheusText, Telemetry
 
 if TYPE_CHECKING:
     from filter.core.engine import Engine
-    from filter.observability.prometheus_text import PrometheusText
 
 
 def health(engine: Engine, status: str = "ok", **more: Any) -> dict[str, Any]:

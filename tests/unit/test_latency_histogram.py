@@ -1,4 +1,5 @@
-"""The in-process latency histogram aggregates exactly as the OpenTelemetry SDK's own histogram."""
+"""The in-process latency histogram (`filter.observability.latency`, kept because the SDK's
+`Histogram.record` costs 14.5 % of a suppressed request) aggregates exactly as the SDK's own."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader
+from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader, MetricsData
+from opentelemetry.sdk.resources import Resource
 
-from filter.observability.latency import Histograms
+from filter.observability.latency import Latencies, LatencyHistogram
 from filter.observability.telemetry import LATENCY_BUCKETS
 
 LABELS = st.sampled_from([{"route": "r", "decision": "suppressed"}, {"route": "r", "decision": "forwarded"}])
@@ -34,7 +36,7 @@ def _sdk_points(
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.tuples(VALUES, LABELS), min_size=1, max_size=60))
 def test_buckets_sum_count_min_and_max_equal_the_sdks(observations: list[tuple[float, dict[str, str]]]) -> None:
-    ours = Histograms("t").create("h", "s", "", LATENCY_BUCKETS)
+    ours = LatencyHistogram("h", "", LATENCY_BUCKETS)
     for value, labels in observations:
         ours.record(value, labels)
     metric = ours.metric()
@@ -50,7 +52,8 @@ def test_buckets_sum_count_min_and_max_equal_the_sdks(observations: list[tuple[f
         assert math.isclose(p.sum, q.sum, rel_tol=1e-12, abs_tol=1e-12)
 
 
-def test_an_unused_histogram_adds_nothing_to_what_a_reader_collected() -> None:
-    histograms = Histograms("t")
-    histograms.create("h", "s", "", LATENCY_BUCKETS)
-    assert histograms.merge(None) is None
+def test_an_unused_histogram_adds_nothing_to_what_an_otlp_export_sends() -> None:
+    latencies = Latencies("t", Resource.create({}))
+    latencies.create("h", "", LATENCY_BUCKETS)
+    data = MetricsData([])
+    assert latencies.with_latencies(data) is data

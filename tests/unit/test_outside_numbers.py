@@ -67,7 +67,7 @@ def test_a_cloud_trace_header_with_options_of_any_length_is_read_without_raising
     parent = request_parent_of(header)
     assert trace_of(header) == TRACE_ID  # the log line keeps its trace whatever the options
     if options and len(options) <= 20:
-        assert parent is not None and parent.sampled == (int(options) % 2 == 1)
+        assert parent is not None and parent.trace_flags.sampled == (int(options) % 2 == 1)
     else:
         assert parent is None  # options it cannot read: the header names no parent
 

@@ -12,8 +12,7 @@ from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import parse
 from filter.core.engine import Engine
 from filter.core.model import Decision, Message
-from filter.observability.prometheus_text import PrometheusText
-from filter.observability.telemetry import Telemetry
+from filter.observability.telemetry import PrometheusText, Telemetry
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 CONFIG = {"routes": [{"name": "reports", "destination": "phase3", "key": ["payload.game"]}]}
