@@ -9,7 +9,7 @@ from hypothesis.stateful import run_state_machine_as_test
 
 from tests.support.push_model import STEPS, PushShutdownMachine
 
-#: At least 1,000 push-with-shutdown steps a run (~3,100–3,500 in 45–75 s on this 2-core machine under load).
+#: At least 1,000 push-with-shutdown steps a run (~3,100-3,500 in 45-75 s on this 2-core machine under load).
 EXAMPLES = 120
 STEPS_PER_EXAMPLE = 30
 AT_LEAST = 1_000
