@@ -33,8 +33,7 @@ from filter.core.engine import Engine
 from filter.core.envelope import make_envelope
 from filter.observability import logsetup
 from filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
-from filter.observability.prometheus_text import PrometheusText
-from filter.observability.telemetry import Telemetry
+from filter.observability.telemetry import PrometheusText, Telemetry
 from filter.push.app import create_app
 from filter.runtime.wiring import make_engine, quiet_decision_lines
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
