@@ -23,7 +23,7 @@ import contextlib
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any, TypeVar
 
@@ -145,6 +145,7 @@ class Engine:
         clock: Clock | None = None,
         instance: str | None = None,
         telemetry: DecisionObserver | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,  # the heartbeat's: a test's own clock
     ):
         self.config = config
         self.store = store
@@ -152,6 +153,7 @@ class Engine:
         self.publishing = Publishing(publisher) if publisher is not None else None
         self.recorder = recorder
         self.clock = clock or SystemClock()
+        self.sleep = sleep
         self.instance = instance or uuid.uuid4().hex[:12]
         self.rules = {r.name: RouteRules(r) for r in config.routes}
         self.random = random.Random()
@@ -368,7 +370,7 @@ class Engine:
 
     async def _publish_and_commit_now(self, d: Delivery, sender: Sender, decided: Decided, claim: Claimed) -> Acted:
         route, key, msg, held = d.route, d.key, d.msg, claim.held
-        heartbeat = Heartbeat(self.store, route.name, key, held, self.config.lease, self.clock)
+        heartbeat = Heartbeat(self.store, route.name, key, held, self.config.lease, self.clock, self.sleep)
         out = Outgoing(
             decided.out.data,
             {**decided.out.attributes, **fence_attributes(key, held.fence)},

@@ -16,7 +16,7 @@ from filter.core.config import parse
 from filter.core.engine import Engine
 from filter.core.model import Cause, Decision, DecisionRecord, KeyState, Message
 from filter.core.ports import StoreUnavailable
-from tests.support.clock import ManualClock
+from tests.support.clock import ManualClock, ManualSleep
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 ROUTES: list[dict[str, Any]] = [
@@ -50,6 +50,7 @@ class World:
         sections = {"lease": lease, "store_errors": store_errors}
         self.config = parse({"routes": ROUTES, **{k: v for k, v in sections.items() if v}})
         self.clock = ManualClock()
+        self.sleep = ManualSleep(self.clock)  # the heartbeat's: a test wakes each beat by hand
         self.publisher = MemoryPublisher()
         self.recorder = MemoryRecorder()
         self.engine = self.make_engine("one")
@@ -57,7 +58,9 @@ class World:
 
     def make_engine(self, instance: str, publisher: MemoryPublisher | None = None) -> Engine:
         store = GuardedStore(SqliteStore(self.tmp_path / "state.db"), self.config.store_errors)
-        return Engine(self.config, store, publisher or self.publisher, self.recorder, self.clock, instance)
+        return Engine(
+            self.config, store, publisher or self.publisher, self.recorder, self.clock, instance, sleep=self.sleep
+        )
 
     def message(
         self, payload: Any, message_id: str | None = None, publish_time: float | None = None, **kw: Any
@@ -328,7 +331,7 @@ async def test_late_holder_with_an_old_fence_cannot_overwrite(world: World) -> N
 async def test_heartbeat_keeps_the_lease_while_a_publish_is_slow(tmp_path: Path) -> None:
     world = World(
         tmp_path,
-        lease={"duration": "3s", "ack_deadline": "2s", "heartbeat": "50ms"},
+        lease={"duration": "3s", "ack_deadline": "2s", "heartbeat": "1s"},
         store_errors={"timeout": "0.5s", "budget": "1s"},  # inside the ack deadline, as `check` requires
     )
     world.publisher.gate = asyncio.Event()
@@ -336,16 +339,16 @@ async def test_heartbeat_keeps_the_lease_while_a_publish_is_slow(tmp_path: Path)
     await world.publisher.started.wait()
     claimed = await world.state("reports", "2025-01-10")
     assert claimed is not None
-    for _ in range(200):  # wait (bounded) until the heartbeat has extended the lease twice
-        state = await world.state("reports", "2025-01-10")
-        assert state is not None and state.lease is not None
-        if state.version >= claimed.version + 2:
-            break
-        await asyncio.sleep(0.02)
-    assert state.version >= claimed.version + 2, "the heartbeat never extended the lease"
+    for _ in range(2):  # two beats, each a second of the injected clock
+        assert await world.sleep.asleep() == 1.0
+        await world.sleep.wake()
+    await world.sleep.asleep()  # sleeping again: the second extension is written
+    state = await world.state("reports", "2025-01-10")
+    assert state is not None and state.lease is not None
+    assert state.version == claimed.version + 2 and state.lease.expires_at == world.clock.now() + 3
     world.publisher.gate.set()
     rec = await slow
-    assert rec.decision is Decision.FORWARDED and rec.extra.get("heartbeats", 0) >= 2
+    assert rec.decision is Decision.FORWARDED and rec.extra.get("heartbeats") == 2
     assert rec.extra.get("committed", True) is True
 
 

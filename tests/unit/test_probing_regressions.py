@@ -155,7 +155,7 @@ class CorruptOnExtend(SqliteStore):
 async def _forward_with_failing_heartbeat(tmp_path: Path, guarded: bool) -> tuple[World, Any]:
     world = World(
         tmp_path,
-        lease={"duration": "3s", "ack_deadline": "2s", "heartbeat": "10ms"},
+        lease={"duration": "3s", "ack_deadline": "2s", "heartbeat": "1s"},
         store_errors={"timeout": "0.5s", "budget": "1s"},
     )
     beat = asyncio.Event()
@@ -163,7 +163,8 @@ async def _forward_with_failing_heartbeat(tmp_path: Path, guarded: bool) -> tupl
     world.engine.store = GuardedStore(inner, world.config.store_errors, inline=True) if guarded else inner
     world.publisher.gate = asyncio.Event()
     sent = asyncio.create_task(world.send("reports", report("out")))
-    await beat.wait()  # the heartbeat has failed at least once while the publish is held
+    await world.sleep.wake()  # one beat of the injected clock, while the publish is held
+    await beat.wait()  # the heartbeat has failed once
     world.publisher.gate.set()
     return world, await sent
 

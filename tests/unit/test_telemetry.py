@@ -45,6 +45,7 @@ from filter.observability.telemetry import NO_TELEMETRY, PrometheusText, Telemet
 from filter.observability.tracing import sampler
 from filter.push.app import create_app
 from filter.runtime.operational import Failure
+from tests.support.clock import ManualClock, ManualSleep
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 CONFIG: dict[str, Any] = {
@@ -353,7 +354,7 @@ async def test_a_producers_trace_context_changes_no_decision(rig: Rig) -> None:
 async def test_heartbeats_are_events_on_the_publish_span(tmp_path: Path) -> None:
     CONFIG_HB = {
         **CONFIG,
-        "lease": {"duration": "3s", "ack_deadline": "2s", "heartbeat": "10ms"},
+        "lease": {"duration": "3s", "ack_deadline": "2s", "heartbeat": "1s"},
         "store_errors": {"timeout": "0.5s", "budget": "1s"},
     }
     rig = Rig(tmp_path)
@@ -373,9 +374,11 @@ async def test_heartbeats_are_events_on_the_publish_span(tmp_path: Path) -> None
                 extended.set()
 
     rig.engine.store = Watch()  # type: ignore[assignment]
+    rig.engine.sleep = sleep = ManualSleep(ManualClock())
     rig.publisher.gate = asyncio.Event()
     try:
         pushed = asyncio.create_task(rig.push(envelope()))
+        await sleep.wake()  # one beat, while the publish is held
         await extended.wait()
         rig.publisher.gate.set()
         assert (await pushed).json()["decision"] == "forwarded"
