@@ -488,8 +488,9 @@ class Engine:
         `work` waited for; a second cancel goes through to `work`.
 
         For what has been acted on, or is being: a publish handed to the publisher (it may land
-        after a cancel; the publisher's close flushes it), the commit that records it, the
-        commit holding a decision's record. A shutdown's cancel landing there would nack a
+        after a cancel; the publisher's close flushes it), the commit that records it (the
+        commit holding a decision's record is waited for so too, by `recorded`, without a
+        shield: its wait is the caller's own). A shutdown's cancel landing there would nack a
         message whose copy is published, or published again on redelivery. Each is bounded by
         its own timeout (the publisher's, the store's), so the wait ends; a shutdown that cannot
         wait cancels twice. `close` waits for such decisions before it closes anything.
