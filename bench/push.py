@@ -36,7 +36,7 @@ threads) and divides it by the requests served: on a shared 2-core machine, wher
 and other people's jobs take CPU too, CPU µs per request is the steadier figure of cost.
 Every server started here is stopped at the end (SIGTERM, then SIGKILL).
 
-`--variants no-store-timeout,no-records` adds what-if filter servers with one cost
+`--variants no-store-timeout,no-records,records-on-loop` adds what-if filter servers with one cost
 removed (monkeypatched in the server process, never a product mode), to measure what
 that cost is: the answer to "where does the time go" at the server level.
 """
@@ -411,6 +411,7 @@ def table(summary: dict[str, Any]) -> str:
 VARIANTS = {
     "no-store-timeout": "GuardedStore calls the store directly, without asyncio.timeout (SQLite never suspends)",
     "no-records": "decision records are not kept (a recorder whose record() does nothing)",
+    "records-on-loop": "the inline recorder commits a step's records on the event loop, not on its writer thread",
 }
 
 
@@ -442,6 +443,15 @@ def serve_variant(variant: str, argv: list[str]) -> int:
                 pass
 
         filter.runtime.wiring.make_recorder = lambda cfg: NullRecorder()  # type: ignore[assignment,return-value]
+    elif variant == "records-on-loop":
+        from filter.backends.records.inline import InlineSqliteRecorder
+
+        def hand_over(self: InlineSqliteRecorder) -> None:
+            rows, self._step = self._step, []
+            if rows:
+                self._committed(self._recorded, len(rows), self.sink.insert_apart(rows))
+
+        InlineSqliteRecorder._hand_over = hand_over  # type: ignore[method-assign]
     else:
         raise SystemExit(f"unknown variant {variant!r}: {', '.join(VARIANTS)}")
     from filter.cli import main as filter_main

@@ -24,8 +24,10 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
 from typing import Any, TypeVar
+
+import msgspec
+from msgspec.structs import replace
 
 from filter.core import decision_line
 from filter.core.attributes import fence_attributes, forward_attributes
@@ -65,8 +67,12 @@ class SystemClock:
         return time.time()
 
 
-@dataclass(frozen=True, slots=True)
-class Delivery:
+# The values a decision passes between its steps are frozen msgspec Structs: as immutable as a
+# frozen dataclass, and built in a tenth of the time (a frozen dataclass sets each field through
+# `object.__setattr__`, ~0.25 µs a field; every message builds a `Delivery` and a `Done`).
+
+
+class Delivery(msgspec.Struct, frozen=True):
     """One message on one route once its key and fingerprint are known: what each step of acting needs."""
 
     route: Route
@@ -77,8 +83,7 @@ class Delivery:
     raw: bool  # the payload is not JSON
 
 
-@dataclass(frozen=True, slots=True)
-class Acted:
+class Acted(msgspec.Struct, frozen=True):
     """What acting on a decision came to: what went out, and whether its state was committed,
     or why it did not go out (`cause`, and `failure` in words)."""
 
@@ -94,8 +99,7 @@ class Acted:
 NOT_ACTED = Acted()
 
 
-@dataclass(frozen=True, slots=True)
-class Done:
+class Done(msgspec.Struct, frozen=True):
     """How one message's decision ended, everything its record says but the timing."""
 
     decision: Decision
@@ -106,16 +110,14 @@ class Done:
     cause: Cause | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Claimed:
+class Claimed(msgspec.Struct, frozen=True):
     """The lease is ours: `held` is the state the store wrote (the commit must present it)."""
 
     held: KeyState
     fence: int
 
 
-@dataclass(frozen=True, slots=True)
-class Beaten:
+class Beaten(msgspec.Struct, frozen=True):
     """Another writer changed the state between our read and our claim: `current` is what it wrote."""
 
     current: KeyState | None
@@ -235,9 +237,21 @@ class Engine:
     async def recorded(self) -> None:
         """Wait for the commit that holds the records made so far (`handle` and `reject` wait for
         their own; a surface answering a cancelled `handle` waits for the record it made). An
-        answer goes out only once its decision is recorded."""
-        if (committing := self.recorder.committing()) is not None:
-            await self._despite_one_cancel(committing)
+        answer goes out only once its decision is recorded.
+
+        As `_despite_one_cancel`, without its shield and the loop step it adds: the recorder gives
+        each caller a wait of its own, so a cancel here ends only that wait, never the commit.
+        The first cancel is taken back and the commit waited for again; a second goes through."""
+        if (committing := self.recorder.committing()) is None:
+            return
+        try:
+            await committing
+        except asyncio.CancelledError:
+            if (current := asyncio.current_task()) is None:
+                raise
+            current.uncancel()
+            if (again := self.recorder.committing()) is not None:
+                await again
 
     async def _handle(
         self, route_name: str, msg: Message, trace: str | None, sender: Sender
@@ -477,8 +491,9 @@ class Engine:
         `work` waited for; a second cancel goes through to `work`.
 
         For what has been acted on, or is being: a publish handed to the publisher (it may land
-        after a cancel; the publisher's close flushes it), the commit that records it, the
-        commit holding a decision's record. A shutdown's cancel landing there would nack a
+        after a cancel; the publisher's close flushes it), the commit that records it (the
+        commit holding a decision's record is waited for so too, by `recorded`, without a
+        shield: its wait is the caller's own). A shutdown's cancel landing there would nack a
         message whose copy is published, or published again on redelivery. Each is bounded by
         its own timeout (the publisher's, the store's), so the wait ends; a shutdown that cannot
         wait cancels twice. `close` waits for such decisions before it closes anything.

@@ -3,9 +3,10 @@ rows and the log line's fields derived from them are the ones written before the
 
 from __future__ import annotations
 
-import dataclasses
 import sqlite3
 from pathlib import Path
+
+import msgspec
 
 from filter.backends.records.bigquery import to_row
 from filter.backends.records.sqlite import SqliteReader, SqliteSink
@@ -68,7 +69,7 @@ def created_sql(path: Path) -> list[str]:
 
 def test_the_columns_are_the_decision_records_fields_in_order() -> None:
     # the last column, `extra`, holds the fields after `trace`: the details, then what acting came to
-    fields = tuple(f.name for f in dataclasses.fields(DecisionRecord))
+    fields = tuple(f.name for f in msgspec.structs.fields(DecisionRecord))
     assert (*fields[: len(COLUMN_NAMES) - 1], "extra") == COLUMN_NAMES
     assert fields[len(COLUMN_NAMES) - 1 :] == ("details", "heartbeats", "committed", "cause")
 

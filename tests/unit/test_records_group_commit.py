@@ -382,10 +382,13 @@ async def test_a_cancel_while_a_shadow_forward_waits_for_its_records_commit_stil
         await recorded_in_company(recorder)
         waiting_for = recorder.committing
         handling: list[asyncio.Task[DecisionRecord]] = []
+        cancels: list[None] = []
 
         def cancelled_while_committing() -> Any:
             committing = waiting_for()
-            handling[0].cancel()  # the shutdown's cancel, as the request starts to wait for its commit
+            if not cancels:  # the shutdown's one cancel, as the request starts to wait for its commit
+                cancels.append(None)
+                handling[0].cancel()
             return committing
 
         monkeypatch.setattr(recorder, "committing", cancelled_while_committing)
@@ -396,6 +399,46 @@ async def test_a_cancel_while_a_shadow_forward_waits_for_its_records_commit_stil
         assert len(read_outbox(quick_start.parent / "outbox.jsonl").messages) == 1
         assert ("s1", "forwarded") in stored(quick_start.parent / "filter-decisions.db")
     finally:
+        await close(engine)
+
+
+async def test_a_second_cancel_while_waiting_for_the_records_commit_goes_through_and_the_record_is_kept(
+    quick_start: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The wait for a record takes back one cancel, not two (a shutdown that will not wait): the
+    decision is then answered as cancelled, and its record is still committed."""
+    engine, _ = await primed(quick_start)
+    recorder = inline_recorder(engine)
+    held = threading.Event()  # the writer thread's commit, held until the two cancels are in
+    insert = recorder.sink.insert_apart
+    waiting = asyncio.Event()
+    waiting_for = recorder.committing
+
+    def held_insert(rows: list[DecisionRecord]) -> Any:
+        held.wait(10)
+        return insert(rows)
+
+    def committing() -> Any:
+        waiting.set()
+        return waiting_for()
+
+    monkeypatch.setattr(recorder.sink, "insert_apart", held_insert)
+    monkeypatch.setattr(recorder, "committing", committing)
+    try:
+        task = asyncio.create_task(engine.handle(ROUTE, parse_envelope(make_envelope(REPORT, "again"))))
+        await waiting.wait()
+        task.cancel()
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert not task.done()  # the first cancel is taken back: still waiting for the commit
+        task.cancel()
+        held.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await recorder.flush()
+        assert ("again", "suppressed") in stored(quick_start.parent / "filter-decisions.db")
+    finally:
+        held.set()
         await close(engine)
 
 
