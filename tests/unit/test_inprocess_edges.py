@@ -421,7 +421,15 @@ def test_a_ctrl_c_while_the_caller_waits_on_the_loop_cancels_the_decision_there(
     """A real Ctrl-C lands in the main thread wherever it waits: here, for the loop's claim. The
     decision on the loop is cancelled with it, so close() does not wait on it for ever."""
     assert threading.current_thread() is threading.main_thread()
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    # Python's own Ctrl-C handler, whatever an earlier test left installed (an asyncio.Runner's)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        _ctrl_c_while_the_caller_waits(config, monkeypatch)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _ctrl_c_while_the_caller_waits(config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
     stores: list[_ClaimWaits] = []
     make_store = api.make_store
 
