@@ -196,6 +196,8 @@ def _fields_forwarded(
     out = Outgoing(msg.data, {}, now.blob(fp), full)
     if out.rows is None:
         details["fields_state"] = "too many fields to keep"
+    else:
+        rules.keep_fields_state(out.rows, now.stored())
     if new_key:
         return out, details  # nothing to compare with
     if before is None or now.changed_all is None:

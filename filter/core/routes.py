@@ -72,10 +72,16 @@ class RouteRules:
             seen = fields.decode(blob)
             if seen is None:
                 return None
-            if len(self._befores) >= _KEPT_STATES:
-                self._befores.pop(next(iter(self._befores)), None)
-            self._befores[blob] = seen
+            self.keep_fields_state(blob, seen)
         return seen
+
+    def keep_fields_state(self, blob: bytes, before: fields.Before) -> None:
+        """Keep `before` as what `blob` decodes to. A forward keeps the state it stores: the
+        next decision for its key reads that blob back and finds it decoded (in this process;
+        another decodes it once)."""
+        if len(self._befores) >= _KEPT_STATES:
+            self._befores.pop(next(iter(self._befores)), None)
+        self._befores[blob] = before
 
     def forget(self, data: bytes) -> None:
         """Let go of the payload decoded from `data` (its entry holds `data`, so no other object has its id)."""

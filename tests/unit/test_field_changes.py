@@ -6,6 +6,8 @@ import json
 import random
 from typing import Any
 
+import pytest
+
 from filter.core import fields
 from filter.core.config import parse
 from filter.core.judge import Decided, decide
@@ -128,3 +130,33 @@ def test_every_decision_lets_go_of_the_payload_it_was_given() -> None:
     for n in range(2, 200):
         step(r, {"id": 1, "status": "out"}, state, n)  # suppressions of a route that selects every field
     assert len(r._decoded) == 0
+
+
+def test_the_field_state_a_forward_keeps_is_the_one_its_blob_decodes_to() -> None:
+    before = fields.decode(fields.Now({"a": 1, "t": "2026-11-25T10:00:00Z"}, None, None).blob("sha256:" + "a" * 64))
+    now = fields.Now({"a": 2, "t": "2026-11-25T10:05:00Z", "b": [1, {"y": 1, "x": None}]}, None, before)
+    blob = now.blob("sha256:" + "b" * 64)
+    assert blob is not None
+    kept, read = now.stored(), fields.decode(blob)
+    assert read is not None
+    assert (kept.names, kept.packed, kept.clocks, kept.crcs) == (read.names, read.packed, read.clocks, read.crcs)
+    assert kept.by_name() == read.by_name() == {n: int(read.as_dict()[n], 16) for n in read.names}
+
+
+def test_the_next_decision_for_a_key_finds_the_field_state_its_forward_kept_without_decoding_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    r = rules(exclude=["scraped"])
+    _, state = step(r, {"id": 1, "status": "out", "scraped": "a"}, None, 1)
+    monkeypatch.setattr(fields, "decode", lambda blob: pytest.fail("the stored field state was decoded again"))
+    held, _ = step(r, {"id": 1, "status": "out", "scraped": "b"}, state, 2)
+    assert held.details == {"excluded_changed": ["scraped"]}
+    forward, _ = step(r, {"id": 1, "status": "in", "scraped": "c"}, state, 3)
+    assert forward.details == {"fields_changed": ["status"]}
+
+
+def test_a_stored_field_state_with_a_checksum_marked_missing_still_compares_by_name() -> None:
+    before = fields.Before(["a", "b"], "0000000a" + "-" * 8, {})
+    assert before.crcs is None and before.by_name() == {"a": 10}
+    now = fields.Now({"a": 1, "b": 2}, None, before)
+    assert now.changed_all == ["a", "b"]
