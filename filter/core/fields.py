@@ -61,14 +61,22 @@ _decode = msgspec.json.Decoder(_Stored).decode
 class Before:
     """The last forward's field checksums (packed, in the order of `names`) and clock values, as stored."""
 
-    __slots__ = ("_by_name", "clocks", "crcs", "names", "packed")
+    __slots__ = ("_by_name", "clocks", "crcs", "names", "packed", "values")
 
     def __init__(
-        self, names: list[str], packed: str, clocks: dict[str, float | str], crcs: tuple[int, ...] | None = None
+        self,
+        names: list[str],
+        packed: str,
+        clocks: dict[str, float | str],
+        crcs: tuple[int, ...] | None = None,
+        values: dict[str, Any] | None = None,
     ):
         self.names = names
         self.packed = packed
         self.clocks = clocks
+        #: values of the fields outside the selection, as the forward had them (`kept_values`):
+        #: only in the process that forwarded (the blob holds checksums)
+        self.values = values
         #: the checksums as numbers in the order of `names` (None: the packed text is not one
         #: checksum per name: a field marked missing, or not ours)
         self.crcs = crcs if crcs is not None else _unpack(packed, len(names))
@@ -150,10 +158,10 @@ class Now:
             return None
         return _encode_stored(_Stored(self.names, {PAYLOAD: (fingerprint[-16:], self.packed)}, self.clocks))
 
-    def stored(self) -> Before:
-        """What `decode` gives for `blob()`, without decoding it: the next decision for the key
-        reads that blob back (`RouteRules.keep_fields_state`)."""
-        return Before(self.names, self.packed, self.clocks, tuple(self.crcs))
+    def stored(self, values: dict[str, Any] | None = None) -> Before:
+        """What `decode` gives for `blob()`, without decoding it, and `values` (`kept_values`):
+        the next decision for the key reads that blob back (`RouteRules.keep_fields_state`)."""
+        return Before(self.names, self.packed, self.clocks, tuple(self.crcs), values)
 
 
 def _changed(names: list[str], crcs: list[int], packed: str, before: Before) -> list[str]:
@@ -223,15 +231,25 @@ def excluded_changed(
     payload: Mapping[str, Any], before: Before, unselected: tuple[str, ...] | None, counts: Callable[[str], bool]
 ) -> list[str]:
     """The fields outside the selection that changed. `unselected`, the route's `exclude` when
-    it has no `include`: only those are looked at (a checksum each), not every field."""
+    it has no `include`: only those are looked at, not every field. A field whose value the
+    last forward kept (`Before.values`: this process forwarded it) is compared by value, else
+    by checksum."""
     if unselected is not None:
         names: Iterable[str] = unselected
     else:
         names = {k for k in payload if not counts(k)} | {k for k in before.names if not counts(k)}
-    was = before.by_name()
+    kept = before.values
+    was: dict[str, int] | None = None
     out = []
     for n in names:
         v = payload.get(n, _ABSENT)
+        t = type(v)
+        if kept is not None and t in _SCALARS and type(k := kept.get(n, _ABSENT)) is t:
+            if v != k:  # same scalar type: equal values ⇔ equal canonical text (integral floats are ints)
+                out.append(n)
+            continue
+        if was is None:
+            was = before.by_name()
         if (None if v is _ABSENT else _crc32(_encode(v))) != was.get(n):
             out.append(n)
     if len(out) > 1:
@@ -239,4 +257,22 @@ def excluded_changed(
     return out
 
 
+def kept_values(payload: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:
+    """The values of `names` a suppression can compare as they are: scalars (strings up to
+    `MAX_KEPT_STR` characters), at most `MAX_KEPT` of them."""
+    out: dict[str, Any] = {}
+    for n in names:
+        v = payload.get(n, _ABSENT)
+        t = type(v)
+        if t in _SCALARS and (t is not str or len(v) <= MAX_KEPT_STR):
+            out[n] = v
+            if len(out) >= MAX_KEPT:
+                break
+    return out
+
+
+#: Kept values (`kept_values`): how many a forward keeps, and the longest string kept.
+MAX_KEPT = 32
+MAX_KEPT_STR = 256
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 _ABSENT = object()
