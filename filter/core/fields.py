@@ -27,11 +27,6 @@ import math
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Mapping
-from itertools import compress, repeat
-from operator import and_ as _and
-from operator import eq as _eq
-from operator import is_ as _is
-from operator import not_ as _not
 from typing import Any
 
 import msgspec
@@ -66,7 +61,7 @@ _decode = msgspec.json.Decoder(_Stored).decode
 class Before:
     """The last forward's field checksums (packed, in the order of `names`) and clock values, as stored."""
 
-    __slots__ = ("_by_name", "clocks", "crcs", "names", "names_json", "order", "packed", "values")
+    __slots__ = ("_by_name", "clocks", "crcs", "names", "packed", "values")
 
     def __init__(
         self,
@@ -74,14 +69,14 @@ class Before:
         packed: str,
         clocks: dict[str, float | str],
         crcs: tuple[int, ...] | None = None,
-        kept: Kept | None = None,
+        values: dict[str, Any] | None = None,
     ):
         self.names = names
         self.packed = packed
         self.clocks = clocks
-        # What only the process that forwarded knows (the blob holds checksums): the payload's
-        # values by name (a small payload's), its own key order, and `names` as JSON.
-        self.values, self.order, self.names_json = kept if kept is not None else (None, None, None)
+        #: values of the fields outside the selection, as the forward had them (`kept_values`):
+        #: only in the process that forwarded (the blob holds checksums)
+        self.values = values
         #: the checksums as numbers in the order of `names` (None: the packed text is not one
         #: checksum per name: a field marked missing, or not ours)
         self.crcs = crcs if crcs is not None else _unpack(packed, len(names))
@@ -135,30 +130,19 @@ def _struct(n: int) -> struct.Struct:
 class Now:
     """A forward's payload, field by field: names sorted, checksums packed in that order, clock values."""
 
-    __slots__ = ("_names_json", "changed_all", "clocks", "crcs", "names", "order", "packed", "values")
+    __slots__ = ("changed_all", "clocks", "crcs", "names", "packed")
 
     def __init__(self, payload: Mapping[str, Any], counts: Callable[[str], bool] | None, before: Before | None):
-        self.order = order = list(payload)
-        # the same fields in the same order as the last forward (one producer): sorted as then
-        same_names = before is not None and before.order == order
-        self.names = names = before.names if same_names and before is not None else sorted(order)
-        self.values = values = list(map(payload.__getitem__, names))
-        self._names_json = before.names_json if same_names and before is not None else None
-        self.changed_all: list[str] | None  # every field that changed, selected or not (None: nothing to compare)
-        if before is not None and same_names and before.values is not None and before.crcs is not None:
-            self.crcs, self.changed_all = _by_value(names, values, before.values, before.crcs)
-            self.packed = before.packed if not self.changed_all else _packed(self.crcs)
-        else:
-            self.crcs = crcs = list(map(_crc32, map(_encode, values)))
-            self.packed = packed = _packed(crcs)
-            self.changed_all = None if before is None else _changed(names, crcs, packed, before)
+        self.names = names = sorted(payload)
+        self.crcs = crcs = list(map(_crc32, map(_encode, map(payload.__getitem__, names))))
+        self.packed = packed = _struct(len(crcs)).pack(*crcs).hex()  # what f"{crc:08x}" each gives, in one call
         # Clock values: those of the last forward carry over (a field that did not change has
         # the same value); only the fields that changed are looked at, usually one or two.
-        looked_at: Iterable[str]
-        if before is None or self.changed_all is None:
-            looked_at, self.clocks = names, {}
+        self.changed_all: list[str] | None  # every field that changed, selected or not (None: nothing to compare)
+        if before is None:
+            self.changed_all, looked_at, self.clocks = None, names, {}
         else:
-            looked_at = self.changed_all
+            self.changed_all = looked_at = _changed(names, crcs, packed, before)
             self.clocks = {k: v for k, v in before.clocks.items() if k in payload}  # a copy: `before` is shared
         clocks = self.clocks
         for n in looked_at:
@@ -169,56 +153,15 @@ class Now:
                 clocks[n] = c
 
     def blob(self, fingerprint: str) -> bytes | None:
-        """What a forward stores; None when the payload has too many fields to keep. Written as
-        msgspec writes `_Stored` (the test suite holds them to it), the names' JSON reused."""
+        """What a forward stores; None when the payload has too many fields to keep."""
         if len(self.names) > MAX_FIELDS:
             return None
-        if self._names_json is None:
-            self._names_json = _encode_stored(self.names)
-        clocks = b"," + _encode_stored(self.clocks) if self.clocks else b""
-        ids = f',{{"":["{fingerprint[-16:]}","{self.packed}"]}}'.encode()  # hex digits: nothing to escape
-        return b"".join((b"[", self._names_json, ids, clocks, b"]"))
+        return _encode_stored(_Stored(self.names, {PAYLOAD: (fingerprint[-16:], self.packed)}, self.clocks))
 
-    def stored(self, data_size: int | None = None) -> Before:
-        """What `decode` gives for `blob()`, without decoding it: the next decision for the key
-        reads that blob back (`RouteRules.keep_fields_state`). With the payload's values when it
-        came in `data_size` bytes up to `MAX_KEPT_BYTES` (what a route keeps stays small)."""
-        values = (
-            dict(zip(self.names, self.values, strict=True))
-            if data_size is not None and data_size <= MAX_KEPT_BYTES
-            else None
-        )
-        return Before(self.names, self.packed, self.clocks, tuple(self.crcs), (values, self.order, self._names_json))
-
-
-#: What `Now.stored` keeps beside the checksums: values by name, the payload's key order, the names' JSON.
-Kept = tuple[dict[str, Any] | None, list[str] | None, bytes | None]
-
-#: The largest payload (bytes of message data) whose values a forward keeps for the next decisions.
-MAX_KEPT_BYTES = 2048
-
-
-def _packed(crcs: list[int]) -> str:
-    return _struct(len(crcs)).pack(*crcs).hex()  # what f"{crc:08x}" each gives, in one call
-
-
-def _by_value(
-    names: list[str], values: list[Any], kept: dict[str, Any], old: tuple[int, ...]
-) -> tuple[list[int], list[str]]:
-    """Checksums and changed fields against the last forward's values (same names, same order):
-    a scalar of the same type and value has the same canonical text (integral floats are ints),
-    so its checksum is the last one; only the others are encoded."""
-    prev = list(map(kept.get, names, repeat(_ABSENT)))
-    same = map(_and, map(_is, map(type, values), map(type, prev)), map(_in_scalars, map(type, values)))
-    unchanged = map(_and, same, map(_eq, values, prev))
-    crcs = list(old)
-    changed = []
-    for i in compress(range(len(names)), map(_not, unchanged)):
-        c = _crc32(_encode(values[i]))
-        if c != crcs[i]:
-            crcs[i] = c
-            changed.append(names[i])
-    return crcs, changed
+    def stored(self, values: dict[str, Any] | None = None) -> Before:
+        """What `decode` gives for `blob()`, without decoding it, and `values` (`kept_values`):
+        the next decision for the key reads that blob back (`RouteRules.keep_fields_state`)."""
+        return Before(self.names, self.packed, self.clocks, tuple(self.crcs), values)
 
 
 def _changed(names: list[str], crcs: list[int], packed: str, before: Before) -> list[str]:
@@ -314,6 +257,22 @@ def excluded_changed(
     return out
 
 
+def kept_values(payload: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:
+    """The values of `names` a suppression can compare as they are: scalars (strings up to
+    `MAX_KEPT_STR` characters), at most `MAX_KEPT` of them."""
+    out: dict[str, Any] = {}
+    for n in names:
+        v = payload.get(n, _ABSENT)
+        t = type(v)
+        if t in _SCALARS and (t is not str or len(v) <= MAX_KEPT_STR):
+            out[n] = v
+            if len(out) >= MAX_KEPT:
+                break
+    return out
+
+
+#: Kept values (`kept_values`): how many a forward keeps, and the longest string kept.
+MAX_KEPT = 32
+MAX_KEPT_STR = 256
 _SCALARS = frozenset({str, int, float, bool, type(None)})
-_in_scalars = _SCALARS.__contains__
 _ABSENT = object()

@@ -204,7 +204,7 @@ def _fields_forwarded(
     if out.rows is None:
         details["fields_state"] = "too many fields to keep"
     else:
-        rules.keep_fields_state(out.rows, now.stored(len(msg.data)))
+        rules.keep_fields_state(out.rows, now.stored(_unselected_values(rules, payload)))
     if new_key:
         return out, details  # nothing to compare with
     if before is None or now.changed_all is None:
@@ -217,6 +217,15 @@ def _fields_forwarded(
     if increased:
         fields.named("fields_increased", increased, details)
     return out, details
+
+
+def _unselected_values(rules: RouteRules, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The values a suppression compares its excluded fields with (none: it looks at none)."""
+    selects = rules.selects
+    if selects is None:
+        return None
+    names = rules.unselected if rules.unselected is not None else (n for n in payload if not selects(n))
+    return fields.kept_values(payload, names)
 
 
 def _grew(old: float | str, new: float | str) -> bool:
