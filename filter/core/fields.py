@@ -27,6 +27,8 @@ import math
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Mapping
+from itertools import compress
+from operator import ne as _ne
 from typing import Any
 
 import msgspec
@@ -171,7 +173,7 @@ def _changed(names: list[str], crcs: list[int], packed: str, before: Before) -> 
             return []
         old = before.crcs
         if old is not None:
-            return [n for n, c, was in zip(names, crcs, old, strict=True) if c != was]
+            return list(compress(names, map(_ne, crcs, old)))  # in C: these are most of a forward's fields
     was = before.by_name()
     now = dict(zip(names, crcs, strict=True))
     return sorted(k for k in now.keys() | before.names if now.get(k) != was.get(k))
