@@ -17,8 +17,12 @@ Each list holds at most `MAX_NAMED` names, sorted; `*_more` counts the rest. A s
 before this feature (or too large to keep) has no field checksums: the forward then records
 `fields_changed: null`, "unknown", and tune counts it as not evaluable.
 
-Cost: the payload is the one the fingerprint decoded (`RouteRules.payload_of`); a forward
-pays a checksum per top-level field, a suppression one per field outside the selection.
+Cost: the payload is the one the fingerprint decoded (the engine hands it to `judge.decide`),
+never decoded again. A forward pays a checksum per top-level field, and keeps the state it
+stores decoded (`Now.stored`, `RouteRules.keep_fields_state`) with the scalar values of the
+fields outside the selection: the suppressions after it decode nothing and compare those
+fields by value (a checksum each only where no value was kept: state another process stored).
+`bench/fields.py` measures it against the same route with tracking off.
 """
 
 from __future__ import annotations
