@@ -311,7 +311,7 @@ class Engine:
         for _ in range(CLAIM_ATTEMPTS):
             now = self.clock.now()
             # 3. decide: each look at the state is decided afresh, and only the last one is recorded
-            decided = decide(rules, msg, fp, state, now, bypass, self.random)
+            decided = decide(rules, msg, fp, state, now, bypass, self.random, payload)
             verdict = decided.verdict
             # 4. act
             if verdict.decision is not Decision.FORWARDED:

@@ -17,8 +17,12 @@ Each list holds at most `MAX_NAMED` names, sorted; `*_more` counts the rest. A s
 before this feature (or too large to keep) has no field checksums: the forward then records
 `fields_changed: null`, "unknown", and tune counts it as not evaluable.
 
-Cost: the payload is the one the fingerprint decoded (`RouteRules.payload_of`); a forward
-pays a checksum per top-level field, a suppression one per field outside the selection.
+Cost: the payload is the one the fingerprint decoded (the engine hands it to `judge.decide`),
+never decoded again. A forward pays a checksum per top-level field, and keeps the state it
+stores decoded (`Now.stored`, `RouteRules.keep_fields_state`) with the scalar values of the
+fields outside the selection: the suppressions after it decode nothing and compare those
+fields by value (a checksum each only where no value was kept: state another process stored).
+`bench/fields.py` measures it against the same route with tracking off.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import math
 import struct
 import zlib
 from collections.abc import Callable, Iterable, Mapping
+from itertools import compress
+from operator import ne as _ne
 from typing import Any
 
 import msgspec
@@ -41,6 +47,8 @@ MAX_FIELDS = 512
 PAYLOAD = ""
 
 _encode = msgspec.json.Encoder(order="sorted").encode
+_encode_stored = msgspec.json.Encoder().encode
+_crc32 = zlib.crc32
 _MISSING = "-" * 8
 
 
@@ -59,25 +67,70 @@ _decode = msgspec.json.Decoder(_Stored).decode
 class Before:
     """The last forward's field checksums (packed, in the order of `names`) and clock values, as stored."""
 
-    __slots__ = ("_crcs", "clocks", "names", "packed")
+    __slots__ = ("_by_name", "clocks", "crcs", "names", "packed", "values")
 
-    def __init__(self, names: list[str], packed: str, clocks: dict[str, float | str]):
+    def __init__(
+        self,
+        names: list[str],
+        packed: str,
+        clocks: dict[str, float | str],
+        crcs: tuple[int, ...] | None = None,
+        values: dict[str, Any] | None = None,
+    ):
         self.names = names
         self.packed = packed
         self.clocks = clocks
-        self._crcs: dict[str, int] | None = None
+        #: values of the fields outside the selection, as the forward had them (`kept_values`):
+        #: only in the process that forwarded (the blob holds checksums)
+        self.values = values
+        #: the checksums as numbers in the order of `names` (None: the packed text is not one
+        #: checksum per name: a field marked missing, or not ours)
+        self.crcs = crcs if crcs is not None else _unpack(packed, len(names))
+        self._by_name: dict[str, int] | None = None
 
-    def crcs(self) -> dict[str, int]:
-        """The checksums by name, as numbers: built on the first suppression that asks, then
-        kept with this state (a route keeps each stored state decoded, `RouteRules.fields_before`),
-        so the suppressions after one forward look a field up, never parse it again."""
-        if self._crcs is None:
-            self._crcs = {n: int(c, 16) for n, c in self.as_dict().items()}
-        return self._crcs
+    def by_name(self) -> dict[str, int]:
+        """The checksums by name (what a suppression looks its excluded fields up in): built on
+        the first suppression that asks, then kept with this state (a route keeps each stored
+        state decoded, `RouteRules.fields_before`)."""
+        if self._by_name is None:
+            crcs = self.crcs
+            if crcs is not None:
+                self._by_name = dict(zip(self.names, crcs, strict=True))
+            else:
+                self._by_name = {n: int(c, 16) for n, c in self.as_dict().items() if _is_hex(c)}
+        return self._by_name
 
     def as_dict(self) -> dict[str, str]:
         p = self.packed
         return {n: p[i * 8 : i * 8 + 8] for i, n in enumerate(self.names) if p[i * 8 : i * 8 + 8] != _MISSING}
+
+
+def _unpack(packed: str, n: int) -> tuple[int, ...] | None:
+    if len(packed) != 8 * n:
+        return None
+    try:
+        return _struct(n).unpack(bytes.fromhex(packed))
+    except ValueError:  # not hex: a field marked missing (row state's layout)
+        return None
+
+
+def _is_hex(c: str) -> bool:
+    try:
+        int(c, 16)
+    except ValueError:
+        return False
+    return len(c) == 8
+
+
+_structs: dict[int, struct.Struct] = {}
+
+
+def _struct(n: int) -> struct.Struct:
+    """n big-endian 32-bit numbers: the packed checksums' layout (`f"{crc:08x}"` each, as bytes)."""
+    s = _structs.get(n)
+    if s is None:
+        s = _structs[n] = struct.Struct(f">{n}I")
+    return s
 
 
 class Now:
@@ -86,44 +139,48 @@ class Now:
     __slots__ = ("changed_all", "clocks", "crcs", "names", "packed")
 
     def __init__(self, payload: Mapping[str, Any], counts: Callable[[str], bool] | None, before: Before | None):
-        names = sorted(payload)
-        values = list(map(payload.__getitem__, names))
-        crcs = list(map(zlib.crc32, map(_encode, values)))
-        self.names, self.crcs = names, crcs
-        self.packed = struct.pack(f">{len(crcs)}I", *crcs).hex()  # what f"{crc:08x}" each gives, in one call
+        self.names = names = sorted(payload)
+        self.crcs = crcs = list(map(_crc32, map(_encode, map(payload.__getitem__, names))))
+        self.packed = packed = _struct(len(crcs)).pack(*crcs).hex()  # what f"{crc:08x}" each gives, in one call
         # Clock values: those of the last forward carry over (a field that did not change has
         # the same value); only the fields that changed are looked at, usually one or two.
-        looked_at: Iterable[str]
         self.changed_all: list[str] | None  # every field that changed, selected or not (None: nothing to compare)
         if before is None:
             self.changed_all, looked_at, self.clocks = None, names, {}
         else:
-            self.changed_all = looked_at = self.changed(before, None)
+            self.changed_all = looked_at = _changed(names, crcs, packed, before)
             self.clocks = {k: v for k, v in before.clocks.items() if k in payload}  # a copy: `before` is shared
+        clocks = self.clocks
         for n in looked_at:
             c = clock_value(payload.get(n)) if counts is None or counts(n) else None
             if c is None:
-                self.clocks.pop(n, None)
+                clocks.pop(n, None)
             else:
-                self.clocks[n] = c
-
-    def changed(self, before: Before, counts: Callable[[str], bool] | None) -> list[str]:
-        """The selected fields whose checksum differs from the last forward's (or that came or went)."""
-        if before.packed == self.packed and before.names == self.names:
-            return []
-        was = before.crcs()  # usually built already, by the suppressions since that forward
-        if before.names == self.names:
-            found = [n for n, c in zip(self.names, self.crcs, strict=True) if c != was.get(n)]
-        else:
-            now = dict(zip(self.names, self.crcs, strict=True))
-            found = sorted(k for k in now.keys() | was.keys() if now.get(k) != was.get(k))
-        return found if counts is None else [n for n in found if counts(n)]
+                clocks[n] = c
 
     def blob(self, fingerprint: str) -> bytes | None:
         """What a forward stores; None when the payload has too many fields to keep."""
         if len(self.names) > MAX_FIELDS:
             return None
-        return msgspec.json.encode(_Stored(self.names, {PAYLOAD: (fingerprint[-16:], self.packed)}, self.clocks))
+        return _encode_stored(_Stored(self.names, {PAYLOAD: (fingerprint[-16:], self.packed)}, self.clocks))
+
+    def stored(self, values: dict[str, Any] | None = None) -> Before:
+        """What `decode` gives for `blob()`, without decoding it, and `values` (`kept_values`):
+        the next decision for the key reads that blob back (`RouteRules.keep_fields_state`)."""
+        return Before(self.names, self.packed, self.clocks, tuple(self.crcs), values)
+
+
+def _changed(names: list[str], crcs: list[int], packed: str, before: Before) -> list[str]:
+    """The fields whose checksum differs from the last forward's, or that came or went (sorted)."""
+    if before.names == names:
+        if before.packed == packed:
+            return []
+        old = before.crcs
+        if old is not None:
+            return list(compress(names, map(_ne, crcs, old)))  # in C: these are most of a forward's fields
+    was = before.by_name()
+    now = dict(zip(names, crcs, strict=True))
+    return sorted(k for k in now.keys() | before.names if now.get(k) != was.get(k))
 
 
 def selector(route: Route) -> Callable[[str], bool] | None:
@@ -180,20 +237,48 @@ def excluded_changed(
     payload: Mapping[str, Any], before: Before, unselected: tuple[str, ...] | None, counts: Callable[[str], bool]
 ) -> list[str]:
     """The fields outside the selection that changed. `unselected`, the route's `exclude` when
-    it has no `include`: only those are looked at (a checksum each), not every field."""
+    it has no `include`: only those are looked at, not every field. A field whose value the
+    last forward kept (`Before.values`: this process forwarded it) is compared by value, else
+    by checksum."""
     if unselected is not None:
         names: Iterable[str] = unselected
     else:
         names = {k for k in payload if not counts(k)} | {k for k in before.names if not counts(k)}
-    was = before.crcs()
+    kept = before.values
+    was: dict[str, int] | None = None
     out = []
     for n in names:
         v = payload.get(n, _ABSENT)
-        if (None if v is _ABSENT else zlib.crc32(_encode(v))) != was.get(n):
+        t = type(v)
+        if kept is not None and t in _SCALARS and type(k := kept.get(n, _ABSENT)) is t:
+            if v != k:  # same scalar type: equal values ⇔ equal canonical text (integral floats are ints)
+                out.append(n)
+            continue
+        if was is None:
+            was = before.by_name()
+        if (None if v is _ABSENT else _crc32(_encode(v))) != was.get(n):
             out.append(n)
     if len(out) > 1:
         out.sort()
     return out
 
 
+def kept_values(payload: Mapping[str, Any], names: Iterable[str]) -> dict[str, Any]:
+    """The values of `names` a suppression can compare as they are: scalars (strings up to
+    `MAX_KEPT_STR` characters), at most `MAX_KEPT` of them."""
+    out: dict[str, Any] = {}
+    for n in names:
+        v = payload.get(n, _ABSENT)
+        t = type(v)
+        if t in _SCALARS and (t is not str or len(v) <= MAX_KEPT_STR):
+            out[n] = v
+            if len(out) >= MAX_KEPT:
+                break
+    return out
+
+
+#: Kept values (`kept_values`): how many a forward keeps, and the longest string kept.
+MAX_KEPT = 32
+MAX_KEPT_STR = 256
+_SCALARS = frozenset({str, int, float, bool, type(None)})
 _ABSENT = object()

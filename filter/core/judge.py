@@ -39,6 +39,9 @@ ID_REUSED = "the message id was reused with other content"
 #: The reason a forward gives when a forward of other content may have landed unrecorded.
 UNKNOWN_DOWNSTREAM = "what the destination holds is unknown: a forward may have landed unrecorded"
 
+#: `decide` was not given the payload the fingerprint decoded.
+NOT_GIVEN: Any = object()
+
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
@@ -79,27 +82,27 @@ def decide(
     now: float,
     bypass: bool,
     rng: random.Random,
+    payload: Any = NOT_GIVEN,
 ) -> Decided:
-    """The whole decision for `msg` (payload fingerprint `fp`) against `state`, the stored state for its key."""
+    """The whole decision for `msg` (payload fingerprint `fp`) against `state`, the stored state for its key.
+
+    `payload`: what the fingerprint decoded from `msg.data` (`rules.scheme`), so that the field
+    changes are read from it, not from a second decode (without it, they decode `msg.data`)."""
     if state is not None and state.expired(now):
         state = state.forgotten()
-    try:
-        verdict = judge(rules.route, msg, fp, state, now, bypass)
-        details: dict[str, Any] = {}
-        if state is not None and _id_reused(state, msg.message_id, fp):
-            verdict = Verdict(verdict.decision, f"{verdict.reason}; {ID_REUSED}")
-            details["id_reused"] = True
-        if verdict.decision is Decision.SUPPRESSED and _noise_only(rules, msg, state, rng):
-            verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
-        elif verdict.decision is Decision.FORWARDED:
-            out, found = _what_to_send(rules, msg, fp, state)
-            return Decided(verdict, state, out, {**details, **found})
-        if verdict.decision in _HELD_BACK and rules.tracks_fields and rules.selects is not None:
-            _excluded_changed(rules, msg, state, details)
-        return Decided(verdict, state, Outgoing(msg.data, {}), details)
-    finally:
-        if rules.tracks_fields:
-            rules.forget(msg.data)  # whatever was decided: the payload is not kept past its decision
+    verdict = judge(rules.route, msg, fp, state, now, bypass)
+    details: dict[str, Any] = {}
+    if state is not None and _id_reused(state, msg.message_id, fp):
+        verdict = Verdict(verdict.decision, f"{verdict.reason}; {ID_REUSED}")
+        details["id_reused"] = True
+    if verdict.decision is Decision.SUPPRESSED and _noise_only(rules, msg, state, rng):
+        verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
+    elif verdict.decision is Decision.FORWARDED:
+        out, found = _what_to_send(rules, msg, fp, state, payload)
+        return Decided(verdict, state, out, {**details, **found})
+    if verdict.decision in _HELD_BACK and rules.tracks_fields and rules.selects is not None:
+        _excluded_changed(rules, msg, state, details, payload)
+    return Decided(verdict, state, Outgoing(msg.data, {}), details)
 
 
 def judge(
@@ -170,23 +173,27 @@ def _noise_only(rules: RouteRules, msg: Message, state: KeyState | None, rng: ra
 _HELD_BACK = (Decision.SUPPRESSED, Decision.NOISE_ONLY)
 
 
-def _excluded_changed(rules: RouteRules, msg: Message, state: KeyState | None, details: dict[str, Any]) -> None:
+def _excluded_changed(
+    rules: RouteRules, msg: Message, state: KeyState | None, details: dict[str, Any], payload: Any
+) -> None:
     """Which fields outside the selection changed since the last forward, for `tune`."""
     before = rules.fields_before(state.rows) if state is not None else None
     if before is None or rules.selects is None:
         return
-    payload = rules.payload_of(msg.data)
+    if payload is NOT_GIVEN:
+        payload = rules.payload_of(msg.data)
     if type(payload) is dict:
         changed = fields.excluded_changed(payload, before, rules.unselected, rules.selects)
         fields.named("excluded_changed", changed, details)
 
 
 def _fields_forwarded(
-    rules: RouteRules, msg: Message, fp: str, state: KeyState | None, full: str | None
+    rules: RouteRules, msg: Message, fp: str, state: KeyState | None, full: str | None, payload: Any
 ) -> tuple[Outgoing, dict[str, Any]]:
     """A whole-payload forward stores its field checksums and records which selected fields changed."""
     details: dict[str, Any] = {}
-    payload = rules.payload_of(msg.data)
+    if payload is NOT_GIVEN:
+        payload = rules.payload_of(msg.data)
     if type(payload) is not dict:
         return Outgoing(msg.data, {}, None, full), details
     selects = rules.selects
@@ -196,6 +203,8 @@ def _fields_forwarded(
     out = Outgoing(msg.data, {}, now.blob(fp), full)
     if out.rows is None:
         details["fields_state"] = "too many fields to keep"
+    else:
+        rules.keep_fields_state(out.rows, now.stored(_unselected_values(rules, payload)))
     if new_key:
         return out, details  # nothing to compare with
     if before is None or now.changed_all is None:
@@ -210,16 +219,27 @@ def _fields_forwarded(
     return out, details
 
 
+def _unselected_values(rules: RouteRules, payload: dict[str, Any]) -> dict[str, Any] | None:
+    """The values a suppression compares its excluded fields with (none: it looks at none)."""
+    selects = rules.selects
+    if selects is None:
+        return None
+    names = rules.unselected if rules.unselected is not None else (n for n in payload if not selects(n))
+    return fields.kept_values(payload, names)
+
+
 def _grew(old: float | str, new: float | str) -> bool:
     return type(old) is type(new) and new > old  # type: ignore[operator]
 
 
-def _what_to_send(rules: RouteRules, msg: Message, fp: str, state: KeyState | None) -> tuple[Outgoing, dict[str, Any]]:
+def _what_to_send(
+    rules: RouteRules, msg: Message, fp: str, state: KeyState | None, payload: Any
+) -> tuple[Outgoing, dict[str, Any]]:
     """What a forward commits (full fingerprint, row digests) and sends (all rows, or the changed
     ones), and the details for its record."""
     full = rules.full_scheme(msg.data)[1] if rules.full_scheme is not None else None
     if rules.tracks_fields:
-        return _fields_forwarded(rules, msg, fp, state, full)
+        return _fields_forwarded(rules, msg, fp, state, full, payload)
     before = rows.decode(state.rows) if state is not None and rules.tracks_rows else None
     if before is not None and fields.PAYLOAD in before.raw:
         before = None  # the field state of a whole-payload route (its config changed): no rows to compare

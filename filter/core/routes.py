@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from filter.core import fields, rows
@@ -12,11 +11,6 @@ from filter.core.conditions import holds
 from filter.core.config import Route
 from filter.core.fingerprint import NOT_JSON, PayloadError, Scheme, TypedRows, compile_scheme
 from filter.core.paths import MISSING
-
-#: How many decoded payloads a route keeps for its decisions (each is taken out by its
-#: decision; the oldest goes first when messages decided otherwise leave theirs behind).
-_KEPT = 64
-
 
 #: How many stored field states a route keeps decoded (a few hundred bytes each).
 _KEPT_STATES = 1024
@@ -38,29 +32,12 @@ class RouteRules:
         self.row_memo = rows.Memo()  # the last forward's rows: most of the next forward's are the same
         self.own_attributes_at_most = own_attributes_at_most(route)
         # whole-payload routes keep a checksum per top-level field (`filter.core.fields`)
-        self.tracks_fields = route.rows is None and route.scheme == "canonical"
+        # (from the payload the fingerprint decoded: whole, as no fast path decodes such a route)
+        self.tracks_fields = route.rows is None and route.scheme == "canonical" and self.scheme.fast is None
         self.selects: Callable[[str], bool] | None = fields.selector(route)
         # the fields a suppression looks at: the excluded ones (all but the included, with `include`)
         self.unselected: tuple[str, ...] | None = None if route.include else tuple(route.exclude)
-        self._decoded: dict[int, tuple[bytes, Any]] = {}
         self._befores: dict[bytes, fields.Before] = {}
-        if self.tracks_fields:
-            self.scheme = replace(self.scheme, decode=self._remembering(self.scheme.decode))
-
-    def _remembering(self, decode: Callable[[bytes], Any]) -> Callable[[bytes], Any]:
-        """`decode`, keeping the last payloads it decoded for `payload_of`: the decision reads
-        the fields of the payload the fingerprint decoded, never decoding it a second time."""
-        kept = self._decoded
-
-        def remember(data: bytes) -> Any:
-            payload = decode(data)
-            if len(kept) >= _KEPT:
-                kept.pop(next(iter(kept), 0), None)  # the oldest: dicts keep insertion order
-            kept[id(data)] = (data, payload)  # holding `data` keeps its id from being reused
-            return payload
-
-        self._decode_again = decode
-        return remember
 
     def fields_before(self, blob: bytes | None) -> fields.Before | None:
         """The stored field state, decoded once per stored value: a key's suppressions between
@@ -72,21 +49,21 @@ class RouteRules:
             seen = fields.decode(blob)
             if seen is None:
                 return None
-            if len(self._befores) >= _KEPT_STATES:
-                self._befores.pop(next(iter(self._befores)), None)
-            self._befores[blob] = seen
+            self.keep_fields_state(blob, seen)
         return seen
 
-    def forget(self, data: bytes) -> None:
-        """Let go of the payload decoded from `data` (its entry holds `data`, so no other object has its id)."""
-        self._decoded.pop(id(data), None)
+    def keep_fields_state(self, blob: bytes, before: fields.Before) -> None:
+        """Keep `before` as what `blob` decodes to. A forward keeps the state it stores: the
+        next decision for its key reads that blob back and finds it decoded (in this process;
+        another decodes it once)."""
+        if len(self._befores) >= _KEPT_STATES:
+            self._befores.pop(next(iter(self._befores)), None)
+        self._befores[blob] = before
 
     def payload_of(self, data: bytes) -> Any:
-        """The payload the fingerprint decoded from `data` (decoded again only if it was forgotten)."""
-        seen = self._decoded.pop(id(data), None)
-        if seen is not None and seen[0] is data:
-            return seen[1]  # taken out: a second look at the message (a lost claim race) decodes again
-        return self._decode_again(data)
+        """The payload as the fingerprint decodes it: for a decision not given the one the
+        fingerprint decoded (the engine gives it: `judge.decide`)."""
+        return self.scheme.decode(data)
 
     def typed_rows(self, data: bytes) -> TypedRows | None:
         """The rows as the fingerprint's fast path decodes them (included fields only), if it vouches for them."""

@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+from filter.backends.stores.sqlite import SqliteStore
 from filter.core import fields
 from filter.core.config import parse
+from filter.core.engine import Engine
 from filter.core.judge import Decided, decide
 from filter.core.model import Decision, KeyState, Message
 from filter.core.routes import RouteRules
 from filter.core.transitions import forwarded
+from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 
 def rules(**route: Any) -> RouteRules:
@@ -93,12 +100,32 @@ def test_the_field_state_is_read_by_the_row_state_reader_and_not_mistaken_for_ro
     assert fields.decode(rows.encode({'["k"]': ("f" * 16, {"a": "00000001"})})) is None
 
 
-def test_a_decoded_payload_is_not_decoded_again_for_the_decision() -> None:
-    r = rules()
-    data = b'{"id": 1, "status": "out"}'
-    payload, _ = r.scheme(data)
-    assert r.payload_of(data) is payload
-    assert r.payload_of(data) == payload and r.payload_of(data) is not payload  # forgotten: decoded again
+async def test_the_engine_decodes_each_message_once_for_its_fingerprint_and_its_field_changes(tmp_path: Path) -> None:
+    cfg = parse({"routes": [{"name": "r", "destination": "downstream", "key": ["payload.id"], "exclude": ["scraped"]}]})
+    store = SqliteStore(tmp_path / "state.db")
+    engine = Engine(cfg, store, MemoryPublisher(), MemoryRecorder())
+    r = engine.rules["r"]
+    decoded: list[bytes] = []
+
+    def counting(data: bytes) -> Any:
+        decoded.append(data)
+        return decode(data)
+
+    decode = r.scheme.decode
+    r.scheme = dataclasses.replace(r.scheme, decode=counting)
+    try:
+        payloads = [{"id": 1, "status": s, "scraped": t} for s, t in [("out", "a"), ("out", "b"), ("in", "c")]]
+        records = [
+            await engine.handle("r", Message(json.dumps(p).encode(), {}, f"m{i}")) for i, p in enumerate(payloads)
+        ]
+    finally:
+        await store.close()
+    assert [str(rec.decision) for rec in records] == ["forwarded", "suppressed", "forwarded"]
+    assert [dict(rec.details) for rec in records[1:]] == [
+        {"excluded_changed": ["scraped"]},
+        {"fields_changed": ["status"]},
+    ]
+    assert len(decoded) == 3
 
 
 def test_a_number_beyond_float_range_is_a_field_like_any_other_not_a_clock() -> None:
@@ -122,9 +149,53 @@ def test_a_route_switched_from_whole_payload_to_rows_starts_its_row_state_afresh
     assert json.loads(decided.out.data) == changed
 
 
-def test_every_decision_lets_go_of_the_payload_it_was_given() -> None:
-    r = rules()
-    _, state = step(r, {"id": 1, "status": "out"}, None, 1)
-    for n in range(2, 200):
-        step(r, {"id": 1, "status": "out"}, state, n)  # suppressions of a route that selects every field
-    assert len(r._decoded) == 0
+def test_the_field_state_a_forward_keeps_is_the_one_its_blob_decodes_to() -> None:
+    before = fields.decode(fields.Now({"a": 1, "t": "2026-11-25T10:00:00Z"}, None, None).blob("sha256:" + "a" * 64))
+    now = fields.Now({"a": 2, "t": "2026-11-25T10:05:00Z", "b": [1, {"y": 1, "x": None}]}, None, before)
+    blob = now.blob("sha256:" + "b" * 64)
+    assert blob is not None
+    kept, read = now.stored(), fields.decode(blob)
+    assert read is not None
+    assert (kept.names, kept.packed, kept.clocks, kept.crcs) == (read.names, read.packed, read.clocks, read.crcs)
+    assert kept.by_name() == read.by_name() == {n: int(read.as_dict()[n], 16) for n in read.names}
+
+
+def test_the_next_decision_for_a_key_finds_the_field_state_its_forward_kept_without_decoding_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    r = rules(exclude=["scraped"])
+    _, state = step(r, {"id": 1, "status": "out", "scraped": "a"}, None, 1)
+    monkeypatch.setattr(fields, "decode", lambda blob: pytest.fail("the stored field state was decoded again"))
+    held, _ = step(r, {"id": 1, "status": "out", "scraped": "b"}, state, 2)
+    assert held.details == {"excluded_changed": ["scraped"]}
+    forward, _ = step(r, {"id": 1, "status": "in", "scraped": "c"}, state, 3)
+    assert forward.details == {"fields_changed": ["status"]}
+
+
+def test_a_stored_field_state_with_a_checksum_marked_missing_still_compares_by_name() -> None:
+    before = fields.Before(["a", "b"], "0000000a" + "-" * 8, {})
+    assert before.crcs is None and before.by_name() == {"a": 10}
+    now = fields.Now({"a": 1, "b": 2}, None, before)
+    assert now.changed_all == ["a", "b"]
+
+
+def test_excluded_fields_compared_by_the_values_the_forward_kept_change_as_their_checksums_do() -> None:
+    values: list[Any] = [None, True, False, 0, 1, -1, 1.5, 2.5, "", "1", "true", "a" * 300, [1], [True], {"a": 1}]
+    names = [f"f{i:02}" for i in range(len(values))]
+    r = rules(exclude=names)
+    counts = fields.selector(r.route)
+    assert counts is not None
+    first = {"id": 1, **dict(zip(names, values, strict=True))}
+    for shift in range(1, len(values)):
+        then = {"id": 1, **dict(zip(names, values[shift:] + values[:shift], strict=True))}
+        del then[names[shift]]  # and one field gone
+        read = fields.decode(fields.Now(first, counts, None).blob("sha256:" + "a" * 64))
+        kept = fields.Now(first, counts, None).stored(fields.kept_values(first, names))
+        assert read is not None and read.values is None and kept.values is not None
+        by_checksum = fields.excluded_changed(then, read, r.unselected, counts)
+        by_value = fields.excluded_changed(then, kept, r.unselected, counts)
+        assert (
+            by_value
+            == by_checksum
+            == [n for n in names if n not in then or json.dumps(first[n]) != json.dumps(then[n])]
+        )
