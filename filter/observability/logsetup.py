@@ -19,7 +19,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, MutableMapping
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import msgspec
 import structlog
@@ -226,7 +226,7 @@ def configure(
     structlog.configure(
         processors=_PROCESSORS,
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=structlog.WriteLoggerFactory(_OUT),
+        logger_factory=structlog.WriteLoggerFactory(cast(TextIO, _OUT)),  # it only writes and flushes
         cache_logger_on_first_use=cache,
     )
     # uvicorn and Google libraries use stdlib logging: keep their warnings, in the same stream and format.
