@@ -197,9 +197,9 @@ def configure(
     if fmt not in ("json", "console", "auto"):
         raise ValueError(f"log format must be json, console or auto, not {fmt!r}")
     out = stream or sys.stdout
+    tty = bool(getattr(out, "isatty", lambda: False)())
     if fmt == "auto":
-        isatty = getattr(out, "isatty", None)
-        fmt = "console" if isatty is not None and isatty() else "json"
+        fmt = "console" if tty else "json"
     if fmt == "json":
         project = project or detect_project()
         processors: list[structlog.types.Processor] = [
@@ -212,14 +212,13 @@ def configure(
             structlog.processors.JSONRenderer(serializer=_dumps),
         ]
     else:
-        colors = bool(getattr(out, "isatty", lambda: False)())
         processors = [
             structlog.contextvars.merge_contextvars,
             _scrub,
             structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
             _console_time,
             structlog.processors.add_log_level,
-            structlog.dev.ConsoleRenderer(colors=colors),
+            structlog.dev.ConsoleRenderer(colors=tty),
         ]
     _OUT.stream = out
     _PROCESSORS[:] = processors
