@@ -1,8 +1,7 @@
-"""How the engine writes its decision line: one line per message, so its cost matters.
+"""How the engine writes its decision line: through structlog, as every other line.
 
-By default, structlog's own dispatch. `observability.logsetup.configure` installs a writer
-that renders the very same bytes in one pass; the engine only knows this hook, because the
-core imports nothing from the layers above it.
+`install` swaps the writer (a test's capture); the core imports nothing from the layers
+above it, so the engine knows only this hook.
 
 The config's `decision_logs` may quiet the lines of some decisions (`quiet`): log them at a
 lower level, or only a share of them at their level and the rest at debug. Only the line is

@@ -6,8 +6,8 @@ Cloud Run forwards stdout lines to Cloud Logging, which lifts `severity`, `time`
 included, stays in `jsonPayload`. One decision is one line (`message` "decision"); lifecycle
 events are lines of the same shape whose `message` is the event name (`skip-rate --log`
 reads them back: `filter.backends.records.log_lines`). `_scrub` keeps payloads and
-credentials off every line. `configure` may be called again: it edits the processor list in
-place and cached loggers write through `_OUT`, so they follow (all but their level).
+credentials off every line. `configure` may be called again: cached loggers follow (all but
+their level), because the processor list is edited in place and every line goes through `_OUT`.
 """
 
 from __future__ import annotations
@@ -19,13 +19,12 @@ import threading
 import time
 import urllib.request
 from collections.abc import Callable, MutableMapping
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import msgspec
 import structlog
 from opentelemetry.trace import get_current_span
 
-from filter.core import decision_line
 from filter.core.times import format_time
 
 _SEVERITY = {
@@ -46,51 +45,24 @@ _PROJECT_ENVS = ("GOOGLE_CLOUD_PROJECT", "GCLOUD_PROJECT", "GCP_PROJECT", "CLOUD
 _METADATA_PROJECT = "http://metadata.google.internal/computeMetadata/v1/project/project-id"
 
 
-# --- output -------------------------------------------------------------------------
-
-
 class _Output:
-    """The one stream every logger writes to; `configure` points it somewhere else."""
+    """The one stream structlog's and the stdlib's lines go to; `configure` points it elsewhere."""
 
     def __init__(self, stream: TextIO) -> None:
         self.stream = stream
         self.lock = threading.Lock()
 
-    def line(self, text: str) -> None:
-        with self.lock:
-            self.stream.write(text + "\n")
-            self.stream.flush()  # a pipe is block-buffered: Cloud Run must see each line now
-
-
-_OUT = _Output(sys.stdout)
-
-
-class _LineLogger:
-    """What structlog wraps: every level writes the rendered line to `_OUT`."""
-
-    def msg(self, message: str) -> None:
-        _OUT.line(message)
-
-    log = debug = info = warn = warning = msg
-    fatal = failure = err = error = critical = exception = msg
-
-
-_LINE_LOGGER = _LineLogger()
-
-
-def _line_logger(*_: Any) -> _LineLogger:
-    return _LINE_LOGGER
-
-
-class _StdlibStream:
-    """A file-like view of `_OUT` for the stdlib handler (uvicorn, Google libraries)."""
-
     def write(self, text: str) -> int:
-        _OUT.line(text.rstrip("\n"))
+        with self.lock:
+            self.stream.write(text)
+            self.stream.flush()  # a pipe is block-buffered: Cloud Run must see each line now
         return len(text)
 
     def flush(self) -> None:
         pass
+
+
+_OUT = _Output(sys.stdout)
 
 
 # --- processors -------------------------------------------------------------------
@@ -99,8 +71,7 @@ class _StdlibStream:
 def _scrub(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """Never let a payload or a credential reach a log line, whoever logged it."""
     for k in _FORBIDDEN:
-        if k in event:
-            del event[k]
+        event.pop(k, None)
     return event
 
 
@@ -162,46 +133,9 @@ def _cloud_fields(project: str | None) -> structlog.types.Processor:
     return processor
 
 
-def _json(_: Any, __: str, event: MutableMapping[str, Any]) -> str:
+def _dumps(event: Any, **_: Any) -> str:
+    """JSONRenderer's serializer: msgspec, anything it cannot encode as its `str`."""
     return msgspec.json.encode(event, enc_hook=str).decode()
-
-
-_LEVEL_NUMBERS = {name: getattr(logging, name.upper(), logging.ERROR) for name in _SEVERITY}
-_LEVEL_NUMBERS["warn"] = logging.WARNING
-
-
-def log_line(logger: Any, method: str, event: str, fields: dict[str, Any]) -> None:
-    """`getattr(logger, method)(event, **fields)`: the same line, rendered in one pass when it can be.
-
-    Every message logs a decision line, and structlog's dispatch (bind, the bound method,
-    the event dict copied and updated, then a call per processor) cost more than the line
-    itself. When structlog is configured with our JSON chain into `_OUT` (read through its
-    public `get_config`) and the logger has no bound context, the chain's own processors
-    run here directly on `fields` (which this call owns) and the line is written once:
-    the same processors, in the same order, on the same dict, so the same bytes. Anything
-    else (console format, a test's capture, a bound context) goes through structlog.
-    """
-    bound = logger.bind()
-    config = structlog.get_config()
-    if (
-        config["processors"] is not _PROCESSORS
-        or config["logger_factory"] is not _line_logger
-        or not _PROCESSORS
-        or _PROCESSORS[-1] is not _json
-        or structlog.get_context(bound)
-        or "event" in fields  # structlog would refuse it (two values for `event`): let it
-    ):
-        getattr(bound, method)(event, **fields)
-        return
-    if not bound.is_enabled_for(_LEVEL_NUMBERS[method]):
-        return
-    fields["event"] = event
-    rendered: Any = fields
-    for proc in _PROCESSORS:
-        if proc is structlog.processors.format_exc_info and "exc_info" not in rendered:
-            continue  # a no-op without `exc_info`, and the most expensive one to call
-        rendered = proc(_LINE_LOGGER, method, rendered)
-    _OUT.line(rendered)
 
 
 class _StdlibJson(logging.Formatter):
@@ -217,12 +151,12 @@ class _StdlibJson(logging.Formatter):
         }
         if record.exc_info:
             event["exception"] = self.formatException(record.exc_info)
-        return msgspec.json.encode(event, enc_hook=str).decode()
+        return _dumps(event)
 
 
 # --- configuration ------------------------------------------------------------------
 
-#: The processor list structlog holds; edited in place so cached loggers follow `configure`.
+#: The processor list structlog holds: edited in place, so that cached loggers follow `configure`.
 _PROCESSORS: list[structlog.types.Processor] = []
 _STDLIB_HANDLER: logging.Handler | None = None
 
@@ -263,9 +197,9 @@ def configure(
     if fmt not in ("json", "console", "auto"):
         raise ValueError(f"log format must be json, console or auto, not {fmt!r}")
     out = stream or sys.stdout
+    tty = bool(getattr(out, "isatty", lambda: False)())
     if fmt == "auto":
-        isatty = getattr(out, "isatty", None)
-        fmt = "console" if isatty is not None and isatty() else "json"
+        fmt = "console" if tty else "json"
     if fmt == "json":
         project = project or detect_project()
         processors: list[structlog.types.Processor] = [
@@ -275,31 +209,29 @@ def configure(
             structlog.processors.format_exc_info,
             _timestamp(clock),
             _cloud_fields(project),
-            _json,
+            structlog.processors.JSONRenderer(serializer=_dumps),
         ]
     else:
-        colors = bool(getattr(out, "isatty", lambda: False)())
         processors = [
             structlog.contextvars.merge_contextvars,
             _scrub,
             structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
             _console_time,
             structlog.processors.add_log_level,
-            structlog.dev.ConsoleRenderer(colors=colors),
+            structlog.dev.ConsoleRenderer(colors=tty),
         ]
     _OUT.stream = out
     _PROCESSORS[:] = processors
     structlog.configure(
         processors=_PROCESSORS,
         wrapper_class=structlog.make_filtering_bound_logger(logging.getLevelName(level.upper())),
-        logger_factory=_line_logger,
+        logger_factory=structlog.WriteLoggerFactory(cast(TextIO, _OUT)),  # it only writes and flushes
         cache_logger_on_first_use=cache,
     )
-    decision_line.install(log_line)  # the engine's decision line, rendered in one pass
     # uvicorn and Google libraries use stdlib logging: keep their warnings, in the same stream and format.
     root = logging.getLogger()
     if _STDLIB_HANDLER is None and not root.handlers:
-        _STDLIB_HANDLER = logging.StreamHandler(_StdlibStream())
+        _STDLIB_HANDLER = logging.StreamHandler(_OUT)
         root.addHandler(_STDLIB_HANDLER)
         root.setLevel(logging.WARNING)
     if _STDLIB_HANDLER is not None:
