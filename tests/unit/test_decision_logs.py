@@ -206,7 +206,7 @@ async def test_a_sampled_decision_logs_exactly_the_messages_its_sample_draws(
     assert (await rig.counted())["suppressed"] == 40
 
 
-@pytest.mark.loop_may_block("the test builds two engines (SQLite files, meter providers) on the loop before its first await")
+@pytest.mark.loop_may_block("it builds two engines (SQLite files, meter providers) on the loop before its first await")
 async def test_a_redelivery_is_logged_or_not_as_its_first_delivery_was_on_any_instance(
     rigs: list[Rig], tmp_path: Path, log_lines: io.StringIO
 ) -> None:
