@@ -227,7 +227,7 @@ class DecisionLogs(Strict):
         return raw
 
     def quieting(self) -> dict[str, Quieting]:
-        """The decisions quieted, as `decision_line.quiet` takes them."""
+        """The decisions quieted, by name (what `decision_line.line_level` takes)."""
         return {
             name: Quieting(log.level, log.sample)
             for name in type(self).model_fields

@@ -1,21 +1,17 @@
-"""How the engine writes its decision line: through structlog, as every other line.
+"""Which level a decision's log line is written at.
 
-`install` swaps the writer (a test's capture); the core imports nothing from the layers
-above it, so the engine knows only this hook.
-
-The config's `decision_logs` may quiet the lines of some decisions (`quiet`): log them at a
-lower level, or only a share of them at their level and the rest at debug. Only the line is
-quieted: the decision is recorded and counted before its line is written, whatever the line.
+Every decision line goes through structlog at its decision's level. The config's
+`decision_logs` may quiet the lines of some decisions: log them at a lower level, or only a
+share of them at their level and the rest at debug. Only the line is quieted: the decision is
+recorded and counted before its line is written, whatever the line. Each engine holds its own
+config's quieting: nothing here is process-wide.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
-from typing import Any, NamedTuple
-
-#: (logger, level method, event, fields) → None. `fields` belongs to the call: a writer may change it.
-LineWriter = Callable[[Any, str, str, dict[str, Any]], None]
+from collections.abc import Mapping
+from typing import NamedTuple
 
 
 class Quieting(NamedTuple):
@@ -26,40 +22,10 @@ class Quieting(NamedTuple):
     sample: float = 1.0
 
 
-def dispatch(logger: Any, method: str, event: str, fields: dict[str, Any]) -> None:
-    getattr(logger, method)(event, **fields)
-
-
-_writer: LineWriter = dispatch
-_quieted: Mapping[str, Quieting] = {}
-
-#: What the engine calls: the writer itself, or the writer behind `_quietly` when a decision is quieted.
-write: LineWriter = dispatch
-
-
-def install(writer: LineWriter | None) -> None:
-    """Use `writer` for every decision line from now on (None: structlog's dispatch again)."""
-    global _writer
-    _writer = writer or dispatch
-    _rewire()
-
-
-def quiet(decisions: Mapping[str, Quieting]) -> None:
-    """Quiet the lines of these decisions (by name) from now on; `{}`: every line at its own level."""
-    global _quieted
-    _quieted = {name: q for name, q in decisions.items() if q != Quieting()}
-    _rewire()
-
-
-def _rewire() -> None:
-    # Nothing quieted (the default) costs nothing: the engine calls the writer directly.
-    global write
-    write = _quietly if _quieted else _writer
-
-
-def _quietly(logger: Any, method: str, event: str, fields: dict[str, Any]) -> None:
-    q = _quieted.get(fields.get("decision", ""))
-    _writer(logger, level_of(q, method, str(fields.get("message_id", ""))) if q else method, event, fields)
+def line_level(decision: str, own: str, message_id: str, quieting: Mapping[str, Quieting]) -> str:
+    """The level of `decision`'s line for `message_id`: `own` unless `quieting` says otherwise."""
+    q = quieting.get(decision) if quieting else None
+    return own if q is None else level_of(q, own, message_id)
 
 
 def level_of(q: Quieting, level: str, message_id: str) -> str:

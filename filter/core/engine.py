@@ -29,9 +29,9 @@ from typing import Any, TypeVar
 import msgspec
 from msgspec.structs import replace
 
-from filter.core import decision_line
 from filter.core.attributes import fence_attributes, forward_attributes
 from filter.core.config import Config, Route
+from filter.core.decision_line import Quieting, line_level
 from filter.core.errors import FilterUsageError
 from filter.core.fingerprint import NOT_JSON, PayloadError, message_fingerprint
 from filter.core.heartbeat import Heartbeat
@@ -155,6 +155,7 @@ class Engine:
         self.publishing = Publishing(publisher) if publisher is not None else None
         self.recorder = recorder
         self.clock = clock or SystemClock()
+        self.quieting = config.decision_logs.quieting()  # `decision_logs`: this engine's lines only
         self.sleep = sleep
         self.instance = instance or uuid.uuid4().hex[:12]
         self.rules = {r.name: RouteRules(r) for r in config.routes}
@@ -548,7 +549,7 @@ class Engine:
         )
         self.recorder.record(rec)
         self.telemetry.decided(rec)  # telemetry: count it, describe it on its span
-        _log_decision(rec)
+        _log_decision(rec, self.quieting)
         return rec
 
 
@@ -611,8 +612,9 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if not isinstance(exc, StoreUnavailable) else str(exc)
 
 
-def _log_decision(rec: DecisionRecord) -> None:
+def _log_decision(rec: DecisionRecord, quieting: Mapping[str, Quieting] | None = None) -> None:
     fields = {k: v for k, v in rec.as_dict().items() if v is not None}
     if rec.trace:
         fields["trace"] = rec.trace
-    decision_line.write(log, _LEVELS[rec.decision], "decision", fields)
+    level = line_level(str(rec.decision), _LEVELS[rec.decision], rec.message_id, quieting or {})
+    getattr(log, level)("decision", **fields)

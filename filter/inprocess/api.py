@@ -44,7 +44,7 @@ from filter.core.model import Cause, Decision, DecisionRecord, Message
 from filter.core.ports import Clock, PublishFailed, Worked
 from filter.core.transitions import RESULTS_MAX_BYTES
 from filter.inprocess.messages import to_message
-from filter.runtime.wiring import make_recorder, make_store, quiet_decision_lines
+from filter.runtime.wiring import make_recorder, make_store
 
 T = TypeVar("T")
 
@@ -198,7 +198,6 @@ class Filter:
             self.engine = config
         else:
             cfg = _config(config)
-            quiet_decision_lines(cfg)
             self.engine = Engine(cfg, make_store(cfg), None, make_recorder(cfg), clock)  # each call sends via its body
         self.closed = False
         self._calls: Counter[asyncio.Task[Any] | None] = Counter()  # calls under way, by the task making them

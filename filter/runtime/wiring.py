@@ -8,7 +8,6 @@ import sqlite3
 
 from filter.backends.records.batch import BatchingRecorder
 from filter.backends.stores.guard import GuardedStore
-from filter.core import decision_line
 from filter.core.config import Config
 from filter.core.engine import Engine
 from filter.core.ports import DecisionRecorder, Failure, Publisher, RecordsReader, StateStore, StoreUnavailable
@@ -87,7 +86,6 @@ def make_reader(cfg: Config | None, log: str | None = None) -> RecordsReader:
 def make_engine(cfg: Config, telemetry: Telemetry | None = None) -> Engine:
     """With `telemetry`, the store and publisher are measured and traced and the engine reports to it."""
     store, publisher = make_store(cfg), make_publisher(cfg)
-    quiet_decision_lines(cfg)
     if telemetry is None:
         return Engine(cfg, store, publisher, make_recorder(cfg))
     from filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
@@ -101,11 +99,6 @@ def make_engine(cfg: Config, telemetry: Telemetry | None = None) -> Engine:
     )
     telemetry.watch_engine(engine)
     return engine
-
-
-def quiet_decision_lines(cfg: Config) -> None:
-    """The config's `decision_logs`, for every decision line of this process from now on."""
-    decision_line.quiet(cfg.decision_logs.quieting())
 
 
 def make_telemetry(cfg: Config) -> Telemetry:

@@ -26,7 +26,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
 from filter.cli import main
-from filter.core import decision_line
 from filter.core.config import Config, parse
 from filter.core.decision_line import Quieting, in_sample, level_of
 from filter.core.engine import Engine
@@ -35,7 +34,7 @@ from filter.observability import logsetup
 from filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
 from filter.observability.telemetry import PrometheusText, Telemetry
 from filter.push.app import create_app
-from filter.runtime.wiring import make_engine, quiet_decision_lines
+from filter.runtime.wiring import make_engine
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.payloads import injury_report
 
@@ -50,13 +49,6 @@ SUB = "projects/p/subscriptions/raw-reports"
 
 def config(**decision_logs: Any) -> Config:
     return parse({"decision_logs": decision_logs, "routes": [ROUTE]})
-
-
-@pytest.fixture(autouse=True)
-def every_line_again() -> Iterator[None]:
-    """Quieting is process-wide: each test leaves it as it found it (nothing quieted)."""
-    yield
-    decision_line.quiet({})
 
 
 def lines_at(level: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
@@ -93,7 +85,6 @@ class Rig:
         self.telemetry = Telemetry(MeterProvider(metric_readers=[self.prometheus.reader]), None, self.prometheus)
         store = GuardedStore(SqliteStore(tmp_path / "state.db"), cfg.store_errors, inline=True)
         self.recorder = MemoryRecorder()
-        quiet_decision_lines(cfg)  # what `make_engine` does with the config
         self.engine = Engine(
             cfg,
             InstrumentedStore(store, self.telemetry),
@@ -231,17 +222,24 @@ async def test_make_engine_quiets_what_the_config_says_and_a_plain_config_quiets
         publisher = {"path": str(tmp_path / "out.jsonl")}
         return parse({**files, "publisher": publisher, "decision_logs": decision_logs, "routes": [ROUTE]})
 
-    seen: list[str] = []
-    for cfg, expected in ((embedded(stale={"level": "info"}), "info"), (embedded(), "warning")):
+    for cfg, expected in ((embedded(stale={"level": "info"}), {"stale": Quieting("info", 1.0)}), (embedded(), {})):
         engine = make_engine(cfg)
-        seen.clear()
         try:
-            decision_line.install(lambda _log, method, _event, _fields: seen.append(method))
-            decision_line.write(None, "warning", "decision", {"decision": "stale", "message_id": "9"})
-            assert seen == [expected]
+            assert engine.quieting == expected
         finally:
-            decision_line.install(None)
             await engine.close()
+
+
+async def test_two_engines_in_one_process_each_quiet_only_their_own_lines(
+    rigs: list[Rig], tmp_path: Path, log_lines: io.StringIO
+) -> None:
+    """A library user may open two filters with different configs: neither changes the other's lines."""
+    quiet = build(rigs, tmp_path, config(suppressed={"level": "debug"}))
+    loud = build(rigs, tmp_path, config())
+    for rig in (quiet, loud):
+        assert [await rig.push("1"), await rig.push("2")] == ["forwarded", "suppressed"]
+    decisions = [line["decision"] for line in decision_lines(log_lines)]
+    assert decisions == ["forwarded", "forwarded", "suppressed"]
 
 
 # --- the sample itself -------------------------------------------------------------------------

@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import structlog
 
 from filter.backends.records.sqlite import SqliteReader
 from filter.backends.stores.sqlite import SqliteStore
 from filter.cli import main
-from filter.core import decision_line
 from filter.core.config import load
 from filter.core.engine import Engine
 from filter.core.model import Message
@@ -63,22 +63,21 @@ async def run_stream(config_path: Path, log: Path) -> None:
     store = SqliteStore(config_path.parent / "state.db")
     recorder = make_recorder(cfg)
     engine = Engine(cfg, store, MemoryPublisher(), recorder, clock)
-    with log.open("w", encoding="utf-8") as out:
-
-        def write(logger: Any, method: str, event: str, fields: dict[str, Any]) -> None:
-            out.write(json.dumps({"message": event, **fields}) + "\n")
-
-        decision_line.install(write)
-        try:
+    try:
+        with structlog.testing.capture_logs() as captured:
             for n, payload in enumerate(stream()):
                 clock.advance(1.0)
                 for route in ("scraped", "fixed"):
                     msg = Message(json.dumps(payload).encode(), {}, f"{route}-{n}", publish_time=clock.now())
                     await engine.handle(route, msg)
-        finally:
-            decision_line.install(None)
-            await recorder.close()
-            await store.close()
+    finally:
+        await recorder.close()
+        await store.close()
+    with log.open("w", encoding="utf-8") as out:
+        for e in captured:
+            if e["event"] == "decision":
+                fields = {k: v for k, v in e.items() if k not in ("event", "log_level")}
+                out.write(json.dumps({"message": "decision", **fields}) + "\n")
 
 
 def skip_rate(config_path: Path, route: str) -> float:
