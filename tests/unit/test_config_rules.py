@@ -165,7 +165,7 @@ def test_no_auth_section_is_verification_off_by_choice() -> None:
     assert parse({"routes": [a_route()]}).auth.audience is None
 
 
-# --- everything at once (issue 15) ---------------------------------------------------------
+# --- everything at once ----------------------------------------------------------------------
 
 
 def test_rules_across_keys_are_reported_together_with_field_errors() -> None:

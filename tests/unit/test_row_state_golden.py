@@ -1,7 +1,6 @@
 """Row state users have stored diffs correctly against tomorrow's messages.
 
-tests/golden/row_state.json was written by the code before the row-state speed-ups of
-issue 13 (P5): per case, a route, the row state that code stored for a first report, a
+tests/golden/row_state.json was written by the code before the row-state speed-ups: per case, a route, the row state that code stored for a first report, a
 second report, and what that code decided for it (the row state written back, the data
 and attributes published, the record's row details). The second report changes a field,
 adds a field to a row, reorders a nested object (same content), removes a row, adds one,

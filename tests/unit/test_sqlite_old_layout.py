@@ -1,6 +1,6 @@
 """State files written before the row state moved to its own table keep working.
 
-Until issue 13's fourth pass, `key_state.rows` held each key's row state. The statements
+Until the row state moved to its own table, `key_state.rows` held each key's row state. The statements
 below are that code's own (f5b9c28), verbatim: they build an old file here, and stand in
 for a process still running that code on a shared file.
 """

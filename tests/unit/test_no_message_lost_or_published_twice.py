@@ -1,7 +1,7 @@
-"""Paths adversarial probing found losing or duplicating a message while every other test was green.
-
-One behaviour per test; each failed before its fix. Numbers refer to issue 11's list.
-"""
+"""Decisions at the edges (shadow routes, forged replay times, shared row keys, store errors in
+the heartbeat, expired state, lapsed and fail-open forwards) that once lost a message or
+published it twice while every other test was green. One behaviour per test; each failed
+before its fix."""
 
 from __future__ import annotations
 
