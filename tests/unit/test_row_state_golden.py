@@ -1,12 +1,12 @@
 """Row state users have stored diffs correctly against tomorrow's messages.
 
-tests/golden/row_state.json was written by the code before the row-state speed-ups: per case, a route, the row state that code stored for a first report, a
-second report, and what that code decided for it (the row state written back, the data
-and attributes published, the record's row details). The second report changes a field,
-adds a field to a row, reorders a nested object (same content), removes a row, adds one,
-changes a field outside the selection, and brings a field no stored row has (the stored
-layout changes). A difference is a breaking change for stored state: fix the code, do not
-edit the file.
+tests/golden/row_state.json was written by the code before the row-state speed-ups: per case, a
+route, the row state that code stored for a first report, a second report, and what that code
+decided for it (the row state written back, the data and attributes published, the record's row
+details). The second report changes a field, adds a field to a row, reorders a nested object
+(same content), removes a row, adds one, changes a field outside the selection, and brings a
+field no stored row has (the stored layout changes). A difference is a breaking change for
+stored state: fix the code, do not edit the file.
 """
 
 from __future__ import annotations
