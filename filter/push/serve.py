@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import signal
 import socket
+import threading
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import structlog
@@ -21,15 +23,31 @@ from filter.runtime.wiring import make_engine, make_telemetry
 class _GracefulServer(uvicorn.Server):
     """Exit 0 after a SIGTERM shutdown: it is how Cloud Run stops every instance, not a failure.
 
-    uvicorn re-raises the captured signal once drained (so the process dies of it); keep
-    its graceful drain and drop only that re-raise, for SIGTERM.
+    uvicorn's own `capture_signals` raises each captured signal again once drained (so the
+    process dies of it). This one catches the same signals through the public `handle_exit`,
+    drains as uvicorn does, and raises only the others again (Ctrl-C still ends as one).
     """
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
-        with super().capture_signals():
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
             yield
-            self._captured_signals = [s for s in self._captured_signals if s != signal.SIGTERM]
+            return
+        caught: list[int] = []
+
+        def handle(sig: int, frame: FrameType | None) -> None:
+            caught.append(sig)
+            self.handle_exit(sig, frame)
+
+        original = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in original.items():
+                signal.signal(sig, handler)
+        for again in reversed(caught):
+            if again != signal.SIGTERM:
+                signal.raise_signal(again)
 
 
 def listen(host: str, port: int) -> socket.socket:
