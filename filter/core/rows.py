@@ -81,7 +81,7 @@ class Packed(Mapping[str, str]):
         return repr(self._fields())
 
 
-RowDigests = dict[str, tuple[str, Mapping[str, str]]]  # row key → (row fingerprint, {field: checksum})
+RowDigests = Mapping[str, tuple[str, Mapping[str, str]]]  # row key → (row fingerprint, {field: checksum})
 Before = Mapping[str, tuple[str, Mapping[str, str]]]  # the previous forward's digests, usually `Stored`
 
 
@@ -117,7 +117,7 @@ def digest_rows(route: Route, rows: list[Any], before: Before | None = None) -> 
         )
         groups.setdefault(row_key_of(row, keys), []).append(selected)
     old = before or {}
-    out: RowDigests = {}
+    out: dict[str, tuple[str, Mapping[str, str]]] = {}
     for key, group in groups.items():
         if len(group) == 1:
             (selected,) = group
@@ -177,32 +177,64 @@ def digest_typed(typed: TypedRows, before: Before | None = None, memo: Memo | No
     if memo is not None:
         memo.seen = dict(zip(contents, pairs, strict=True))
     stored: Mapping[str, tuple[str, Any]] = before.raw if type(before) is Stored else (before or {})
-    names = before.names if type(before) is Stored else ()
     out = Compared(before)
-    added, changed = out.added, out.changed
+    raw, added, changed = out.raw, out.added, out.changed
     for (key, fp), row in zip(pairs, found, strict=True):
         was = stored.get(key)
         if was is not None and was[0] == fp:
-            fields = was[1]  # as stored: packed checksums, or a mapping of them
-            out[key] = (fp, Packed(names, fields) if type(fields) is str else fields)
+            raw[key] = was  # as stored: (fingerprint, packed checksums, or a mapping of them)
         else:
             (added if was is None else changed).append(key)
-            out[key] = (fp, field_checksums(typed.as_dict(row)))
-    return out if len(out) == len(found) else None
+            raw[key] = (fp, field_checksums(typed.as_dict(row)))
+    return out if len(raw) == len(found) else None
 
 
-class Compared(dict[str, tuple[str, Mapping[str, str]]]):
+class Compared(Mapping[str, tuple[str, Mapping[str, str]]]):
     """Digests that were compared with `against` as they were computed, row by row: the rows
     found `added` and `changed`, in order, so that `diff` against the same state need not
-    look every row up again."""
+    look every row up again. An unchanged row is held as it was read (`raw`: its stored
+    fingerprint and packed checksums), and `encode` writes it back as it was read."""
 
-    __slots__ = ("added", "against", "changed")
+    __slots__ = ("added", "against", "changed", "names", "raw")
 
     def __init__(self, against: Before | None):
-        super().__init__()
         self.against = against
+        self.names: tuple[str, ...] = against.names if type(against) is Stored else ()
+        self.raw: dict[str, tuple[str, Any]] = {}  # checksums packed in the layout `names`, or a mapping of them
         self.added: list[str] = []
         self.changed: list[str] = []
+
+    def __getitem__(self, key: str) -> tuple[str, Mapping[str, str]]:
+        fp, fields = self.raw[key]
+        return (fp, Packed(self.names, fields)) if type(fields) is str else (fp, fields)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.raw
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def as_stored(self) -> bytes | None:
+        """The blob `encode` writes, when the stored layout holds: the rows read as they were
+        stored, only the added and changed ones packed. None when the layout changes (a row
+        brings a field the layout lacks, or no kept row shows that every field is present)."""
+        layout, fresh = self.names, [*self.added, *self.changed]
+        if type(self.against) is not Stored or len(fresh) == len(self.raw) or list(layout) != sorted(set(layout)):
+            return None
+        columns = frozenset(layout)
+        if not all(columns.issuperset(self.raw[k][1]) for k in fresh):
+            return None
+        # a kept row with every field present: the layout is exactly the fields present
+        if next((p for _, p in self.raw.values() if type(p) is str and "-" not in p), None) is None:
+            return None
+        kept = dict(self.raw)
+        for k in fresh:
+            fp, fields = kept[k]
+            kept[k] = (fp, "".join(fields.get(n, _MISSING_FIELD) for n in layout))
+        return msgspec.json.encode(_Stored(list(layout), kept))
 
 
 class Unkept(dict[str, tuple[str, Mapping[str, str]]]):
@@ -235,6 +267,19 @@ def stored_size_at_least(typed: TypedRows) -> int:
 def encode(digests: RowDigests) -> bytes | None:
     if type(digests) is Unkept:
         return None
+    if type(digests) is Compared:
+        blob = digests.as_stored()
+        if blob is None:  # the layout changes: every row is packed again
+            names = digests.names
+            blob = _encode_rows(
+                {k: (fp, Packed(names, f) if type(f) is str else f) for k, (fp, f) in digests.raw.items()}
+            )
+    else:
+        blob = _encode_rows(digests)
+    return blob if len(blob) <= MAX_STORED_BYTES else None
+
+
+def _encode_rows(digests: RowDigests) -> bytes:
     present: set[str] = set()
     complete: list[tuple[str, ...]] = []  # layouts of stored rows that have every field (no `-`): one, usually
     for _, fields in digests.values():
@@ -259,8 +304,7 @@ def encode(digests: RowDigests) -> bytes | None:
             for k, (fp, f) in digests.items()
         },
     )
-    blob = msgspec.json.encode(stored)
-    return blob if len(blob) <= MAX_STORED_BYTES else None
+    return msgspec.json.encode(stored)
 
 
 class Stored(Mapping[str, tuple[str, Mapping[str, str]]]):
