@@ -141,12 +141,17 @@ class Memo:
     and repeats the rest. A lookup compares the whole content, so no producer can make a
     row borrow another row's digest. One document's rows are kept, replaced as a whole by
     the next (safe across threads); a miss costs what the digest always cost.
+
+    `written`: the last row state `encode` wrote and what it decodes to, so that the next
+    forward of the same key, reading that blob back from the store, need not decode it
+    again (a blob that is not byte for byte this one is decoded).
     """
 
-    __slots__ = ("seen",)
+    __slots__ = ("seen", "written")
 
     def __init__(self) -> None:
         self.seen: dict[bytes, tuple[str, str]] = {}
+        self.written: tuple[bytes, Stored] | None = None
 
 
 def _key_and_fingerprint(typed: TypedRows, row: Any, content: bytes) -> tuple[str, str]:
@@ -217,8 +222,8 @@ class Compared(Mapping[str, tuple[str, Mapping[str, str]]]):
     def __len__(self) -> int:
         return len(self.raw)
 
-    def as_stored(self) -> bytes | None:
-        """The blob `encode` writes, when the stored layout holds: the rows read as they were
+    def as_stored(self) -> _Stored | None:
+        """What `encode` writes, when the stored layout holds: the rows read as they were
         stored, only the added and changed ones packed. None when the layout changes (a row
         brings a field the layout lacks, or no kept row shows that every field is present)."""
         layout, fresh = self.names, [*self.added, *self.changed]
@@ -234,7 +239,7 @@ class Compared(Mapping[str, tuple[str, Mapping[str, str]]]):
         for k in fresh:
             fp, fields = kept[k]
             kept[k] = (fp, "".join(fields.get(n, _MISSING_FIELD) for n in layout))
-        return msgspec.json.encode(_Stored(list(layout), kept))
+        return _Stored(list(layout), kept)
 
 
 class Unkept(dict[str, tuple[str, Mapping[str, str]]]):
@@ -264,22 +269,26 @@ def stored_size_at_least(typed: TypedRows) -> int:
     return len(_encode(names)) + 5 + key_bytes + n * (26 + 8 * len(names)) + n - 1
 
 
-def encode(digests: RowDigests) -> bytes | None:
+def encode(digests: RowDigests, memo: Memo | None = None) -> bytes | None:
+    """The row state to store, None over `MAX_STORED_BYTES`. With `memo`, kept as `memo.written`."""
     if type(digests) is Unkept:
         return None
     if type(digests) is Compared:
-        blob = digests.as_stored()
-        if blob is None:  # the layout changes: every row is packed again
+        stored = digests.as_stored()
+        if stored is None:  # the layout changes: every row is packed again
             names = digests.names
-            blob = _encode_rows(
-                {k: (fp, Packed(names, f) if type(f) is str else f) for k, (fp, f) in digests.raw.items()}
-            )
+            stored = _packed({k: (fp, Packed(names, f) if type(f) is str else f) for k, (fp, f) in digests.raw.items()})
     else:
-        blob = _encode_rows(digests)
-    return blob if len(blob) <= MAX_STORED_BYTES else None
+        stored = _packed(digests)
+    blob = msgspec.json.encode(stored)
+    if len(blob) > MAX_STORED_BYTES:
+        return None
+    if memo is not None:
+        memo.written = (blob, Stored(tuple(stored.fields), stored.rows))
+    return blob
 
 
-def _encode_rows(digests: RowDigests) -> bytes:
+def _packed(digests: RowDigests) -> _Stored:
     present: set[str] = set()
     complete: list[tuple[str, ...]] = []  # layouts of stored rows that have every field (no `-`): one, usually
     for _, fields in digests.values():
@@ -296,7 +305,7 @@ def _encode_rows(digests: RowDigests) -> bytes:
         return "".join(fields.get(n, _MISSING_FIELD) for n in names)
 
     packed = Packed
-    stored = _Stored(
+    return _Stored(
         names,
         {
             # read in this very layout: written back unchanged
@@ -304,7 +313,6 @@ def _encode_rows(digests: RowDigests) -> bytes:
             for k, (fp, f) in digests.items()
         },
     )
-    return msgspec.json.encode(stored)
 
 
 class Stored(Mapping[str, tuple[str, Mapping[str, str]]]):
@@ -332,9 +340,12 @@ class Stored(Mapping[str, tuple[str, Mapping[str, str]]]):
         return len(self.raw)
 
 
-def decode(blob: bytes | str | None) -> Stored | None:
+def decode(blob: bytes | str | None, memo: Memo | None = None) -> Stored | None:
     if not blob:
         return None
+    written = memo.written if memo is not None else None
+    if written is not None and written[0] == blob:
+        return written[1]
     stored = _decode_blob(blob)
     return Stored(tuple(stored.fields), stored.rows)
 

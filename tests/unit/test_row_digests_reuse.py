@@ -285,3 +285,33 @@ def test_kept_rows_are_written_back_as_read_while_the_stored_layout_holds(new: l
     assert isinstance(digests, rows.Compared)
     assert (digests.as_stored() is not None) is same_layout
     assert rows.encode(digests) == rows.encode(generic.row_digests(json.dumps({"k": 1, "rows": new}).encode()) or {})
+
+
+@settings(max_examples=300, deadline=None)
+@given(FAST_ROUTES, REPORTS, EDITS)
+def test_the_row_state_a_forward_wrote_reads_back_as_a_fresh_decode_of_it(
+    r: Route, old: list[Any], edits: list[tuple[int, str, Any]]
+) -> None:
+    fast, _ = rules_pair(r)
+    memo = rows.Memo()
+    first = rows.encode(fast.row_digests(json.dumps({"k": 1, "rows": old}).encode()) or {}, memo)
+    before = rows.decode(first, memo)
+    blob = rows.encode(fast.row_digests(json.dumps({"k": 1, "rows": _edited(old, edits)}).encode(), before) or {}, memo)
+    for written in (first, blob):
+        kept, fresh = rows.decode(written, memo), rows.decode(written)
+        assert (kept is None) is (fresh is None)
+        if kept is not None and fresh is not None:
+            assert (kept.names, kept.raw) == (fresh.names, fresh.raw)
+            assert list(kept.raw) == list(fresh.raw), "in the stored order"
+
+
+def test_a_forward_reads_back_the_row_state_it_wrote_without_decoding_it_again() -> None:
+    memo = rows.Memo()
+    r = route(include=["id", "a"])
+    blob = rows.encode(rows.digest_rows(r, [{"id": 1, "a": 1}, {"id": 2, "a": 2}]), memo)
+    assert blob is not None and memo.written is not None
+    assert rows.decode(bytes(bytearray(blob)), memo) is memo.written[1], "the same bytes, read back from a store"
+    other = rows.encode(rows.digest_rows(r, [{"id": 1, "a": 1}, {"id": 2, "a": 3}]))
+    assert other is not None
+    assert rows.decode(other, memo) is not memo.written[1], "another state is decoded"
+    assert dict(rows.decode(other, memo) or {}) == dict(rows.decode(other) or {})
