@@ -240,7 +240,7 @@ def _what_to_send(
     full = rules.full_scheme(msg.data)[1] if rules.full_scheme is not None else None
     if rules.tracks_fields:
         return _fields_forwarded(rules, msg, fp, state, full, payload)
-    before = rows.decode(state.rows) if state is not None and rules.tracks_rows else None
+    before = rows.decode(state.rows, rules.row_memo) if state is not None and rules.tracks_rows else None
     if before is not None and fields.PAYLOAD in before.raw:
         before = None  # the field state of a whole-payload route (its config changed): no rows to compare
     typed = rules.typed_rows(msg.data)  # decoded once (usually kept from the fingerprint) for both uses
@@ -248,7 +248,7 @@ def _what_to_send(
     details: dict[str, Any] = {}
     if digests is None:
         return Outgoing(msg.data, {}, None, full), details
-    kept = rows.encode(digests)
+    kept = rows.encode(digests, rules.row_memo)
     if kept is None:
         details["rows_state"] = "too large to keep"
     if before is None:

@@ -81,7 +81,7 @@ class Packed(Mapping[str, str]):
         return repr(self._fields())
 
 
-RowDigests = dict[str, tuple[str, Mapping[str, str]]]  # row key → (row fingerprint, {field: checksum})
+RowDigests = Mapping[str, tuple[str, Mapping[str, str]]]  # row key → (row fingerprint, {field: checksum})
 Before = Mapping[str, tuple[str, Mapping[str, str]]]  # the previous forward's digests, usually `Stored`
 
 
@@ -117,7 +117,7 @@ def digest_rows(route: Route, rows: list[Any], before: Before | None = None) -> 
         )
         groups.setdefault(row_key_of(row, keys), []).append(selected)
     old = before or {}
-    out: RowDigests = {}
+    out: dict[str, tuple[str, Mapping[str, str]]] = {}
     for key, group in groups.items():
         if len(group) == 1:
             (selected,) = group
@@ -141,12 +141,17 @@ class Memo:
     and repeats the rest. A lookup compares the whole content, so no producer can make a
     row borrow another row's digest. One document's rows are kept, replaced as a whole by
     the next (safe across threads); a miss costs what the digest always cost.
+
+    `written`: the last row state `encode` wrote and what it decodes to, so that the next
+    forward of the same key, reading that blob back from the store, need not decode it
+    again (a blob that is not byte for byte this one is decoded).
     """
 
-    __slots__ = ("seen",)
+    __slots__ = ("seen", "written")
 
     def __init__(self) -> None:
         self.seen: dict[bytes, tuple[str, str]] = {}
+        self.written: tuple[bytes, Stored] | None = None
 
 
 def _key_and_fingerprint(typed: TypedRows, row: Any, content: bytes) -> tuple[str, str]:
@@ -177,32 +182,64 @@ def digest_typed(typed: TypedRows, before: Before | None = None, memo: Memo | No
     if memo is not None:
         memo.seen = dict(zip(contents, pairs, strict=True))
     stored: Mapping[str, tuple[str, Any]] = before.raw if type(before) is Stored else (before or {})
-    names = before.names if type(before) is Stored else ()
     out = Compared(before)
-    added, changed = out.added, out.changed
+    raw, added, changed = out.raw, out.added, out.changed
     for (key, fp), row in zip(pairs, found, strict=True):
         was = stored.get(key)
         if was is not None and was[0] == fp:
-            fields = was[1]  # as stored: packed checksums, or a mapping of them
-            out[key] = (fp, Packed(names, fields) if type(fields) is str else fields)
+            raw[key] = was  # as stored: (fingerprint, packed checksums, or a mapping of them)
         else:
             (added if was is None else changed).append(key)
-            out[key] = (fp, field_checksums(typed.as_dict(row)))
-    return out if len(out) == len(found) else None
+            raw[key] = (fp, field_checksums(typed.as_dict(row)))
+    return out if len(raw) == len(found) else None
 
 
-class Compared(dict[str, tuple[str, Mapping[str, str]]]):
+class Compared(Mapping[str, tuple[str, Mapping[str, str]]]):
     """Digests that were compared with `against` as they were computed, row by row: the rows
     found `added` and `changed`, in order, so that `diff` against the same state need not
-    look every row up again."""
+    look every row up again. An unchanged row is held as it was read (`raw`: its stored
+    fingerprint and packed checksums), and `encode` writes it back as it was read."""
 
-    __slots__ = ("added", "against", "changed")
+    __slots__ = ("added", "against", "changed", "names", "raw")
 
     def __init__(self, against: Before | None):
-        super().__init__()
         self.against = against
+        self.names: tuple[str, ...] = against.names if type(against) is Stored else ()
+        self.raw: dict[str, tuple[str, Any]] = {}  # checksums packed in the layout `names`, or a mapping of them
         self.added: list[str] = []
         self.changed: list[str] = []
+
+    def __getitem__(self, key: str) -> tuple[str, Mapping[str, str]]:
+        fp, fields = self.raw[key]
+        return (fp, Packed(self.names, fields)) if type(fields) is str else (fp, fields)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.raw
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def as_stored(self) -> _Stored | None:
+        """What `encode` writes, when the stored layout holds: the rows read as they were
+        stored, only the added and changed ones packed. None when the layout changes (a row
+        brings a field the layout lacks, or no kept row shows that every field is present)."""
+        layout, fresh = self.names, [*self.added, *self.changed]
+        if type(self.against) is not Stored or len(fresh) == len(self.raw) or list(layout) != sorted(set(layout)):
+            return None
+        columns = frozenset(layout)
+        if not all(columns.issuperset(self.raw[k][1]) for k in fresh):
+            return None
+        # a kept row with every field present: the layout is exactly the fields present
+        if next((p for _, p in self.raw.values() if type(p) is str and "-" not in p), None) is None:
+            return None
+        kept = dict(self.raw)
+        for k in fresh:
+            fp, fields = kept[k]
+            kept[k] = (fp, "".join(fields.get(n, _MISSING_FIELD) for n in layout))
+        return _Stored(list(layout), kept)
 
 
 class Unkept(dict[str, tuple[str, Mapping[str, str]]]):
@@ -232,9 +269,26 @@ def stored_size_at_least(typed: TypedRows) -> int:
     return len(_encode(names)) + 5 + key_bytes + n * (26 + 8 * len(names)) + n - 1
 
 
-def encode(digests: RowDigests) -> bytes | None:
+def encode(digests: RowDigests, memo: Memo | None = None) -> bytes | None:
+    """The row state to store, None over `MAX_STORED_BYTES`. With `memo`, kept as `memo.written`."""
     if type(digests) is Unkept:
         return None
+    if type(digests) is Compared:
+        stored = digests.as_stored()
+        if stored is None:  # the layout changes: every row is packed again
+            names = digests.names
+            stored = _packed({k: (fp, Packed(names, f) if type(f) is str else f) for k, (fp, f) in digests.raw.items()})
+    else:
+        stored = _packed(digests)
+    blob = msgspec.json.encode(stored)
+    if len(blob) > MAX_STORED_BYTES:
+        return None
+    if memo is not None:
+        memo.written = (blob, Stored(tuple(stored.fields), stored.rows))
+    return blob
+
+
+def _packed(digests: RowDigests) -> _Stored:
     present: set[str] = set()
     complete: list[tuple[str, ...]] = []  # layouts of stored rows that have every field (no `-`): one, usually
     for _, fields in digests.values():
@@ -251,7 +305,7 @@ def encode(digests: RowDigests) -> bytes | None:
         return "".join(fields.get(n, _MISSING_FIELD) for n in names)
 
     packed = Packed
-    stored = _Stored(
+    return _Stored(
         names,
         {
             # read in this very layout: written back unchanged
@@ -259,8 +313,6 @@ def encode(digests: RowDigests) -> bytes | None:
             for k, (fp, f) in digests.items()
         },
     )
-    blob = msgspec.json.encode(stored)
-    return blob if len(blob) <= MAX_STORED_BYTES else None
 
 
 class Stored(Mapping[str, tuple[str, Mapping[str, str]]]):
@@ -288,9 +340,12 @@ class Stored(Mapping[str, tuple[str, Mapping[str, str]]]):
         return len(self.raw)
 
 
-def decode(blob: bytes | str | None) -> Stored | None:
+def decode(blob: bytes | str | None, memo: Memo | None = None) -> Stored | None:
     if not blob:
         return None
+    written = memo.written if memo is not None else None
+    if written is not None and written[0] == blob:
+        return written[1]
     stored = _decode_blob(blob)
     return Stored(tuple(stored.fields), stored.rows)
 
