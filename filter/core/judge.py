@@ -39,9 +39,6 @@ ID_REUSED = "the message id was reused with other content"
 #: The reason a forward gives when a forward of other content may have landed unrecorded.
 UNKNOWN_DOWNSTREAM = "what the destination holds is unknown: a forward may have landed unrecorded"
 
-#: `decide` was not given the payload the fingerprint decoded.
-NOT_GIVEN: Any = object()
-
 
 @dataclass(frozen=True, slots=True)
 class Verdict:
@@ -82,12 +79,12 @@ def decide(
     now: float,
     bypass: bool,
     rng: random.Random,
-    payload: Any = NOT_GIVEN,
+    payload: Any,
 ) -> Decided:
     """The whole decision for `msg` (payload fingerprint `fp`) against `state`, the stored state for its key.
 
-    `payload`: what the fingerprint decoded from `msg.data` (`rules.scheme`), so that the field
-    changes are read from it, not from a second decode (without it, they decode `msg.data`)."""
+    `payload`: what the fingerprint decoded from `msg.data` (`rules.scheme`): the field changes
+    are read from it, never from a second decode."""
     if state is not None and state.expired(now):
         state = state.forgotten()
     verdict = judge(rules.route, msg, fp, state, now, bypass)
@@ -180,8 +177,6 @@ def _excluded_changed(
     before = rules.fields_before(state.rows) if state is not None else None
     if before is None or rules.selects is None:
         return
-    if payload is NOT_GIVEN:
-        payload = rules.payload_of(msg.data)
     if type(payload) is dict:
         changed = fields.excluded_changed(payload, before, rules.unselected, rules.selects)
         fields.named("excluded_changed", changed, details)
@@ -192,8 +187,6 @@ def _fields_forwarded(
 ) -> tuple[Outgoing, dict[str, Any]]:
     """A whole-payload forward stores its field checksums and records which selected fields changed."""
     details: dict[str, Any] = {}
-    if payload is NOT_GIVEN:
-        payload = rules.payload_of(msg.data)
     if type(payload) is not dict:
         return Outgoing(msg.data, {}, None, full), details
     selects = rules.selects

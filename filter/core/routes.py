@@ -60,11 +60,6 @@ class RouteRules:
             self._befores.pop(next(iter(self._befores)), None)
         self._befores[blob] = before
 
-    def payload_of(self, data: bytes) -> Any:
-        """The payload as the fingerprint decodes it: for a decision not given the one the
-        fingerprint decoded (the engine gives it: `judge.decide`)."""
-        return self.scheme.decode(data)
-
     def typed_rows(self, data: bytes) -> TypedRows | None:
         """The rows as the fingerprint's fast path decodes them (included fields only), if it vouches for them."""
         if not self.tracks_rows or self.scheme.typed_rows is None:

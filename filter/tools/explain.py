@@ -74,7 +74,7 @@ async def explain(cfg: Config, route: Route, msg: Message) -> dict[str, Any]:
     now = time.time()
     # The engine audits a sample of suppressions; explain shows what the audit would find for
     # this message, whatever the route's rate (a route with no audit has nothing to compare).
-    decided = decide(rules, msg, fp, state, now, rules.bypassed(payload, attributes), _AlwaysSampled())
+    decided = decide(rules, msg, fp, state, now, rules.bypassed(payload, attributes), _AlwaysSampled(), payload)
     result: dict[str, Any] = {
         "route": route.name,
         "key": key,

@@ -29,8 +29,8 @@ def rules(**route: Any) -> RouteRules:
 def step(r: RouteRules, payload: dict[str, Any], state: KeyState | None, n: int) -> tuple[Decided, KeyState | None]:
     data = json.dumps(payload).encode()
     msg = Message(data, {}, f"m{n}", publish_time=float(n))
-    _, fp = r.scheme(data)
-    decided = decide(r, msg, fp, state, float(n), False, random.Random(0))
+    decoded, fp = r.scheme(data)
+    decided = decide(r, msg, fp, state, float(n), False, random.Random(0), decoded)
     if decided.verdict.decision is Decision.FORWARDED:
         state = forwarded(decided.state, msg, fp, 1, decided.out, float(n), 1e12)
     return decided, state

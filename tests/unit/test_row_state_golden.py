@@ -41,7 +41,8 @@ def forward(case: dict[str, Any], seen_by_fingerprint: bool) -> Any:
         publish_time=1.0,
         rows=case["stored_rows"].encode(),
     )
-    return decide(rules, Message(data, {}, "m2", publish_time=2.0), fp, state, 20.0, False, random.Random(0))
+    # a row-mode route reads its rows (`typed_rows`), not the decoded payload: none is given
+    return decide(rules, Message(data, {}, "m2", publish_time=2.0), fp, state, 20.0, False, random.Random(0), None)
 
 
 @pytest.mark.parametrize("seen_by_fingerprint", [True, False], ids=["rows-kept", "rows-decoded"])
