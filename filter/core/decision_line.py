@@ -22,7 +22,7 @@ class Quieting(NamedTuple):
     sample: float = 1.0
 
 
-def line_level(decision: str, own: str, message_id: str, quieting: Mapping[str, Quieting]) -> str:
+def line_level(decision: str, own: str, message_id: str, quieting: Mapping[str, Quieting] | None) -> str:
     """The level of `decision`'s line for `message_id`: `own` unless `quieting` says otherwise."""
     q = quieting.get(decision) if quieting else None
     return own if q is None else level_of(q, own, message_id)

@@ -616,5 +616,5 @@ def _log_decision(rec: DecisionRecord, quieting: Mapping[str, Quieting] | None =
     fields = {k: v for k, v in rec.as_dict().items() if v is not None}
     if rec.trace:
         fields["trace"] = rec.trace
-    level = line_level(str(rec.decision), _LEVELS[rec.decision], rec.message_id, quieting or {})
+    level = line_level(str(rec.decision), _LEVELS[rec.decision], rec.message_id, quieting)
     getattr(log, level)("decision", **fields)
