@@ -138,6 +138,9 @@ class Route(Strict):
     removed_rows: Literal["attribute", "tombstone", "ignore"] = "attribute"
     audit_sample: float = Field(default=0.0, ge=0.0, le=1.0)
     cache_result: bool = False  # in-process: keep the body's result, return it for a redelivery
+    # What the route's push subscription sends (docs/deploying.md, "Payload unwrapping"):
+    # Pub/Sub's envelope, or the data as the body with (`unwrapped`) or without the metadata headers.
+    push_format: Literal["wrapped", "unwrapped", "unwrapped_no_metadata"] = "wrapped"
 
     @field_validator("bypass", mode="before")
     @classmethod
@@ -150,6 +153,20 @@ class Route(Strict):
         if value is not None and value.root != "payload":
             raise ValueError("rows must be a payload path such as payload.players (or just payload)")
         return value
+
+    @model_validator(mode="after")
+    def _header_attribute_names(self) -> Route:
+        # An unwrapped push carries the attributes as HTTP headers, whose names arrive lower-cased.
+        if self.push_format != "unwrapped":
+            return self
+        paths = [*self.key, *(c.field for c in self.bypass)]
+        upper = sorted({str(p) for p in paths if p.root == "attributes" and p.parts[0] != p.parts[0].lower()})
+        if upper:
+            raise ValueError(
+                f"push_format unwrapped: attribute names arrive as HTTP headers, in lower case; "
+                f"write {', '.join(u.lower() for u in upper)} (not {', '.join(upper)})"
+            )
+        return self
 
     @property
     def enforced(self) -> bool:

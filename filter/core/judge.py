@@ -108,7 +108,9 @@ def judge(
     """The decision table. Pure: the same inputs always give the same verdict."""
     if state is None:
         return Verdict(Decision.FORWARDED, "new key")
-    if (msg.message_id, fingerprint) in state.recent:  # a redelivery: this id, forwarded with this content
+    # A redelivery: this id, forwarded with this content. Without an id of its own (made from
+    # the data), the same content again may be a new message: decided on its content below.
+    if msg.has_id and (msg.message_id, fingerprint) in state.recent:
         return Verdict(Decision.DUPLICATE, REDELIVERED)
     lease = state.lease
     if lease is not None and lease.live(now):

@@ -26,6 +26,10 @@ class Message:
     ordering_key: str | None = None
     delivery_attempt: int | None = None
     subscription: str | None = None
+    #: False for a push without Pub/Sub's metadata (payload unwrapping without write metadata):
+    #: `message_id` is then made from the data, so it cannot tell a redelivery from a new
+    #: message with the same content, and the decision goes by the content alone (`judge`).
+    has_id: bool = True
 
 
 class Decision(enum.StrEnum):

@@ -22,11 +22,12 @@ from starlette.types import Message, Receive, Scope, Send
 from filter.core.answer import answer_for
 from filter.core.counters import counts
 from filter.core.engine import Engine
-from filter.core.envelope import EnvelopeError, parse_envelope
+from filter.core.envelope import EnvelopeError
 from filter.core.model import Cause
 from filter.core.numerals import bounded_int, digits_of
 from filter.observability.probes import backend_problems, health, metrics_routes, telemetry_of
 from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, request_parent_of, trace_of
+from filter.push.unwrapped import MESSAGE_ID, parse_push
 
 log = structlog.get_logger("pubsub_filter.push")
 
@@ -71,7 +72,8 @@ def _json_response(body: dict[str, Any], status: int = 200) -> Response:
     return Response(msgspec.json.encode(body), status, media_type="application/json")
 
 
-_READ_HEADERS = frozenset((b"content-length", *REQUEST_HEADERS))
+# the message id: a push with payload unwrapping and its metadata (`filter.push.unwrapped`)
+_READ_HEADERS = frozenset((b"content-length", MESSAGE_ID, *REQUEST_HEADERS))
 _READ_WITH_AUTH = _READ_HEADERS | {b"authorization"}
 
 
@@ -265,6 +267,8 @@ def create_app(
     tel = telemetry_of(engine)
     tracing = tel is not None and tel.tracing
     wanted = _READ_HEADERS if authenticator is None else _READ_WITH_AUTH
+    # routes whose subscription pushes the data without metadata: a body there is never an envelope
+    bare = frozenset(r.name for r in engine.config.routes if r.push_format == "unwrapped_no_metadata")
 
     async def push(route: str, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -311,7 +315,7 @@ def create_app(
             log.info("push_client_disconnected", route=route)
             return 499, (), b""
         try:
-            msg = parse_envelope(body)
+            msg = parse_push(body, scope["headers"], MESSAGE_ID in headers, route in bare)
         except EnvelopeError as exc:
             rec = await engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
             return _json({"decision": "rejected", "reason": rec.reason}, 400)

@@ -175,6 +175,7 @@ def plan(
                 max_delivery_attempts=max_delivery_attempts,
                 retry=True,
                 ordered=True,
+                push_format=route.push_format,
             )
         )
     return out

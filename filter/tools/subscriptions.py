@@ -28,6 +28,7 @@ class SubscriptionSpec:
     retry: bool = False
     retention_s: int | None = None
     ordered: bool = False  # set at creation only: Pub/Sub cannot change it on an existing subscription
+    push_format: str = "wrapped"  # the route's: wrapped, unwrapped (with metadata), unwrapped_no_metadata
 
     def request(self) -> dict[str, Any]:
         req: dict[str, Any] = {
@@ -57,6 +58,8 @@ class SubscriptionSpec:
         if not self.push_endpoint:
             return {}
         cfg: dict[str, Any] = {"push_endpoint": self.push_endpoint}
+        if self.push_format != "wrapped":
+            cfg["no_wrapper"] = {"write_metadata": self.push_format == "unwrapped"}
         if self.oidc_service_account:
             cfg["oidc_token"] = {
                 "service_account_email": self.oidc_service_account,
@@ -67,6 +70,8 @@ class SubscriptionSpec:
     def describe(self) -> str:
         how = f"push → {self.push_endpoint}" if self.push_endpoint else "pull"
         parts = [how, f"ack deadline {self.ack_deadline}s"]
+        if self.push_endpoint and self.push_format != "wrapped":
+            parts.append(_UNWRAPPING[self.push_format])
         if self.dead_letter_topic:
             parts.append(
                 f"dead letters → {short_id(self.dead_letter_topic)} after {self.max_delivery_attempts} attempts"
@@ -94,6 +99,8 @@ class SubscriptionSpec:
             if before == after:
                 before, after = f"OIDC {have_oidc[0] or 'none'}", f"OIDC {want_oidc[0] or 'none'}"
             diffs.append(("push_config", f"{before} → {after}"))
+        elif self.push_endpoint and (sent := _push_format(push)) != self.push_format:
+            diffs.append(("push_config", f"{_UNWRAPPING[sent]} → {_UNWRAPPING[self.push_format]}"))
         if self.dead_letter_topic:
             dlp = current.dead_letter_policy if "dead_letter_policy" in current else None
             have = (str(dlp.dead_letter_topic), int(dlp.max_delivery_attempts)) if dlp is not None else ("", 0)
@@ -121,6 +128,20 @@ class SubscriptionSpec:
                 )
             )
         return diffs
+
+
+_UNWRAPPING = {
+    "wrapped": "push envelope",
+    "unwrapped": "payload unwrapped, metadata in headers",
+    "unwrapped_no_metadata": "payload unwrapped, no metadata",
+}
+
+
+def _push_format(push: Any) -> str:
+    """What an existing subscription's push config sends, as a route's `push_format` says it."""
+    if "no_wrapper" not in push:
+        return "wrapped"
+    return "unwrapped" if push.no_wrapper.write_metadata else "unwrapped_no_metadata"
 
 
 def _seconds(value: Any) -> float:

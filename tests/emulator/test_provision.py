@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from google.api_core import exceptions as gexc
 
 from filter.cli import main
@@ -202,3 +203,38 @@ def test_provision_goes_on_past_a_failure_and_warns_of_a_subscription_without_or
     assert summary.startswith(f"1 failed (the others were still provisioned): subscription {orders}: InvalidArgument")
     assert warning.startswith(f"WARNING: subscription {orders} (route 'orders') has message ordering off")
     assert "create a new subscription with ordering" in warning
+
+
+def test_provision_creates_and_updates_subscriptions_with_payload_unwrapping(
+    admin: PubsubAdmin, names: Names, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A route's `push_format` is its subscription's: no_wrapper with or without write metadata."""
+
+    def write(orders: str, odds: str) -> str:
+        path = config(tmp_path, names, admin.project)
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw["routes"][0]["push_format"], raw["routes"][1]["push_format"] = orders, odds
+        return str(write_config(path, raw))
+
+    def unwrapping(sub_id: str) -> tuple[bool, bool]:
+        push = admin.subscriber.get_subscription(subscription=admin.subscription_path(sub_id)).push_config
+        return "no_wrapper" in push, bool(push.no_wrapper.write_metadata)
+
+    cfg = write("unwrapped", "unwrapped_no_metadata")
+    args = ["--config", cfg, "--push-endpoint", BASE, f"--source-topic=odds={names.odds_topic}"]
+    code, lines, _ = provision(capsys, *args)
+    assert (code, lines[-1]) == (0, "9 created, 0 updated"), lines
+    assert (unwrapping(names.orders_sub), unwrapping(names.odds_sub)) == ((True, True), (True, False))
+    [orders_line] = [line for line in lines if admin.subscription_path(names.orders_sub) + " " in line]
+    assert "payload unwrapped, metadata in headers" in orders_line
+    code, lines, _ = provision(capsys, *args)
+    assert (code, lines[-1]) == (0, "no changes: every resource exists as the config needs it"), lines
+
+    write("wrapped", "unwrapped")
+    code, lines, _ = provision(capsys, *args)
+    assert (code, lines[-1]) == (0, "0 created, 2 updated"), lines
+    [orders_line] = [line for line in lines if admin.subscription_path(names.orders_sub) + " " in line]
+    assert "payload unwrapped, metadata in headers → push envelope" in orders_line
+    assert (unwrapping(names.orders_sub), unwrapping(names.odds_sub)) == ((False, False), (True, True))
+    code, lines, _ = provision(capsys, *args)
+    assert (code, lines[-1]) == (0, "no changes: every resource exists as the config needs it"), lines

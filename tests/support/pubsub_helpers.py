@@ -120,13 +120,18 @@ class PubsubAdmin:
         min_backoff: float | None = None,
         max_backoff: float | None = None,
         sub_id: str | None = None,
+        write_metadata: bool | None = None,
     ) -> str:
+        """`write_metadata` None: Pub/Sub's envelope; else payload unwrapping, with or without metadata."""
         sub_id = sub_id or unique(prefix)
+        push_config: dict[str, Any] = {"push_endpoint": endpoint}
+        if write_metadata is not None:
+            push_config["no_wrapper"] = {"write_metadata": write_metadata}
         request: dict[str, Any] = {
             "name": self.subscription_path(sub_id),
             "topic": self.topic_path(topic_id),
             "ack_deadline_seconds": ack_deadline,
-            "push_config": {"push_endpoint": endpoint},
+            "push_config": push_config,
         }
         if dead_letter_topic:
             request["dead_letter_policy"] = {

@@ -228,6 +228,26 @@ def test_every_route_in_the_example_config_gets_its_subscription(tmp_path: Path)
         assert routes[r["name"]]["dead_letter"] == f"{routes[r['name']]['subscription']}-dlq"
 
 
+def test_push_subscriptions_unwrap_the_payload_as_the_routes_push_format_says() -> None:
+    push_config = only(resources()[("google_pubsub_subscription", "push")]["push_config"])
+    no_wrapper = only(push_config["dynamic"])["no_wrapper"]
+    assert expr(no_wrapper["for_each"]) == '${each.value.push_format=="wrapped"?[]:[each.value.push_format]}'
+    assert expr(only(no_wrapper["content"])["write_metadata"]) == '${no_wrapper.value=="unwrapped"}'
+
+
+@needs_terraform
+def test_each_routes_push_format_reaches_its_subscription(tmp_path: Path) -> None:
+    cfg = example_config()
+    formats = {cfg["routes"][0]["name"]: "unwrapped", cfg["routes"][1]["name"]: "unwrapped_no_metadata"}
+    for r in cfg["routes"]:
+        if r["name"] in formats:
+            r["push_format"] = formats[r["name"]]
+    routes = evaluate(tmp_path, "local.routes", cfg)
+    assert {name: r["push_format"] for name, r in routes.items()} == {
+        r["name"]: formats.get(r["name"], "wrapped") for r in cfg["routes"]
+    }
+
+
 def test_oidc_audience_is_the_configs_auth_audience() -> None:
     push = resources()[("google_pubsub_subscription", "push")]
     oidc = only(only(push["push_config"])["oidc_token"])

@@ -89,6 +89,7 @@ locals {
       source_topic = lookup(var.source_topics, r.name, null)
       destination  = r.destination
       dead_letter  = "${local.subscriptions[r.name]}-dlq"
+      push_format  = try(r.push_format, null) != null ? r.push_format : "wrapped"
     }
   }
 

@@ -53,6 +53,15 @@ resource "google_pubsub_subscription" "push" {
       # URL, which Cloud Run itself checks.
       audience = coalesce(local.auth_audience, google_cloud_run_v2_service.this.uri)
     }
+
+    # The route's push_format: payload unwrapping, the data as the body, with (unwrapped) or
+    # without (unwrapped_no_metadata) the message id, publish time and attributes as headers.
+    dynamic "no_wrapper" {
+      for_each = each.value.push_format == "wrapped" ? [] : [each.value.push_format]
+      content {
+        write_metadata = no_wrapper.value == "unwrapped"
+      }
+    }
   }
 
   retry_policy {
