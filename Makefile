@@ -20,7 +20,7 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/python -c "import duckdb, duckdb_extensions; duckdb_extensions.import_extension('spatial', con=duckdb.connect())"
 	touch $@ $(VENV)/.installed
 
-.PHONY: serve test lint unit install lock bench-smoke docs
+.PHONY: serve test lint unit install lock bench-smoke docs fuzz
 install: $(VENV)/.installed
 
 serve: $(VENV)/.installed
@@ -41,6 +41,11 @@ bench-smoke: $(VENV)/.installed-test
 
 test: lint
 	$(BIN)/pytest -q
+
+# the push fuzz test with 12,000 examples (the suite runs 3,000): docs/getting-started.md, "Tests"
+PUSH_FUZZ_EXAMPLES ?= 12000
+fuzz: $(VENV)/.installed-test
+	PUSH_FUZZ_EXAMPLES=$(PUSH_FUZZ_EXAMPLES) $(BIN)/pytest tests/faults/test_push_fuzz.py -q -s --timeout 3600
 
 # the documentation site (mkdocs.yml) into site/, strictly; tests/unit/test_docs_site.py builds it in make test
 docs: $(VENV)/.installed-test

@@ -10,13 +10,24 @@ Message = dict[str, Any]
 
 
 async def call(
-    app: Any, method: str, path: str, body: bytes = b"", headers: Sequence[tuple[bytes, bytes]] = ()
+    app: Any,
+    method: str,
+    path: str,
+    body: bytes = b"",
+    headers: Sequence[tuple[bytes, bytes]] = (),
+    chunks: Sequence[bytes] | None = None,
 ) -> tuple[int, bytes]:
-    """(status, body) of one request; `headers` are sent after host and content-length (unless it is named)."""
+    """(status, body) of one request; `headers` are sent after host and content-length (unless it is named).
+
+    `chunks`: the body in several `http.request` messages (as a chunked upload arrives), in place of `body`."""
     sent: list[Message] = []
+    parts = list(chunks) if chunks is not None else [body]
+    body = b"".join(parts)
 
     async def receive() -> Message:
-        return {"type": "http.request", "body": body, "more_body": False}
+        if not parts:
+            return {"type": "http.disconnect"}
+        return {"type": "http.request", "body": parts.pop(0), "more_body": bool(parts)}
 
     async def send(message: Message) -> None:
         sent.append(message)
