@@ -105,6 +105,7 @@ def configs(good: bool) -> st.SearchStrategy[dict[str, Any]]:
                 "rows_mode": v(one("whole", "changed")),
                 "removed_rows": v(one("attribute", "tombstone", "ignore")),
                 "audit_sample": v(one(0, 0.5, 1), one(2, -1)),
+                "push_format": v(one("wrapped", "unwrapped", "unwrapped_no_metadata"), one("none", "bare")),
                 **extra,
             },
         )
