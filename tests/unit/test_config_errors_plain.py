@@ -64,8 +64,8 @@ MISTAKES: list[tuple[str, dict[str, Any], list[str]]] = [
         {"routes": [a_route(colour="red")]},
         [
             "route 'r': colour: unknown key; the keys here are audit_sample, bypass, cache_result, destination, "
-            "exclude, include, key, mode, name, on_store_error, removed_rows, row_key, rows, rows_mode, scheme, stale, "
-            "subscription, window"
+            "exclude, include, key, mode, name, on_store_error, push_format, removed_rows, row_key, rows, rows_mode, "
+            "scheme, stale, subscription, window"
         ],
     ),
     (
