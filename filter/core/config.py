@@ -156,10 +156,17 @@ class Route(Strict):
 
     @model_validator(mode="after")
     def _header_attribute_names(self) -> Route:
-        # An unwrapped push carries the attributes as HTTP headers, whose names arrive lower-cased.
+        # An unwrapped push carries the attributes as HTTP headers, whose names arrive lower-cased;
+        # without metadata it carries none at all.
+        paths = [*self.key, *(c.field for c in self.bypass)]
+        named = sorted({str(p) for p in paths if p.root == "attributes"})
+        if self.push_format == "unwrapped_no_metadata" and named:
+            raise ValueError(
+                f"push_format unwrapped_no_metadata: a push without metadata carries no attributes, "
+                f"so {', '.join(named)} is never found; use payload paths, or push_format unwrapped"
+            )
         if self.push_format != "unwrapped":
             return self
-        paths = [*self.key, *(c.field for c in self.bypass)]
         upper = sorted({str(p) for p in paths if p.root == "attributes" and p.parts[0] != p.parts[0].lower()})
         if upper:
             raise ValueError(

@@ -265,3 +265,10 @@ def test_an_unwrapped_route_must_name_its_attributes_in_lower_case() -> None:
     with pytest.raises(ConfigError, match=r"attributes\.entityid"):
         parse({"routes": [route]})
     parse({"routes": [{**route, "key": ["attributes.entityid"]}]})
+
+
+def test_a_route_without_metadata_cannot_read_attributes() -> None:
+    route = {"name": "r", "destination": "phase3", "key": ["attributes.id"], "push_format": "unwrapped_no_metadata"}
+    with pytest.raises(ConfigError, match="carries no attributes"):
+        parse({"routes": [route]})
+    parse({"routes": [{**route, "push_format": "unwrapped"}]})
