@@ -73,7 +73,7 @@ ROUTES: list[dict[str, Any]] = [
         "row_key": ["id"],
         "include": ["id", "status"],
     },
-    # rows + exclude only: the generic canonical path
+    # rows + exclude only: the generic canonical path; a key or rows it cannot read is rejected
     {
         "name": "players-generic",
         "destination": "phase3",
@@ -81,6 +81,7 @@ ROUTES: list[dict[str, Any]] = [
         "rows": "payload.players",
         "row_key": ["id"],
         "exclude": ["t"],
+        "on_missing_key": "reject",
     },
     # seed 002's data_hash
     {
@@ -112,7 +113,13 @@ ROUTES: list[dict[str, Any]] = [
             {"field": "payload.x", "exists": True},
         ],
     },
-    {"name": "stale-forward", "destination": "phase3", "key": ["payload.game_date"], "stale": "forward"},
+    {
+        "name": "stale-forward",
+        "destination": "phase3",
+        "key": ["payload.game_date"],
+        "stale": "forward",
+        "on_missing_key": "reject",
+    },
 ]
 ROUTE_NAMES = [r["name"] for r in ROUTES]
 SETTINGS = {
@@ -794,6 +801,7 @@ FIELD_VALUES: dict[str, list[Any]] = {
     "mode": ["enforce", "shadow", "off", "ENFORCE"],
     "scheme": ["canonical", "data_hash", "event", "md5"],
     "on_store_error": ["forward", "retry", "drop"],
+    "on_missing_key": ["forward", "reject", "retry"],
     "stale": ["suppress", "forward", "keep"],
     "bypass": [*CONDITIONS, [*CONDITIONS[:3]], [CONDITIONS[3]], []],
     "in": [["a"]],
