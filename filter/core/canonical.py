@@ -27,6 +27,16 @@ class PayloadError(FilterError, ValueError):
     """The payload is JSON but does not have the shape the route describes."""
 
 
+class MissingField(PayloadError):
+    """A path the route keys on cannot be read from this message: a key field absent, null or
+    not a value, a payload key on a payload that is not JSON, or `rows` that are not a list.
+    The route's `on_missing_key` decides: forward it without a dedup decision, or reject it."""
+
+    def __init__(self, path: str, problem: str):
+        super().__init__(problem)
+        self.path = path
+
+
 class NotJson:
     """Marker for a payload that is not JSON (fingerprinted over its raw bytes)."""
 

@@ -132,6 +132,7 @@ class Route(Strict):
     mode: Literal["enforce", "shadow"] = "enforce"
     scheme: Literal["canonical", "data_hash", "event"] = "canonical"
     on_store_error: Literal["forward", "retry"] = "forward"
+    on_missing_key: Literal["forward", "reject"] = "forward"  # a key (or rows) that cannot be read
     stale: Literal["suppress", "forward"] = "suppress"
     bypass: list[Condition] = []
     rows_mode: Literal["whole", "changed"] = "whole"

@@ -30,12 +30,14 @@ import msgspec
 from msgspec.structs import replace
 
 from filter.core.attributes import fence_attributes, forward_attributes
+from filter.core.canonical import MissingField
 from filter.core.config import Config, Route
 from filter.core.decision_line import Quieting, line_level
 from filter.core.errors import FilterUsageError
 from filter.core.fingerprint import NOT_JSON, PayloadError, message_fingerprint
 from filter.core.heartbeat import Heartbeat
 from filter.core.judge import Decided, Outgoing, decide
+from filter.core.keyless import keyless
 from filter.core.logs import get_logger
 from filter.core.model import Cause, Decision, DecisionRecord, KeyState, Lease, Message
 from filter.core.ports import (
@@ -81,6 +83,7 @@ class Delivery(msgspec.Struct, frozen=True):
     fp: str
     message_fp: str
     raw: bool  # the payload is not JSON
+    missing: str | None = None  # the path that could not be read: no key, nothing stored (`keyless`)
 
 
 class Acted(msgspec.Struct, frozen=True):
@@ -300,8 +303,11 @@ class Engine:
         if sender.attribute_limits and (unforwardable := rules.unforwardable(msg.attributes)) is not None:
             raise PayloadError(unforwardable)  # the same on every delivery: rejected, not a failing publish
         # 1. extract
-        payload, fp = rules.scheme(msg.data)
-        key = rules.key_of(payload, msg.attributes)
+        try:
+            payload, fp = rules.scheme(msg.data)
+            key = rules.key_of(payload, msg.attributes)
+        except MissingField as exc:
+            return await self._keyless(rules, msg, sender, exc)
         bypass = rules.bypassed(payload, msg.attributes)
         d = Delivery(route, msg, key, fp, message_fingerprint(msg.data, msg.attributes), payload is NOT_JSON)
         # 2. look
@@ -487,6 +493,13 @@ class Engine:
             self.failed_open.remember(route.name, d.key, d.fp, d.msg.publish_time, self.clock.now())
         return done
 
+    async def _keyless(self, rules: RouteRules, msg: Message, sender: Sender, missing: MissingField) -> Done:
+        """No key, so no state to decide on: forwarded without a lease, or rejected (`filter.core.keyless`)."""
+        k = keyless(rules, msg.data, missing)
+        message_fp = message_fingerprint(msg.data, msg.attributes)
+        d = Delivery(rules.route, msg, "", k.fingerprint, message_fp, k.raw, k.missing)
+        return await self._forward_unleased(d, sender, Decision.FAIL_OPEN, k.reason)
+
     async def _despite_one_cancel(self, work: Awaitable[T]) -> T:
         """`work`'s result, even when cancelled meanwhile: the first cancel is taken back and
         `work` waited for; a second cancel goes through to `work`.
@@ -529,7 +542,7 @@ class Engine:
             decision=done.decision,
             enforced=rules.route.enforced if rules else True,
             message_id=msg.message_id if msg is not None else (message_id or ""),
-            key=d.key if d else None,
+            key=d.key if d and d.missing is None else None,
             reason=done.reason,
             fingerprint=d.fp if d else None,
             message_fingerprint=d.message_fp if d else None,
@@ -590,6 +603,8 @@ def _failed(exc: PublishFailed, sender: Sender, fence: int | None = None) -> Act
 def _details(d: Delivery | None, decided: Decided | None) -> Mapping[str, Any]:
     """The record's details: the payload's kind, then what the last look at the state found."""
     found = decided.details if decided is not None else {}
+    if d is not None and d.missing is not None:
+        found = {"missing_field": d.missing, **found}
     if d is None or not d.raw:
         return found
     return {"payload_kind": "raw", **found}

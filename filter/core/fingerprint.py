@@ -50,6 +50,7 @@ from filter.core.canonical import (
     DECODE_ERRORS,
     NOT_JSON,
     PREFIX,
+    MissingField,
     NotJson,
     PayloadError,
     TypedRows,
@@ -141,9 +142,9 @@ def _rows(route: Route, payload: Any) -> list[Any]:
         return payload if isinstance(payload, list) else [payload]
     rows = route.rows.resolve(payload, {})
     if rows is MISSING:
-        raise PayloadError(f"{route.rows} is missing from the payload")
+        raise MissingField(str(route.rows), f"{route.rows} is missing from the payload")
     if not isinstance(rows, list):
-        raise PayloadError(f"{route.rows} is a {type(rows).__name__}, not a list of rows")
+        raise MissingField(str(route.rows), f"{route.rows} is a {type(rows).__name__}, not a list of rows")
     return rows
 
 

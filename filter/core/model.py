@@ -39,7 +39,7 @@ class Decision(enum.StrEnum):
     CONTENDED = "contended"  # other content for this key is in flight: retry later
     STALE = "stale"  # older than what was last forwarded for the key
     NOISE_ONLY = "noise_only"  # suppressed, but fields outside the selection changed (audit sample)
-    FAIL_OPEN = "fail_open"  # the store was unreachable: forwarded anyway
+    FAIL_OPEN = "fail_open"  # the store was unreachable, or the key could not be read: forwarded anyway
     REJECTED = "rejected"  # malformed, unknown route, wrong subscription
     FAILED = "failed"  # could not be decided or published now: nacked, will be redelivered
 

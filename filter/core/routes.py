@@ -7,9 +7,10 @@ from typing import Any
 
 from filter.core import fields, rows
 from filter.core.attributes import own_attributes_at_most, unforwardable
+from filter.core.canonical import MissingField
 from filter.core.conditions import holds
 from filter.core.config import Route
-from filter.core.fingerprint import NOT_JSON, PayloadError, Scheme, TypedRows, compile_scheme
+from filter.core.fingerprint import NOT_JSON, Scheme, TypedRows, compile_scheme
 from filter.core.paths import MISSING
 
 #: How many stored field states a route keeps decoded (a few hundred bytes each).
@@ -87,12 +88,14 @@ class RouteRules:
         parts = []
         for path in self.route.key:
             if path.root == "payload" and payload is NOT_JSON:
-                raise PayloadError(f"key field {path} needs a JSON payload, and this payload is not JSON")
+                raise MissingField(str(path), f"key field {path} needs a JSON payload, and this payload is not JSON")
             value = path.resolve(payload, attributes)
-            if value is MISSING or value is None:
-                raise PayloadError(f"key field {path} is missing")
+            if value is MISSING:
+                raise MissingField(str(path), f"key field {path} is missing")
+            if value is None:
+                raise MissingField(str(path), f"key field {path} is null")
             if isinstance(value, (dict, list)):
-                raise PayloadError(f"key field {path} is an object or list, not a value")
+                raise MissingField(str(path), f"key field {path} is an object or list, not a value")
             parts.append(str(value).replace("\\", "\\\\").replace("|", "\\|"))
         return "|".join(parts)
 

@@ -64,7 +64,7 @@ _COUNTERS = {
     "lease_takeovers": "Expired leases taken over, by route.",
     "heartbeat_failures": "Lease extensions that failed, by route.",
     "commit_refusals": "Commits refused because the lease's fence moved (the key was taken over), by route.",
-    "fail_open": "Messages forwarded without a dedup decision (store unreachable), by route.",
+    "fail_open": "Messages forwarded without a dedup decision (store unreachable, or no key to read), by route.",
     "ids_reused": "Messages whose id was forwarded recently with other content (decided as new), by route.",
 }
 

@@ -15,9 +15,11 @@ from typing import Any
 import msgspec
 
 from filter.backends.stores.sqlite import read_only
+from filter.core.canonical import MissingField
 from filter.core.config import Config, Route
 from filter.core.fingerprint import NOT_JSON, PayloadError, message_fingerprint
 from filter.core.judge import decide
+from filter.core.keyless import keyless
 from filter.core.model import Decision, KeyState, Message
 from filter.core.routes import RouteRules
 from filter.runtime.wiring import make_store
@@ -68,8 +70,11 @@ async def _stored(cfg: Config, route: str, key: str) -> KeyState | None:
 async def explain(cfg: Config, route: Route, msg: Message) -> dict[str, Any]:
     rules = RouteRules(route)
     data, attributes = msg.data, msg.attributes
-    payload, fp = rules.scheme(data)
-    key = rules.key_of(payload, attributes)
+    try:
+        payload, fp = rules.scheme(data)
+        key = rules.key_of(payload, attributes)
+    except MissingField as exc:
+        return _keyless(rules, msg, exc)
     state = await _stored(cfg, route.name, key)
     now = time.time()
     # The engine audits a sample of suppressions; explain shows what the audit would find for
@@ -92,15 +97,37 @@ async def explain(cfg: Config, route: Route, msg: Message) -> dict[str, Any]:
     return result
 
 
+def _keyless(rules: RouteRules, msg: Message, missing: MissingField) -> dict[str, Any]:
+    """What the engine does with a message whose key cannot be read: forward it without a look
+    at any state (`filter.core.keyless`), or reject it (raised, as any payload error)."""
+    k = keyless(rules, msg.data, missing)
+    route = rules.route
+    return {
+        "route": route.name,
+        "key": None,
+        "scheme": route.scheme + (" (over the raw bytes)" if k.raw else ""),
+        "payload_fingerprint": k.fingerprint,
+        "message_fingerprint": message_fingerprint(msg.data, msg.attributes),
+        "stored": None,
+        "decision": str(Decision.FAIL_OPEN),
+        "reason": k.reason,
+        "enforced": route.enforced,
+        "missing_field": k.missing,
+    }
+
+
 def render(result: dict[str, Any]) -> str:
+    missing = result.get("missing_field")
     lines = [
         f"route:        {result['route']}",
-        f"key:          {result['key']}",
+        f"key:          {result['key'] if missing is None else f'none: {missing} cannot be read'}",
         f"fingerprint:  {result['payload_fingerprint']}  ({result['scheme']})",
         f"message:      {result['message_fingerprint']}",
     ]
     stored = result["stored"]
-    if stored is None:
+    if missing is not None:
+        lines.append("stored:       not read: with no key there is no state, and nothing is written")
+    elif stored is None:
         lines.append("stored:       nothing for this key yet")
     else:
         # No fingerprint after a forward: what the destination holds is unknown (`KeyState.downstream`).

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from filter.backends.stores.guard import GuardedStore
-from filter.core.attributes import ATTR_FINGERPRINT
+from filter.core.attributes import ATTR_FINGERPRINT, ATTR_SOURCE_ID
 from filter.core.config import Config, parse
 from filter.core.engine import Engine
 from filter.core.model import Decision, Message
@@ -118,6 +118,24 @@ async def test_heartbeat_extends_a_slow_publish_and_the_commit_still_lands(store
     assert rec.extra.get("committed", True) is True
     state = await store.read(ROUTE, KEY)
     assert state.lease is None and state.fingerprint == rec.fingerprint
+
+
+async def test_a_message_without_its_key_is_forwarded_each_time_without_touching_the_state(store: Any) -> None:
+    pub, feed = MemoryPublisher(), Feed()
+    e = engine(store, pub)
+    keyed = feed("out")
+    await e.handle(ROUTE, keyed)
+    before = dict(store.ops)
+    keyless = Message(data=keyed.data, attributes={}, message_id="nokey", publish_time=T0)  # `key` attribute gone
+    first, again = await e.handle(ROUTE, keyless), await e.handle(ROUTE, keyless)  # and its redelivery
+    assert dict(store.ops) == before, "a message without its key read or wrote the state"
+    assert [(r.decision, r.key, r.fence) for r in (first, again)] == [(Decision.FAIL_OPEN, None, None)] * 2
+    assert first.extra["missing_field"] == "attributes.key" and "attributes.key is missing" in (first.reason or "")
+    # nothing recorded it, so its redelivery is forwarded again: the same source id tells them apart
+    assert [p.attributes[ATTR_SOURCE_ID] for p in pub.published] == [keyed.message_id, "nokey", "nokey"]
+    assert (await e.handle(ROUTE, feed("out"))).decision is Decision.SUPPRESSED  # the key's state is as it was
+    state = await store.read(ROUTE, KEY)
+    assert state.lease is None and state.message_id == keyed.message_id
 
 
 # --- what a decision costs ------------------------------------------------------------

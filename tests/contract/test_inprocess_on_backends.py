@@ -231,6 +231,51 @@ async def test_the_redelivery_after_an_exception_runs_the_body_again(setup: Setu
     assert (redelivered.decision, redelivered.ran, redelivered.committed) == (Decision.FORWARDED, True, True)
 
 
+async def test_a_message_without_its_key_runs_the_body_without_a_lease_as_a_fail_open(setup: Setup) -> None:
+    f = setup.open()
+    forwards: list[Forward] = []
+
+    async def body(forward: Forward) -> str:
+        forwards.append(forward)
+        return "done"
+
+    keyless = Message(b'{"version": 1}', {}, "m1")
+    outcome = await f.process(ROUTE, keyless, body)
+    again = await f.process(ROUTE, keyless, body)  # its redelivery: nothing recorded it, the body runs again
+
+    assert (outcome.decision, outcome.ran, outcome.result, outcome.acked, outcome.committed) == (
+        Decision.FAIL_OPEN,
+        True,
+        "done",
+        True,
+        False,
+    )
+    assert (outcome.reason or "").startswith("key field payload.game is missing: forwarded without a dedup decision")
+    assert (again.decision, again.ran) == (Decision.FAIL_OPEN, True)
+    assert [(fw.fence, fw.key, fw.attributes["filter_source_message_id"]) for fw in forwards] == [
+        (None, None, "m1")
+    ] * 2
+    assert forwards[0].data == b'{"version": 1}' and await setup.state("") is None
+
+
+async def test_a_body_failing_on_a_message_without_its_key_propagates_and_its_redelivery_runs_it_again(
+    setup: Setup,
+) -> None:
+    f = setup.open()
+    calls: list[int | None] = []
+
+    async def body(forward: Forward) -> None:
+        calls.append(forward.fence)
+        if len(calls) == 1:
+            raise ValueError("downstream write failed")
+
+    keyless = Message(b'{"version": 1}', {}, "m1")
+    with pytest.raises(ValueError, match="downstream write failed"):
+        await f.process(ROUTE, keyless, body)
+    again = await f.process(ROUTE, keyless, body)
+    assert (again.decision, again.ran, calls) == (Decision.FAIL_OPEN, True, [None, None])
+
+
 async def test_a_process_killed_inside_the_body_leaves_the_message_to_be_redone_after_its_lease(
     setup: Setup,
 ) -> None:

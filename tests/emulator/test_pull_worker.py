@@ -50,6 +50,7 @@ def route(subscription: str, destination: str) -> dict[str, Any]:
         "rows": "payload.players",
         "row_key": ["player_lookup", "game_id"],
         "include": ["player_lookup", "team", "game_date", "game_id", "injury_status", "reason", "reason_category"],
+        "on_missing_key": "reject",  # a message without its key is nacked, as push answers 400, and dead-lettered
     }
 
 
@@ -267,6 +268,24 @@ def test_pull_decides_a_mixed_stream_like_push(world: World) -> None:
     rows = [r for r in records(world.tmp_path / "pull-decisions.db") if r["route"] == ROUTE]
     assert len(rows) == len(logged)
     assert {r["delivery_attempt"] for r in rows if r["message_id"] in bad} == {1, 2, 3, 4, 5}
+
+
+def test_pull_forwards_a_message_without_its_key_fail_open_and_acks_it(world: World) -> None:
+    proc = world.start()
+    mid = world.admin.publish(world.odds_topic, b'{"spread": -3.5}', book="x")  # no `line`: the route's key
+    [decided] = wait_final(proc, mid)
+    assert (decided["decision"], decided["missing_field"]) == ("fail_open", "attributes.line")
+    assert decided["reason"].startswith("key field attributes.line is missing: forwarded without a dedup decision")
+    [got] = world.admin.pull(world.odds_dest_sub, 1, timeout=20)
+    assert (got.data, got.attributes["filter_source_message_id"], got.attributes["book"]) == (
+        b'{"spread": -3.5}',
+        mid,
+        "x",
+    )
+    assert "filter_fence" not in got.attributes and "filter_key" not in got.attributes  # no lease, no key
+    proc.stop()
+    stopped = next(e for e in proc.events() if e.get("message") == "stopped")
+    assert (stopped["acked"], stopped["nacked"]) == (1, 0)
 
 
 def test_sigterm_finishes_the_message_in_flight_then_exits_0(world: World, pubsub_emulator: PubsubEmulator) -> None:

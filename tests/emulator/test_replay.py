@@ -363,6 +363,31 @@ def test_through_filter_stops_stale_and_unchanged_and_forwards_new(
     assert (again.code, counted(again, "replayed"), counted(again, "skipped by the filter")) == (0, 0, 0), again
 
 
+def test_through_filter_forwards_a_dead_letter_without_its_key_fail_open(
+    admin: PubsubAdmin, rig: DeadLetterRig, env: dict[str, str], tmp_path: Path
+) -> None:
+    dest = admin.topic("dest")
+    dest_sub = rig.subscription(dest, "downstream")
+    cfg = filter_config(tmp_path, admin.project, rig.sub, dest)
+    # A producer renamed the key field: rejected (400) until on_missing_key, so dead-lettered.
+    keyless = admin.publish(rig.source, b'{"date": "2026-03-01", "players": []}', source="nbac")
+    rig.dead_letter([keyless])
+
+    result = run_replay([rig.dlq_sub, "--wait", "1", "--through-filter", "--config", str(cfg)], env)
+
+    assert result.code == 0, result
+    assert counted(result, "replayed") == 1, result
+    [forwarded] = received(admin, dest_sub, 1)
+    assert forwarded.data == b'{"date": "2026-03-01", "players": []}'
+    assert (forwarded.attributes["filter_route"], forwarded.attributes["source"]) == (ROUTE, "nbac")
+    assert (
+        forwarded.attributes["filter_fingerprint"].startswith("sha256:") and "filter_fence" not in forwarded.attributes
+    )
+    [row] = records(tmp_path / "decisions.db")
+    assert (row["decision"], row["key"]) == ("fail_open", None)
+    assert row["reason"].startswith("key field payload.game_date is missing: forwarded without a dedup decision")
+
+
 def test_the_local_dead_letter_example_makes_dead_letters_that_replay_lists(
     pubsub_emulator: PubsubEmulator, env: dict[str, str]
 ) -> None:

@@ -54,6 +54,7 @@ ROUTES: list[dict[str, Any]] = [
         "key": ["payload.game_id"],
         "exclude": ["scraped"],
         "on_store_error": "retry",
+        "on_missing_key": "reject",
     },
     {
         "name": "lines",
@@ -67,7 +68,7 @@ ROUTES: list[dict[str, Any]] = [
 # --- the script -----------------------------------------------------------------------
 # (minute from 00:00, route, key, version, expected decision, options)
 # options: "id" reuses a message id (a redelivery), "old" publishes before the last forward,
-# "down" takes the store down for this message, "nokey" drops the key field,
+# "down" takes the store down for this message, "nokey" drops the key field (fail-open but on props),
 # "raw" sends bytes that are not JSON, "lease" has another instance hold the key first,
 # "pubfail" makes the publish fail.
 SCRIPT: list[tuple[float, str, str, int, str, dict[str, Any]]] = [
@@ -83,7 +84,7 @@ SCRIPT: list[tuple[float, str, str, int, str, dict[str, Any]]] = [
     (9, "injuries", "d1", 1, "stale", {"old": True}),
     (10, "injuries", "d3", 1, "forwarded", {}),
     (11, "injuries", "d3", 1, "suppressed", {}),
-    (12, "injuries", "d3", 1, "rejected", {"nokey": True}),
+    (12, "injuries", "d3", 1, "fail_open", {"nokey": True}),
     (13, "injuries", "d4", 1, "fail_open", {"down": True}),
     (14, "injuries", "d3", 1, "suppressed", {}),
     (15, "injuries", "d2", 1, "suppressed", {}),
@@ -135,24 +136,24 @@ SCRIPT: list[tuple[float, str, str, int, str, dict[str, Any]]] = [
     (104, "lines", "L1", 2, "suppressed", {}),
     (105, "lines", "L3", 1, "forwarded", {}),
     (106, "lines", "L3", 1, "suppressed", {}),
-    (107, "lines", "L3", 1, "rejected", {"nokey": True}),
+    (107, "lines", "L3", 1, "fail_open", {"nokey": True}),
     (108, "lines", "L3", 1, "suppressed", {}),
 ]
 
 # --- the answer, by hand ----------------------------------------------------------------
-# injuries H0: forwarded 1,5,7,10 | suppressed 2,3,6,8,11,14,15 | duplicate 4 | stale 9 | rejected 12 | fail_open 13
+# injuries H0: forwarded 1,5,7,10 | suppressed 2,3,6,8,11,14,15 | duplicate 4 | stale 9 | fail_open 12,13
 # injuries H1: suppressed 60,62,65,69 | forwarded 61,64,68.5,71 | duplicate 63 | contended 66 | failed 70
 # props    H0: forwarded 20,23,24,27 | suppressed 21,22,25 | failed 26 | duplicate 28 | rejected 29
 # props    H1: suppressed 80,81,82,86 | forwarded 83,85 | stale 84
 # lines    H0: forwarded 40,44,46 | suppressed 41,42,45 | duplicate 43 | fail_open 47        (all enforced = false)
-# lines    H1: suppressed 100,101,104,106,108 | stale 102 | forwarded 103,105 | rejected 107
+# lines    H1: suppressed 100,101,104,106,108 | stale 102 | forwarded 103,105 | fail_open 107
 EXPECTED_BY_HOUR: dict[tuple[str, str], dict[str, int]] = {
-    ("injuries", H0): {"forwarded": 4, "suppressed": 7, "duplicate": 1, "stale": 1, "rejected": 1, "fail_open": 1},
+    ("injuries", H0): {"forwarded": 4, "suppressed": 7, "duplicate": 1, "stale": 1, "fail_open": 2},
     ("injuries", H1): {"forwarded": 4, "suppressed": 4, "duplicate": 1, "contended": 1, "failed": 1},
     ("props", H0): {"forwarded": 4, "suppressed": 3, "duplicate": 1, "failed": 1, "rejected": 1},
     ("props", H1): {"forwarded": 2, "suppressed": 4, "stale": 1},
     ("lines", H0): {"forwarded": 3, "suppressed": 3, "duplicate": 1, "fail_open": 1},
-    ("lines", H1): {"forwarded": 2, "suppressed": 5, "stale": 1, "rejected": 1},
+    ("lines", H1): {"forwarded": 2, "suppressed": 5, "stale": 1, "fail_open": 1},
 }
 EXPECTED_BY_ROUTE: dict[str, dict[str, int]] = {
     "injuries": {
@@ -160,27 +161,26 @@ EXPECTED_BY_ROUTE: dict[str, dict[str, int]] = {
         "suppressed": 11,
         "duplicate": 2,
         "stale": 1,
-        "rejected": 1,
-        "fail_open": 1,
+        "fail_open": 2,
         "contended": 1,
         "failed": 1,
     },
     "props": {"forwarded": 6, "suppressed": 7, "duplicate": 1, "stale": 1, "failed": 1, "rejected": 1},
-    "lines": {"forwarded": 5, "suppressed": 8, "duplicate": 1, "stale": 1, "fail_open": 1, "rejected": 1},
+    "lines": {"forwarded": 5, "suppressed": 8, "duplicate": 1, "stale": 1, "fail_open": 2},
 }
 # skip rate = (suppressed + duplicate + stale) / (forwarded + suppressed + duplicate + stale + fail_open)
 EXPECTED_RATES_BY_HOUR: dict[tuple[str, str], tuple[float, float | None]] = {  # (skip_rate, would_skip)
-    ("injuries", H0): (64.29, None),  # 9 / 14
+    ("injuries", H0): (60.0, None),  # 9 / 15
     ("injuries", H1): (55.56, None),  # 5 / 9
     ("props", H0): (50.0, None),  # 4 / 8
     ("props", H1): (71.43, None),  # 5 / 7
     ("lines", H0): (0.0, 50.0),  # shadow: 4 / 8 would have been skipped
-    ("lines", H1): (0.0, 75.0),  # 6 / 8
+    ("lines", H1): (0.0, 66.67),  # 6 / 9
 }
 EXPECTED_RATES_BY_ROUTE: dict[str, tuple[float, float | None]] = {
-    "injuries": (60.87, None),  # 14 / 23
+    "injuries": (58.33, None),  # 14 / 24
     "props": (60.0, None),  # 9 / 15
-    "lines": (0.0, 62.5),  # 10 / 16
+    "lines": (0.0, 58.82),  # 10 / 17
 }
 TOTALS = {"injuries": 26, "props": 17, "lines": 17}
 
@@ -434,7 +434,7 @@ def test_cli_skip_rate_from_the_configured_backends(
     assert outputs["sqlite"] == outputs["bigquery"] == outputs["log"]
     assert {d["route"]: d["total"] for d in json.loads(outputs["log"])} == TOTALS
     table_text = render(summarize(sources(run, "day")["log"]), "table")
-    assert "62.5%" in table_text and "60.9%" in table_text
+    assert "58.8%" in table_text and "58.3%" in table_text
 
 
 # --- the queries in docs/operations.md run, and say the same ----------------------------------
@@ -466,7 +466,11 @@ def test_docs_queries_run_on_the_decisions_table(run: Run) -> None:
     ]
 
     rows = query(run, fail_open)
-    assert sorted((r["route"], r["hour"].hour, r["fail_open"]) for r in rows) == [("injuries", 0, 1), ("lines", 0, 1)]
+    assert sorted((r["route"], r["hour"].hour, r["fail_open"]) for r in rows) == [
+        ("injuries", 0, 2),  # the store down, and a message without its key
+        ("lines", 0, 1),
+        ("lines", 1, 1),
+    ]
 
     by_route = {r.route: r for r in summarize(sources(run, "day")["bigquery"])}
     rows = query(run, skip_rate)
@@ -475,7 +479,7 @@ def test_docs_queries_run_on_the_decisions_table(run: Run) -> None:
     }
     rows = query(run, shadow)
     assert [(r["route"], day_of(r["day"]), r["decided"], r["would_skip_n"], r["would_skip"]) for r in rows] == [
-        ("lines", DAY, 16, 10, 62.5)
+        ("lines", DAY, 17, 10, 58.82)
     ]
 
 

@@ -73,7 +73,7 @@ ROUTES: list[dict[str, Any]] = [
         "row_key": ["id"],
         "include": ["id", "status"],
     },
-    # rows + exclude only: the generic canonical path
+    # rows + exclude only: the generic canonical path; a key or rows it cannot read is rejected
     {
         "name": "players-generic",
         "destination": "phase3",
@@ -81,6 +81,7 @@ ROUTES: list[dict[str, Any]] = [
         "rows": "payload.players",
         "row_key": ["id"],
         "exclude": ["t"],
+        "on_missing_key": "reject",
     },
     # seed 002's data_hash
     {
@@ -112,9 +113,16 @@ ROUTES: list[dict[str, Any]] = [
             {"field": "payload.x", "exists": True},
         ],
     },
-    {"name": "stale-forward", "destination": "phase3", "key": ["payload.game_date"], "stale": "forward"},
+    {
+        "name": "stale-forward",
+        "destination": "phase3",
+        "key": ["payload.game_date"],
+        "stale": "forward",
+        "on_missing_key": "reject",
+    },
 ]
 ROUTE_NAMES = [r["name"] for r in ROUTES]
+REJECTS_KEYLESS = {r["name"] for r in ROUTES if r.get("on_missing_key") == "reject"}
 SETTINGS = {
     "deadline": None,
     "derandomize": True,  # the same cases on every run
@@ -794,6 +802,7 @@ FIELD_VALUES: dict[str, list[Any]] = {
     "mode": ["enforce", "shadow", "off", "ENFORCE"],
     "scheme": ["canonical", "data_hash", "event", "md5"],
     "on_store_error": ["forward", "retry", "drop"],
+    "on_missing_key": ["forward", "reject", "retry"],
     "stale": ["suppress", "forward", "keep"],
     "bypass": [*CONDITIONS, [*CONDITIONS[:3]], [CONDITIONS[3]], []],
     "in": [["a"]],
@@ -900,8 +909,9 @@ def test_regression_a_payload_nested_10000_deep_is_answered_not_crashed(app: Har
     for route in ROUTE_NAMES:
         for data in (_deep(10_000), b"[" * 10_000, b'{"game_date": "d1", "x": ' + _deep(10_000) + b"}"):
             r = app.answered(route, envelope(data, f"deep-{route}-{len(data)}"))
-            # an attribute-keyed route fingerprints what it cannot decode as raw bytes
-            assert r.status_code == (200 if route in ("by-attr", "seed-001") else 400), (route, r.text)
+            # an attribute-keyed route fingerprints what it cannot decode as raw bytes; a payload-keyed
+            # one cannot read its key there: forwarded fail-open, or 400 where the route says reject
+            assert r.status_code == (400 if route in REJECTS_KEYLESS else 200), (route, r.text)
     app.assert_healthy()
 
 

@@ -254,7 +254,7 @@ async def test_no_token_and_no_payload_content_is_ever_logged(
     raw = envelope(raw_secret, "r1", attributes={"id": "raw-1"})
     assert (await push(raw, good, route="raw")).json()["decision"] == "forwarded"
 
-    # rejected: payloads that carry the secret but not what the route needs
+    # forwarded fail-open (on_missing_key: forward): payloads that carry the secret but not the route's key
     for payload in (
         raw_secret,  # not JSON, on a route keyed by a payload field
         {"notes": SECRET},  # key field missing
@@ -262,7 +262,7 @@ async def test_no_token_and_no_payload_content_is_ever_logged(
         {"game_date": [SECRET]},  # key field a list
     ):
         r = await push(envelope(payload, "b1"), good)
-        assert (r.status_code, r.json()["decision"]) == (400, "rejected"), r.text
+        assert (r.status_code, r.json()["decision"]) == (200, "fail_open"), r.text
 
     # rejected: bodies that carry the secret but are no envelope
     secret_b64 = base64.b64encode(SECRET.encode()).decode()
@@ -276,12 +276,15 @@ async def test_no_token_and_no_payload_content_is_ever_logged(
         json.dumps({"message": {"messageId": "c4", "attributes": {"id": [SECRET]}, "data": secret_b64}}).encode(),
         json.dumps({"message": {"data": secret_b64}}).encode(),  # no message id
         json.dumps({"message": {"messageId": "c5", "data": secret_b64}, "deliveryAttempt": SECRET}).encode(),
-        json.dumps({"message": {"messageId": "c6", "data": secret_b64}, SECRET: "[" * 5000}).encode(),
         b'{"message": {"messageId": "c7", "data": "' + secret_b64.encode() + b'"}, "x": ' + b"[" * 5000 + b"}",
         envelope({"game_date": "d", "s": SECRET * 1000}, "c8"),  # over max_body: 413
     ):
         r = await push(body, good)
         assert r.status_code in (400, 413) and r.json()["decision"] == "rejected", r.text
+    # an envelope with a field of its own is an envelope: its payload (not JSON) has no key, so fail-open
+    unknown_field = json.dumps({"message": {"messageId": "c6", "data": secret_b64}, SECRET: "[" * 5000}).encode()
+    r = await push(unknown_field, good)
+    assert (r.status_code, r.json()["decision"]) == (200, "fail_open"), r.text
 
     # auth failures whose token carries the mark
     google = app.google

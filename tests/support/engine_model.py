@@ -11,7 +11,8 @@ of old message ids, old message ids reused with other content (a caller's reques
 forwards held in flight while other deliveries arrive (two engine instances sharing one store),
 in-flight forwards killed before or after their publish
 landed, store outages, failing publishes, clock jumps past the window, the lease and the
-state TTL, shadow, row-mode and bypass routes. After every step it checks:
+state TTL, shadow, row-mode and bypass routes, messages without their key field. After every
+step it checks:
 
 - the decision is the model's;
 - nothing acked was lost: an acked forward was published, an acked suppression or
@@ -20,6 +21,8 @@ state TTL, shadow, row-mode and bypass routes. After every step it checks:
 - no message is published again once it was acked (except where the README says a copy
   may repeat: fail-open, a kill after the publish landed, a commit that could not land);
 - a shadow route publishes each delivery it acks exactly once;
+- a message without its key is forwarded fail-open (or fails, and comes back), never
+  suppressed, never leased, and nothing is stored for it;
 - after a drain (every unacked message redelivered in publish-time order, faults off), the
   destination ends on the newest content of every key.
 
@@ -60,6 +63,8 @@ LEASE = 120.0
 WINDOW = 3600.0
 TTL = 86400.0
 KEYS = ("a", "b")
+#: The key of a message without its key field (a producer renamed it): no state, forwarded fail-open.
+KEYLESS = ""
 CONTENTS = (0, 1, 2)
 
 ROUTES: list[dict[str, Any]] = [
@@ -107,17 +112,22 @@ def config() -> Config:
 
 
 def payload(route: str, key: str, content: int, noise: int) -> bytes:
-    """Three contents per key. On `rows`: distinct rows, rows sharing a key, a row that is not an object."""
+    """Three contents per key. On `rows`: distinct rows, rows sharing a key, a row that is not an object.
+    A `KEYLESS` message has no key field."""
+    body: dict[str, Any]
     if route == "rows":
         rows: list[Any] = [
             [{"id": 1, "s": "a", "noise": noise}, {"id": 2, "s": "b", "noise": noise}],
             [{"id": 1, "s": "a", "noise": noise}, {"id": 1, "s": "x", "noise": noise}],
             [{"id": 1, "s": "a", "noise": noise}, "note"],
         ][content]
-        return json.dumps({"k": key, "rows": rows, "noise": noise}).encode()
-    body: dict[str, Any] = {"k": key, "v": content, "noise": noise}
-    if route == "bypass":
-        body["live"] = content == 2
+        body = {"k": key, "rows": rows, "noise": noise}
+    else:
+        body = {"k": key, "v": content, "noise": noise}
+        if route == "bypass":
+            body["live"] = content == 2
+    if key == KEYLESS:
+        del body["k"]
     return json.dumps(body).encode()
 
 
@@ -386,6 +396,8 @@ class EngineMachine(RuleBasedStateMachine):
         """The model's decision for a delivery that runs to its end now, applied to the model."""
         now = self.clock.now()
         route = sent.route
+        if sent.key == KEYLESS:  # no key, no state: forwarded without a lease, whatever the store
+            return (Decision.FAILED if self.publisher.fail_next else Decision.FAIL_OPEN), None
         if self.store.down:
             if route == "retry":
                 return Decision.FAILED, None
@@ -414,6 +426,8 @@ class EngineMachine(RuleBasedStateMachine):
         rec = self.run(self.engines[engine].handle(sent.route, self._message(sent)))
         published = len(self.publisher.published) - before
         assert rec.decision is expected, f"{sent}: engine {rec.decision} ({rec.reason}), model {expected}"
+        if sent.key == KEYLESS:
+            self._check_keyless(sent, rec)
         if expected is Decision.FORWARDED:
             k = self.model.keys[(sent.route, sent.key)]
             if k.renumbered and rec.fence is not None and rec.fence <= (fence or 0):
@@ -422,6 +436,12 @@ class EngineMachine(RuleBasedStateMachine):
                 assert rec.fence == fence, f"{sent}: fence {rec.fence}, model {fence}"
         self._check_ack(sent, rec, published)
         return rec
+
+    def _check_keyless(self, sent: Sent, rec: DecisionRecord) -> None:
+        """Never suppressed, never leased, nothing stored for it: the store holds no state for an empty key."""
+        assert (rec.key, rec.fence, rec.extra.get("missing_field")) == (None, None, "payload.k"), f"{sent}: {rec}"
+        assert (rec.reason or "").startswith("key field payload.k is missing"), f"{sent}: {rec.reason}"
+        assert self.run(self.store.inner.read(sent.route, KEYLESS)) is None, f"{sent}: state stored without a key"
 
     def _check_ack(self, sent: Sent, rec: DecisionRecord, published: int) -> None:
         """Nothing acked is lost; nothing acked is published again; shadow publishes once per delivery."""
@@ -511,6 +531,11 @@ class EngineMachine(RuleBasedStateMachine):
     )
     def another_new_message(self, route: str, key: str, content: int, engine: int) -> None:
         self.new_message(route, key, content, engine)  # the commonest event: twice the weight
+
+    @rule(route=st.sampled_from(ROUTE_NAMES), content=st.sampled_from(CONTENTS), engine=st.integers(0, 1))
+    def keyless_message(self, route: str, content: int, engine: int) -> None:
+        """A message without its key field (a producer renamed it): forwarded fail-open, on every delivery."""
+        self._deliver(self._new(route, KEYLESS, content), engine)
 
     @precondition(lambda self: any(k.content is not None or k.lease is not None for k in self.model.keys.values()))
     @rule(data=st.data(), engine=st.integers(0, 1))

@@ -153,6 +153,22 @@ def test_check_command_prints_problems_and_exits_1(tmp_path: Path, capsys: pytes
     assert f"{path}: route 'injury-report': mode" in err
 
 
+def test_a_route_forwards_a_message_without_its_key_unless_it_says_reject(tmp_path: Path) -> None:
+    cfg = load(write(tmp_path, {"routes": [a_route(), a_route(name="strict", on_missing_key="reject")]}))
+    assert [r.on_missing_key for r in cfg.routes] == ["forward", "reject"]
+
+
+def test_check_command_accepts_on_missing_key_and_refuses_a_value_it_does_not_know(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = write(tmp_path, {"routes": [a_route(on_missing_key="reject")]})
+    assert main(["check", str(good)]) == 0
+    bad = write(tmp_path, {"routes": [a_route(on_missing_key="retry")]})
+    assert main(["check", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"{bad}: route 'injury-report': on_missing_key: 'retry' is not one of forward, reject" in err
+
+
 def test_check_command_accepts_a_good_file(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", str(EXAMPLE)]) == 0
     assert "ok (3 routes" in capsys.readouterr().out

@@ -64,8 +64,8 @@ MISTAKES: list[tuple[str, dict[str, Any], list[str]]] = [
         {"routes": [a_route(colour="red")]},
         [
             "route 'r': colour: unknown key; the keys here are audit_sample, bypass, cache_result, destination, "
-            "exclude, include, key, mode, name, on_store_error, push_format, removed_rows, row_key, rows, rows_mode, "
-            "scheme, stale, subscription, window"
+            "exclude, include, key, mode, name, on_missing_key, on_store_error, push_format, removed_rows, row_key, "
+            "rows, rows_mode, scheme, stale, subscription, window"
         ],
     ),
     (
@@ -110,6 +110,16 @@ MISTAKES: list[tuple[str, dict[str, Any], list[str]]] = [
         "an enum value nothing resembles lists the values",
         {"routes": [a_route(on_store_error="fail")]},
         ["route 'r': on_store_error: 'fail' is not one of forward, retry"],
+    ),
+    (
+        "a missing-key policy nothing resembles lists the values",
+        {"routes": [a_route(on_missing_key="skip")]},
+        ["route 'r': on_missing_key: 'skip' is not one of forward, reject"],
+    ),
+    (
+        "a missing-key policy written as the decision",
+        {"routes": [a_route(on_missing_key="rejected")]},
+        ["route 'r': on_missing_key: 'rejected' is not one of forward, reject; did you mean 'reject'?"],
     ),
     (
         "an unknown backend",

@@ -100,6 +100,7 @@ def configs(good: bool) -> st.SearchStrategy[dict[str, Any]]:
                 "mode": v(one("enforce", "shadow"), one("off")),
                 "scheme": v(one("canonical", "data_hash", "event"), one("md5")),
                 "on_store_error": v(one("forward", "retry"), one("drop")),
+                "on_missing_key": v(one("forward", "reject"), one("retry")),
                 "stale": v(one("suppress", "forward")),
                 "bypass": v(st.one_of(condition, st.lists(condition, max_size=2))),
                 "rows_mode": v(one("whole", "changed")),

@@ -55,12 +55,12 @@ def test_a_superscript_digit_is_an_object_key() -> None:
 
 
 async def test_a_key_path_with_a_superscript_digit_answers_400_on_a_list_not_500(tmp_path: Path) -> None:
-    r = await push(tmp_path, route(key=["payload.items.²"]), {"items": ["a"]})
+    r = await push(tmp_path, route(key=["payload.items.²"], on_missing_key="reject"), {"items": ["a"]})
     assert r.status_code == 400 and "is missing" in r.json()["reason"]
 
 
 async def test_a_rows_path_with_a_superscript_digit_answers_400_on_a_list_not_500(tmp_path: Path) -> None:
-    raw = route(rows="payload.pages.²", row_key=["id"], rows_mode="changed")
+    raw = route(rows="payload.pages.²", row_key=["id"], rows_mode="changed", on_missing_key="reject")
     r = await push(tmp_path, raw, {"game_date": "d", "pages": [[{"id": 1}]]})
     assert r.status_code == 400 and "missing" in r.json()["reason"]
 

@@ -41,6 +41,13 @@ ROUTES: list[dict[str, Any]] = [
     {"name": "raw", "destination": "phase3", "key": ["attributes.id"]},
     {"name": "subscribed", "destination": "phase3", "key": ["payload.game_date"], "subscription": "raw-reports"},
     {"name": "replays", "destination": "phase3", "key": ["payload.game_date"], "stale": "forward"},
+    {
+        "name": "keyed",
+        "destination": "phase3",
+        "key": ["payload.game_date"],
+        "rows": "payload.players",
+        "on_missing_key": "reject",
+    },
 ]
 
 
@@ -395,13 +402,24 @@ async def test_unknown_route_is_rejected(world: World) -> None:
     assert (rec.decision, rec.extra["cause"]) == (Decision.REJECTED, "unknown_route")
 
 
-async def test_missing_key_field_is_rejected(world: World) -> None:
+async def test_missing_key_field_is_forwarded_fail_open(world: World) -> None:
     rec = await world.send("reports", {"players": []})
+    assert (rec.decision, rec.extra["missing_field"]) == (Decision.FAIL_OPEN, "payload.game_date")
+    assert (rec.reason or "").startswith("key field payload.game_date is missing")
+
+
+async def test_missing_key_field_is_rejected_where_the_route_says_reject(world: World) -> None:
+    rec = await world.send("keyed", {"players": []})
     assert (rec.decision, rec.reason) == (Decision.REJECTED, "key field payload.game_date is missing")
 
 
-async def test_rows_that_are_not_a_list_are_rejected(world: World) -> None:
+async def test_rows_that_are_not_a_list_are_forwarded_fail_open(world: World) -> None:
     rec = await world.send("reports", {"game_date": "d", "players": "none"})
+    assert rec.decision is Decision.FAIL_OPEN and "not a list" in (rec.reason or "")
+
+
+async def test_rows_that_are_not_a_list_are_rejected_where_the_route_says_reject(world: World) -> None:
+    rec = await world.send("keyed", {"game_date": "d", "players": "none"})
     assert rec.decision is Decision.REJECTED and "not a list" in (rec.reason or "")
 
 
@@ -419,8 +437,13 @@ async def test_non_json_payload_is_decided_on_its_raw_bytes(world: World) -> Non
     assert first.extra["payload_kind"] == "raw"
 
 
-async def test_non_json_payload_with_a_payload_key_is_rejected(world: World) -> None:
+async def test_non_json_payload_with_a_payload_key_is_forwarded_fail_open(world: World) -> None:
     rec = await world.send("reports", b"not json")
+    assert rec.decision is Decision.FAIL_OPEN and "not JSON" in (rec.reason or "")
+
+
+async def test_non_json_payload_with_a_payload_key_is_rejected_where_the_route_says_reject(world: World) -> None:
+    rec = await world.send("keyed", b"not json")
     assert rec.decision is Decision.REJECTED and "not JSON" in (rec.reason or "")
 
 

@@ -113,10 +113,45 @@ def test_explain_for_a_new_key_says_so(
     assert (result["decision"], result["stored"]) == ("forwarded", None)
 
 
-def test_explain_of_a_payload_without_its_key_is_a_clear_error(
+def rejecting(path: Path) -> Path:
+    """The setup's config, its route saying `on_missing_key: reject`."""
+    config = yaml.safe_load(path.read_text())
+    config["routes"][0]["on_missing_key"] = "reject"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_explain_says_a_payload_without_its_key_is_forwarded_without_a_dedup_decision(
+    setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, report = setup
+    asyncio.run(forward(path, report))  # state for the key it would have had: not read
+    del report["game_date"]
+    result = explain(path, tmp_path, report, capsys)
+    assert (result["decision"], result["key"], result["stored"]) == ("fail_open", None, None)
+    assert result["missing_field"] == "payload.game_date"
+    assert result["reason"] == (
+        "key field payload.game_date is missing: forwarded without a dedup decision (on_missing_key: forward)"
+    )
+
+
+def test_explain_in_words_names_the_field_that_cannot_be_read(
     setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     path, _ = setup
+    file = tmp_path / "norows.json"
+    file.write_text('{"game_date": "d", "players": "none"}')
+    assert main(["explain", "--config", str(path), "--route", "injury", str(file)]) == 0
+    out = capsys.readouterr().out
+    assert "key:          none: payload.players cannot be read" in out
+    assert "decision:     fail_open: payload.players is a str, not a list of rows: forwarded without" in out
+    assert "stored:       not read" in out
+
+
+def test_explain_of_a_payload_without_its_key_is_a_clear_error_where_the_route_rejects_it(
+    setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = rejecting(setup[0])
     file = tmp_path / "bad.json"
     file.write_text('{"players": []}')
     assert main(["explain", "--config", str(path), "--route", "injury", str(file)]) == 1
@@ -240,7 +275,7 @@ EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 def test_explain_of_a_payload_without_its_key_says_so_in_the_commands_own_words(
     setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path, _ = setup
+    path = rejecting(setup[0])
     file = tmp_path / "bad.json"
     file.write_text('{"players": []}')
     assert main(["explain", "--config", str(path), "--route", "injury", str(file)]) == 1
@@ -251,7 +286,7 @@ def test_explain_of_a_payload_without_its_key_says_so_in_the_commands_own_words(
 def test_explain_as_json_prints_a_rejection_as_a_json_decision(
     setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    path, _ = setup
+    path = rejecting(setup[0])
     file = tmp_path / "bad.json"
     file.write_text('{"players": []}')
     assert main(["explain", "--config", str(path), "--route", "injury", "--format", "json", str(file)]) == 1

@@ -351,8 +351,9 @@ async def test_push_requests_log_the_trace_and_never_the_payload_or_the_token(wo
                 traceparent=f"00-{'a' * 32}-00f067aa0ba902b7-01",
             )
             assert r.json()["decision"] == "forwarded"
-            # rejected: a raw payload on a route keyed by a payload field, bad base64, not JSON at all
-            assert (await post(make_envelope(raw_payload, "p3"))).status_code == 400
+            # fail-open: a raw payload on a route keyed by a payload field (on_missing_key: forward)
+            assert (await post(make_envelope(raw_payload, "p3"))).json()["decision"] == "fail_open"
+            # rejected: bad base64, not JSON at all
             bad_b64 = json.dumps({"message": {"data": SECRET + "!!", "messageId": "p4"}}).encode()
             assert (await post(bad_b64)).status_code == 400
             assert (await post(b"{" + SECRET.encode())).status_code == 400
@@ -367,7 +368,7 @@ async def test_push_requests_log_the_trace_and_never_the_payload_or_the_token(wo
     text = out.getvalue()
     lines = lines_of(out)
     decisions = [line for line in lines if line["message"] == "decision"]
-    assert [d["decision"] for d in decisions] == ["forwarded", "forwarded", "rejected", "rejected", "rejected"]
+    assert [d["decision"] for d in decisions] == ["forwarded", "forwarded", "fail_open", "rejected", "rejected"]
     assert decisions[0]["logging.googleapis.com/trace"] == f"projects/{PROJECT}/traces/{TRACE}"
     assert decisions[1]["logging.googleapis.com/trace"] == f"projects/{PROJECT}/traces/{'a' * 32}"
     assert events_of(out, "push_unauthorized")

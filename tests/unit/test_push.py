@@ -128,13 +128,36 @@ async def test_malformed_envelope_answers_400_with_the_reason(client: httpx.Asyn
     assert r.json()["decision"] == "rejected" and reason in r.json()["reason"]
 
 
-@pytest.mark.parametrize(
-    ("payload", "reason"),
-    [({"other": 1}, "key field payload.game_date is missing"), ({"game_date": {"a": 1}}, "object or list")],
-)
-async def test_payload_without_its_key_answers_400(client: httpx.AsyncClient, payload: Any, reason: str) -> None:
-    r = await client.post("/push/reports", content=envelope(payload))
-    assert (r.status_code, r.json()["reason"]) == (400, reason) or reason in r.json()["reason"]
+KEYLESS = [
+    ({"other": 1}, "key field payload.game_date is missing"),
+    ({"game_date": None}, "key field payload.game_date is null"),
+    ({"game_date": {"a": 1}}, "key field payload.game_date is an object or list, not a value"),
+]
+
+
+@pytest.mark.parametrize(("payload", "reason"), KEYLESS)
+async def test_payload_without_its_key_is_forwarded_fail_open_with_200(
+    client: httpx.AsyncClient, payload: Any, reason: str
+) -> None:
+    r = await client.post("/push/reports", content=envelope(payload, "7"))
+    assert (r.status_code, r.json()["decision"]) == (200, "fail_open")
+    assert r.json()["reason"].startswith(reason + ": forwarded without a dedup decision")
+    [sent] = client.engine.publisher.published  # type: ignore[attr-defined]
+    assert sent.data == json.dumps(payload).encode()
+    assert (sent.attributes["filter_source_message_id"], sent.attributes["filter_route"]) == ("7", "reports")
+    assert sent.attributes["filter_fingerprint"].startswith("sha256:") and "filter_fence" not in sent.attributes
+
+
+@pytest.mark.parametrize(("payload", "reason"), KEYLESS)
+async def test_payload_without_its_key_answers_400_on_a_route_that_rejects_it(
+    tmp_path: Path, payload: Any, reason: str
+) -> None:
+    route = {**CONFIG["routes"][0], "on_missing_key": "reject"}
+    engine = engine_for(tmp_path, routes=[route])
+    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(engine)), base_url="http://f") as c:
+        r = await c.post("/push/reports", content=envelope(payload))
+    assert (r.status_code, r.json()["decision"], r.json()["reason"]) == (400, "rejected", reason)
+    assert engine.publisher.published == []  # type: ignore[union-attr]
 
 
 async def test_push_from_another_subscription_answers_400(client: httpx.AsyncClient) -> None:

@@ -457,6 +457,9 @@ resource "google_monitoring_alert_policy" "fail_open" {
       Nothing is lost, but downstream phases recompute. Check Firestore status and the
       `store_unavailable` metric; routes that must never forward blindly can set
       on_store_error = retry (they are then nacked and retried instead).
+      With the store up, a fail_open is a message whose key cannot be read
+      (on_missing_key = forward): its decision line names the path in missing_field.
+      Fix the producer (or the route's key); on_missing_key = reject stops such messages instead.
     EOT
   }
 }
