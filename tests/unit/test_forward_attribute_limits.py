@@ -31,6 +31,7 @@ from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 ROUTES = [
     {"name": "whole", "destination": "phase3", "key": ["payload.game"]},
+    {"name": "shadow", "destination": "phase3", "key": ["payload.game"], "exclude": ["pad"], "mode": "shadow"},
     {
         "name": "rows",
         "destination": "phase3",
@@ -162,3 +163,14 @@ async def test_a_forward_at_pubsubs_request_limit_is_published_and_one_byte_more
     assert len(published(engine)) == 1
     fits = sized(largest_pad_that_fits("m3", 4) - 1, "m3")  # other content than m1
     assert (await engine.handle("whole", fits)).decision is Decision.FORWARDED
+
+
+@pytest.mark.loop_may_block("10 MB payloads fingerprinted on the loop, each ~100 ms")
+async def test_an_unleased_forward_over_the_request_limit_is_rejected_unpublished(engine: Engine) -> None:
+    """Shadow mode publishes what enforce mode would suppress, with no lease (as fail-open does)."""
+    assert (await engine.handle("shadow", sized(0, "m1"))).decision is Decision.FORWARDED
+    over = sized(largest_pad_that_fits("m2", 2) + 100, "m2")  # the same fingerprint: `pad` is excluded
+    rec = await engine.handle("shadow", over)
+    assert rec.decision is Decision.REJECTED
+    assert rec.reason is not None and "; cannot be forwarded: its forward would be a Publish request" in rec.reason
+    assert len(published(engine)) == 1
