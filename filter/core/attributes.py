@@ -11,6 +11,14 @@ from collections.abc import Mapping
 
 from filter.core.config import Route
 from filter.core.model import Message
+from filter.core.pubsub_limits import (
+    MAX_ATTRIBUTES,
+    MAX_NAME_BYTES,
+    MAX_PROJECT_ID,
+    MAX_VALUE_BYTES,
+    PUBLISH_REQUEST_LIMIT,
+    publish_request_bytes,
+)
 from filter.core.times import format_time
 
 ATTR_FINGERPRINT = "filter_fingerprint"
@@ -21,12 +29,12 @@ ATTR_FENCE = "filter_fence"
 ATTR_KEY = "filter_key"
 ATTR_KEY_SHA256 = "filter_key_sha256"
 #: Pub/Sub caps an attribute value at 1,024 bytes.
-ATTRIBUTE_LIMIT = 1024
-#: Pub/Sub's other limits on a published message's attributes: how many, and a name's bytes.
-MAX_ATTRIBUTES = 100
-MAX_NAME_BYTES = 256
+ATTRIBUTE_LIMIT = MAX_VALUE_BYTES
 #: The trace context a traced forward carries (`filter.observability.telemetry`), over a producer's own.
 TRACE_ATTRIBUTE = "googclient_traceparent"
+#: The bytes a traced publisher may add to a forward after the filter sized it: `googclient_traceparent`
+#: (55 characters) and `googclient_tracestate` (at most 512), with their names and framing.
+TRACE_CONTEXT_BYTES = 1024
 #: Attributes only the filter writes on what it forwards. A producer's own values for them are
 #: dropped, so a consumer can trust them (`filter_rows_changed: 0` on a whole payload, say).
 OWN_ATTRIBUTES = frozenset(
@@ -111,3 +119,33 @@ def unforwardable(attributes: Mapping[str, str], own_at_most: int) -> str | None
         if (size := _bytes(attributes[name])) > ATTRIBUTE_LIMIT:
             return f"attribute {_shown(name)!r} has a value of {size} bytes: Pub/Sub takes at most {ATTRIBUTE_LIMIT}"
     return None
+
+
+def _topic_at_most(destination: str) -> str:
+    """The destination as the Publish request names it: a topic id gets the longest project id
+    (the project is the publisher's to resolve), so the size is never under the real one."""
+    if destination.startswith("projects/"):
+        return destination
+    return "projects/" + "p" * MAX_PROJECT_ID + "/topics/" + destination
+
+
+def unpublishable(destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None) -> str | None:
+    """Why Pub/Sub would refuse this forward for its size (a Publish request over 10 MB, counted
+    as the client library counts it, with room for the trace context); None when it would take it.
+
+    Checked on the forward itself, just before it is sent: the data may be the changed rows
+    only (or grow by tombstones), and the filter's attributes are known only then.
+    """
+    topic = _topic_at_most(destination)
+    # Nearly every forward is far under: bound it first (a character is at most 4 bytes of UTF-8,
+    # a length prefix at most 5), at a fifth of the exact count's cost.
+    text = len(topic) + len(ordering_key or "") + sum(len(k) + len(v) for k, v in attributes.items())
+    if len(data) + 4 * text + 18 * len(attributes) + 24 + TRACE_CONTEXT_BYTES <= PUBLISH_REQUEST_LIMIT:
+        return None
+    size = publish_request_bytes(topic, data, attributes, ordering_key) + TRACE_CONTEXT_BYTES
+    if size <= PUBLISH_REQUEST_LIMIT:
+        return None
+    return (
+        f"its forward would be a Publish request of {size} bytes ({len(data)} of data, {len(attributes)} "
+        f"attributes with the filter's own, room for the trace context): Pub/Sub takes at most {PUBLISH_REQUEST_LIMIT}"
+    )

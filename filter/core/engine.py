@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import msgspec
 from msgspec.structs import replace
 
-from filter.core.attributes import fence_attributes, forward_attributes
+from filter.core.attributes import fence_attributes, forward_attributes, unpublishable
 from filter.core.canonical import MissingField
 from filter.core.config import Config, Route
 from filter.core.decision_line import Quieting, line_level
@@ -50,6 +50,7 @@ from filter.core.ports import (
     Sender,
     StateStore,
     StoreUnavailable,
+    Unpublishable,
     Worked,
 )
 from filter.core.routes import RouteRules
@@ -336,7 +337,7 @@ class Engine:
                 continue
             acted = await self._publish_and_commit(d, sender, decided, claim)
             if acted.failure is not None:
-                return Done(Decision.FAILED, acted.failure, d, decided, acted)
+                return Done(_not_sent(acted), acted.failure, d, decided, acted)
             return Done(Decision.FORWARDED, verdict.reason, d, decided, acted)
         return Done(Decision.CONTENDED, f"lost the claim race {CLAIM_ATTEMPTS} times", d, decided)
 
@@ -459,6 +460,10 @@ class Engine:
         try:
             attributes = forward_attributes(d.route.name, d.msg, d.fp, out.attributes if out is not None else {})
             data = out.data if out is not None else d.msg.data
+            if sender.attribute_limits and (
+                too_large := unpublishable(d.route.destination, data, attributes, d.msg.ordering_key)
+            ):
+                raise Unpublishable(too_large)  # the same on every delivery: rejected, never a failing publish
             return await sender.send(d.route.destination, data, attributes, d.msg.ordering_key)
         except PublishFailed:
             raise
@@ -479,7 +484,7 @@ class Engine:
         except PublishFailed as exc:
             acted = _failed(exc, sender)
         if acted.failure is not None:
-            return Done(Decision.FAILED, f"{reason}; {acted.failure}", d, decided, acted)
+            return Done(_not_sent(acted), f"{reason}; {acted.failure}", d, decided, acted)
         return Done(decision, reason, d, decided, acted)
 
     async def _store_down(self, d: Delivery, sender: Sender, exc: StoreUnavailable) -> Done:
@@ -597,7 +602,14 @@ CANCELLED = Done(
 
 def _failed(exc: PublishFailed, sender: Sender, fence: int | None = None) -> Acted:
     """A publish (or the caller's work) that failed: nack, saying which."""
-    return Acted(fence=fence, cause=sender.cause, failure=f"{sender.cause} failed: {exc}", error=exc)
+    failure = f"cannot be forwarded: {exc}" if isinstance(exc, Unpublishable) else f"{sender.cause} failed: {exc}"
+    return Acted(fence=fence, cause=sender.cause, failure=failure, error=exc)
+
+
+def _not_sent(acted: Acted) -> Decision:
+    """A forward that did not go out: `rejected` when Pub/Sub could never take it (every delivery
+    is answered the same, 4xx), else `failed` (5xx: retried)."""
+    return Decision.REJECTED if isinstance(acted.error, Unpublishable) else Decision.FAILED
 
 
 def _details(d: Delivery | None, decided: Decided | None) -> Mapping[str, Any]:

@@ -24,6 +24,13 @@ class PublishFailed(FilterError):
     """The destination did not confirm the publish. The source message must be nacked."""
 
 
+class Unpublishable(PublishFailed):
+    """Pub/Sub would refuse this publish whatever the retries: the message itself is over one of
+    its limits (`filter.core.pubsub_limits`). Nothing was sent; the source message is rejected
+    (4xx, the same on every delivery, until the dead-letter policy takes it), never failed into a
+    5xx that is retried for good."""
+
+
 class StateStore(Protocol):
     """Per-(route, key) state with compare-and-set writes.
 

@@ -32,6 +32,11 @@ short timeout; the run ends at the first pull that brings nothing new) and eithe
   message's publish time for the stale guard, on every surface.
 - `filter_replay_count`: 1, or one more than the value already there.
 
+At most Pub/Sub's 100 attributes go out: the message's own are all kept, and the replay's are
+added while there is room (the original publish time first; the id and count are left out when
+there is none). A message with 100 of its own has no room for the publish time the stale guard
+needs: it is not replayed and stays in the dead-letter subscription, counted as failed.
+
 **The `CloudPubSubDeadLetter*` attributes are dropped from the republished message.** They
 describe one past dead-lettering, not the message: left in place, a consumer of the source
 topic would see a live message dressed as a dead letter, a key or bypass rule on attributes

@@ -15,6 +15,7 @@ from filter.backends.gcp import pubsub_path, timestamp
 from filter.core.envelope import ATTR_ORIGINAL_TIME
 from filter.core.errors import FilterError
 from filter.core.numerals import bounded_int
+from filter.core.pubsub_limits import MAX_ATTRIBUTES
 from filter.core.times import format_time, parse_time
 
 ATTR_ORIGINAL_ID = "filter_replay_original_message_id"
@@ -103,10 +104,26 @@ class DeadLetter:
             raise ReplayFailure(f"{DL_SUBSCRIPTION}: {exc}") from None
 
     def replay_attributes(self) -> dict[str, str]:
-        """The attributes to republish with (see the package docstring)."""
+        """The attributes to republish with (see the package docstring), at most Pub/Sub's 100.
+
+        The message's own attributes are all kept; the replay's are added while there is room, the
+        original publish time first (the stale guard needs it: without it an old message would
+        pass as new), then the original id and the count (bookkeeping, left out when there is no
+        room). With no room even for the publish time it cannot be replayed: `ReplayFailure`, and
+        it stays in the dead-letter subscription."""
         out = {k: v for k, v in self.attributes.items() if not k.startswith(DEAD_LETTER_PREFIX)}
-        out[ATTR_ORIGINAL_ID] = self.original_id
-        out[ATTR_ORIGINAL_TIME] = self.original_time_text
         previous = bounded_int(self.attributes.get(ATTR_COUNT, "0"), 18) or 0
-        out[ATTR_COUNT] = str(previous + 1)
+        ours = {
+            ATTR_ORIGINAL_TIME: self.original_time_text,
+            ATTR_ORIGINAL_ID: self.original_id,
+            ATTR_COUNT: str(previous + 1),
+        }
+        for name, value in ours.items():
+            if name in out or len(out) < MAX_ATTRIBUTES:
+                out[name] = value
+            elif name == ATTR_ORIGINAL_TIME:
+                raise ReplayFailure(
+                    f"it has {len(out)} attributes of its own, Pub/Sub's limit, and a replay must add "
+                    f"{ATTR_ORIGINAL_TIME}: left in the dead-letter subscription"
+                )
         return out

@@ -171,12 +171,14 @@ class Replayer:
         self.counts.would_replay += 1
         try:
             target = await self.targets.describe(item)
+            attributes = f"{len(item.replay_attributes())} attributes"
         except ReplayFailure as exc:
             target = f"(cannot be replayed: {exc})"
+            attributes = f"{len(item.attributes)} attributes as dead-lettered"
         attempts = f", dead-lettered after {item.delivery_count} attempts" if item.delivery_count else ""
         self.out.write(
             f"would replay {item.message_id}  published {item.original_time_text}  to {target}  "
-            f"({len(item.data)} bytes, {len(item.replay_attributes())} attributes{attempts})\n"
+            f"({len(item.data)} bytes, {attributes}{attempts})\n"
         )
         self.out.flush()
 

@@ -351,3 +351,20 @@ def test_a_mixed_stream_dead_letters_nothing(pipeline: Pipeline) -> None:
     assert sorted(m.attributes["filter_source_message_id"] for m in got) == sorted(d["message_id"] for d in forwarded)
     pipeline.assert_no_more_downstream(1.5)
     pipeline.assert_nothing_dead_lettered(2.0)
+
+
+def test_a_message_of_8_mb_pushed_by_the_emulator_is_forwarded_with_the_default_body_limit(pipeline: Pipeline) -> None:
+    """The emulator pushes 8,000,000 bytes of data as a 10.7 MB body (base64, every `/` escaped):
+    over the old 10 MiB default, so it was answered 413 on every delivery and dead-lettered."""
+    proc = pipeline.start_filter()  # no `server.max_body`: the default
+    pipeline.subscribe(proc.url(f"/push/{ROUTE}"))
+    payload = report()
+    payload["notes"] = ""
+    payload["notes"] = "n" * (8_000_000 - len(json.dumps(payload).encode()))
+    message_id = pipeline.publish(payload)
+
+    decided = finals([proc], [message_id], timeout=60.0)
+
+    assert decided[message_id]["decision"] == "forwarded"
+    assert decided[message_id]["published_id"]  # confirmed by the emulator (not pulled back: over 4 MiB)
+    pipeline.assert_nothing_dead_lettered()

@@ -127,6 +127,52 @@ def test_replay_after_the_fix_delivers_each_message_once_with_its_attributes(
     admin.assert_nothing_more(rig.sub, 0.5)
 
 
+def test_a_dead_letter_at_pubsubs_attribute_limit_is_replayed_within_it_or_left_in_place(
+    admin: PubsubAdmin, rig: DeadLetterRig, env: dict[str, str]
+) -> None:
+    """Pub/Sub takes 100 attributes and dead-lettering adds 4 past that. The replay drops those 4
+    and adds its own while there is room, the original publish time first (the stale guard's);
+    a message whose own 100 leave no room for it stays in the dead-letter subscription, counted."""
+    ids = {
+        own: admin.publish(rig.source, f"own {own}".encode(), **{f"a{i:03d}": "v" for i in range(own)})
+        for own in (97, 98, 99, 100)
+    }
+    rig.dead_letter(list(ids.values()))
+    dead = {d.data: d for d in rig.peek_dead_letters(len(ids))}
+    assert sorted(len(d.attributes) for d in dead.values()) == [101, 102, 103, 104]  # 4 added past 100
+
+    listed = run_replay([rig.dlq_sub, "--wait", "1", "--dry-run"], env)
+    assert listed.code == 0, listed
+    [line] = [x for x in listed.stdout.splitlines() if x.startswith(f"would replay {dead[b'own 100'].message_id} ")]
+    assert "(cannot be replayed: it has 100 attributes of its own" in line
+    assert "104 attributes as dead-lettered" in line
+
+    result = run_replay([rig.dlq_sub, "--wait", "1"], env)
+
+    assert result.code == 1, result  # one left failed
+    assert counted(result, "replayed") == 3
+    assert counted(result, "failed") == 1
+    assert (
+        "1 x it has 100 attributes of its own, Pub/Sub's limit, and a replay must add "
+        "filter_replay_original_publish_time: left in the dead-letter subscription"
+    ) in result.stdout
+    got = {m.data: m for m in received(admin, rig.sub, 3)}
+    expected_ours = {  # the replay's own attributes each one had room for
+        b"own 97": {ATTR_ORIGINAL_TIME, ATTR_ORIGINAL_ID, ATTR_COUNT},
+        b"own 98": {ATTR_ORIGINAL_TIME, ATTR_ORIGINAL_ID},
+        b"own 99": {ATTR_ORIGINAL_TIME},
+    }
+    for data, ours in expected_ours.items():
+        m, d = got[data], dead[data]
+        assert len(m.attributes) == 100
+        own = {k: v for k, v in d.attributes.items() if not k.startswith("CloudPubSubDeadLetter")}
+        assert {k: v for k, v in m.attributes.items() if k in own} == own  # every one of its own kept
+        assert set(m.attributes) - set(own) == ours
+        assert m.attributes[ATTR_ORIGINAL_TIME] == d.attributes["CloudPubSubDeadLetterSourceTopicPublishTime"]
+    [left] = rig.peek_dead_letters(1)  # never acked unrepublished
+    assert left.data == b"own 100"
+
+
 def test_interrupted_replays_resume_without_loss(
     admin: PubsubAdmin, rig: DeadLetterRig, env: dict[str, str], background: Any
 ) -> None:

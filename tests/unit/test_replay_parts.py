@@ -12,7 +12,7 @@ import pytest
 from filter.core.envelope import ATTR_ORIGINAL_TIME, effective_publish_time
 from filter.core.model import Message
 from filter.core.times import parse_time
-from filter.replay.deadletter import ATTR_COUNT, ATTR_ORIGINAL_ID, DeadLetter
+from filter.replay.deadletter import ATTR_COUNT, ATTR_ORIGINAL_ID, DeadLetter, ReplayFailure
 from filter.replay.options import parse_rate
 from filter.replay.progress import Counts, Progress
 from filter.replay.rate import Pace
@@ -61,6 +61,23 @@ def test_replay_attributes_keep_the_first_origin_and_count() -> None:
     }
     msg = Message(b"{}", d.replay_attributes(), "77", effective_publish_time(d.replay_attributes(), d.publish_time))
     assert msg.publish_time == parse_time("2026-01-01T00:00:00Z")
+
+
+def dead_letter(attributes: dict[str, str]) -> DeadLetter:
+    return DeadLetter("a", "77", b"{}", attributes, "", 1.0, "2026-01-02T00:00:00Z")
+
+
+def test_a_message_replayed_before_at_100_attributes_is_replayed_again_within_them() -> None:
+    own = {f"a{i:03d}": "v" for i in range(97)}
+    ours = {ATTR_ORIGINAL_ID: "5", ATTR_ORIGINAL_TIME: "2026-01-01T00:00:00Z", ATTR_COUNT: "1"}
+    dead = {**own, **ours, "CloudPubSubDeadLetterSourceDeliveryCount": "5"}
+    assert dead_letter(dead).replay_attributes() == {**own, **ours, ATTR_COUNT: "2"}  # replaced, not added
+
+
+def test_a_message_with_100_attributes_of_its_own_cannot_be_replayed() -> None:
+    own = {f"a{i:03d}": "v" for i in range(100)}
+    with pytest.raises(ReplayFailure, match=f"it has 100 attributes of its own.*must add {ATTR_ORIGINAL_TIME}"):
+        dead_letter({**own, "CloudPubSubDeadLetterSourceDeliveryCount": "5"}).replay_attributes()
 
 
 def test_rate_paces_replays_after_the_first() -> None:

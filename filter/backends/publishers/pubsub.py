@@ -33,7 +33,7 @@ from tenacity import (
 
 from filter.backends.gcp import TRANSIENT, pubsub_path, resolve_project
 from filter.core.logs import get_logger
-from filter.core.ports import PublishFailed
+from filter.core.ports import PublishFailed, Unpublishable
 
 log = get_logger("pubsub_filter.publisher")
 
@@ -153,10 +153,12 @@ class PubsubPublisher:
                 f"permission denied publishing to {topic}: the service account needs roles/pubsub.publisher "
                 f"on it ({exc.message})"
             ) from exc
+        # The message itself is refused: the same on every attempt, so the engine rejects it
+        # (4xx, dead-lettered) rather than failing it (5xx) on every delivery.
         except gexc.InvalidArgument as exc:
-            raise PublishFailed(f"Pub/Sub rejected the message for {topic}: {exc.message}") from exc
+            raise Unpublishable(f"Pub/Sub rejected the message for {topic}: {exc.message}") from exc
         except pub_exc.MessageTooLargeError as exc:
-            raise PublishFailed(f"message too large for {topic}: {exc}") from exc
+            raise Unpublishable(f"message too large for {topic}: {exc}") from exc
         except gexc.GoogleAPICallError as exc:
             raise PublishFailed(f"publish to {topic} failed: {_describe(exc)}") from exc
         raise AssertionError("unreachable: the retry loop returns or raises")  # pragma: no cover

@@ -1,0 +1,168 @@
+"""Large messages through `pubsub-filter serve`: what one push of a message near Pub/Sub's 10 MB
+costs the process in memory, and how long it keeps the instance's other requests waiting.
+
+For each kind of message, a fresh `serve` (embedded default backends) gets `--together` pushes
+at once (distinct keys, all forwarded). Reported per kind: the push body, the wall time, the
+peak RSS growth over the idle process (`VmHWM` after `clear_refs`, so the peak of these
+requests only) in total and per request, and the longest `/healthz` answer while they ran
+(a health probe waits for the event loop like every other request: the loop hold seen from
+outside).
+
+    .venv/bin/python bench/large_push.py [--size 9990000] [--rows 38000] [--together 1,4] [--kinds raw,escaped,rows]
+
+Kinds: `raw` (random bytes, a route keyed on an attribute), `escaped` (0xFF bytes, whose base64
+is all `/`, written `\\/` as the emulator writes it: the largest push), `rows` (a JSON payload of
+`--rows` rows on a `rows` route, 9.9 MB at the default).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import http.client
+import json
+import os
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import harness
+
+from tests.support.serve import ServeProcess, write_config
+
+CONFIG = {
+    "routes": [
+        {"name": "raw", "destination": "out", "key": ["attributes.id"]},
+        {
+            "name": "rows",
+            "destination": "out",
+            "key": ["attributes.id"],
+            "rows": "payload.players",
+            "row_key": ["player_lookup", "game_id"],
+        },
+    ]
+}
+
+
+def rows_payload(rows: int) -> bytes:
+    players = [
+        {
+            "player_lookup": f"player{i:05d}",
+            "game_id": f"g{i % 15}",
+            "team": "LAL",
+            "game_date": "2026-01-01",
+            "injury_status": "Out",
+            "reason": "Injury/Illness - Left Ankle; Sprain" + "x" * 65,
+            "reason_category": "injury",
+        }
+        for i in range(rows)
+    ]
+    return json.dumps({"game_date": "2026-01-01", "players": players}).encode()
+
+
+def body_of(kind: str, data: bytes, key: str) -> bytes:
+    message = {
+        "data": base64.b64encode(data).decode(),
+        "messageId": key,
+        "message_id": key,
+        "publishTime": "2026-01-01T00:00:00Z",
+        "publish_time": "2026-01-01T00:00:00Z",
+        "attributes": {"id": key},
+    }
+    text = json.dumps({"subscription": "projects/p/subscriptions/s", "message": message}, separators=(",", ":"))
+    return (text.replace("/", "\\/") if kind == "escaped" else text).encode()
+
+
+def proc_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise LookupError(field)
+
+
+def post(port: int, path: str, body: bytes, out: list[int]) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    conn.request("POST", path, body, {"content-type": "application/json"})
+    resp = conn.getresponse()
+    resp.read()
+    conn.close()
+    out.append(resp.status)
+
+
+def probe(port: int, stop: threading.Event, worst: list[float]) -> None:
+    """Ask /healthz every 5 ms until `stop`: the longest answer."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
+    while not stop.is_set():
+        started = time.perf_counter()
+        conn.request("GET", "/healthz")
+        conn.getresponse().read()
+        worst[0] = max(worst[0], time.perf_counter() - started)
+        stop.wait(0.005)
+    conn.close()
+
+
+def run(kind: str, together: int, args: argparse.Namespace, workdir: Path) -> list[str]:
+    route = "rows" if kind == "rows" else "raw"
+    if kind == "rows":
+        data = rows_payload(args.rows)
+    else:
+        data = os.urandom(args.size) if kind == "raw" else b"\xff" * args.size
+    bodies = [body_of(kind, data, f"{kind}-{i}") for i in range(together)]
+    (workdir / f"{kind}-{together}").mkdir()
+    config = write_config(workdir / f"{kind}-{together}" / "filter.yaml", CONFIG)
+    with ServeProcess(config, config.parent / "serve.log", env={"LOG_LEVEL": "warning"}) as serve:
+        assert serve.proc is not None
+        pid, port = serve.proc.pid, serve.port
+        post(port, f"/push/{route}", body_of(kind, b"{}", "warm"), [])
+        idle = proc_kib(pid, "VmRSS")
+        Path(f"/proc/{pid}/clear_refs").write_text("5")  # VmHWM from here on
+        statuses: list[int] = []
+        worst = [0.0]
+        stop = threading.Event()
+        prober = threading.Thread(target=probe, args=(port, stop, worst))
+        posters = [threading.Thread(target=post, args=(port, f"/push/{route}", b, statuses)) for b in bodies]
+        prober.start()
+        started = time.perf_counter()
+        for t in posters:
+            t.start()
+        for t in posters:
+            t.join()
+        took = time.perf_counter() - started
+        stop.set()
+        prober.join()
+        grown = (proc_kib(pid, "VmHWM") - idle) / 1024
+    assert statuses == [200] * together, f"{kind}: answers {statuses}"
+    return [
+        kind,
+        str(together),
+        f"{len(bodies[0]) / 1e6:.1f} MB",
+        f"{took * 1000:.0f} ms",
+        f"{idle / 1024:.0f} MiB",
+        f"+{grown:.0f} MiB",
+        f"+{grown / together:.0f} MiB",
+        f"{worst[0] * 1000:.0f} ms",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=9_990_000, help="bytes of data for raw and escaped")
+    parser.add_argument("--rows", type=int, default=38_000, help="rows of the rows payload (38,000: 9.9 MB)")
+    parser.add_argument("--together", default="1,4", help="pushes at once, comma-separated")
+    parser.add_argument("--kinds", default="raw,escaped,rows")
+    harness.add_smoke(parser)
+    args = parser.parse_args()
+    harness.smoke(args, size=100_000, rows=200, together="1")
+    print(harness.machine_line())
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="large-push-") as tmp:
+        for kind in args.kinds.split(","):
+            for together in (int(n) for n in args.together.split(",")):
+                rows.append(run(kind, together, args, Path(tmp)))
+    head = ["kind", "at once", "body", "wall", "idle RSS", "peak growth", "per push", "longest /healthz"]
+    print(harness.markdown_table(head, rows))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Every push a valid message makes is read in full under the default `server.max_body`: 10 MB of
+data in base64 with every `/` escaped, 100 of the widest attributes, the envelope's fields in both
+spellings (27.4 MB). A body over the limit still gets one clear 413. The limit stays inside Cloud
+Run's 32 MiB request."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from filter.core.config import load
+from filter.core.engine import Engine
+from filter.core.pubsub_limits import CLOUD_RUN_HTTP1_REQUEST, DEFAULT_MAX_BODY, LARGEST_PUSH, MAX_DATA
+from filter.observability.telemetry import from_config
+from filter.push.app import create_app
+from filter.runtime.wiring import make_engine
+from tests.support.asgi import call
+from tests.support.large_push import escaped_envelope, largest_push, widest_attributes
+
+BIG = "a 10 MB message: its base64 and fingerprint take about 100 ms on the loop (docs/deploying.md)"
+
+
+@pytest.fixture
+async def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Engine, Any]]:
+    """The embedded defaults (no `server` section) and a route keyed on an attribute, so any data goes."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "filter.yaml").write_text("routes:\n  - {name: raw, destination: out, key: [attributes.id]}\n")
+    engine = make_engine(load(str(tmp_path / "filter.yaml")), from_config(metrics=False, traces=False, env={}))
+    yield engine, create_app(engine)
+    await engine.close()
+
+
+def test_the_default_limit_takes_the_largest_push_and_fits_cloud_run() -> None:
+    body = largest_push()
+    assert len(body) <= LARGEST_PUSH <= DEFAULT_MAX_BODY < CLOUD_RUN_HTTP1_REQUEST
+    assert LARGEST_PUSH - len(body) < 10_000  # the bound is the real worst case, not a guess far above it
+
+
+@pytest.mark.loop_may_block(BIG)
+async def test_the_largest_push_pubsub_can_send_is_read_in_full_not_refused_for_its_size(
+    served: tuple[Engine, Any],
+) -> None:
+    engine, app = served
+    assert engine.config.server.max_body == DEFAULT_MAX_BODY
+    status, answer = await call(app, "POST", "/push/raw", largest_push())
+    # read and parsed: what refuses it is its 100 attributes (no room for the filter's), not its size
+    assert status == 400, answer[:300]
+    reason = json.loads(answer)["reason"]
+    assert reason.startswith("the message has 100 attributes"), reason
+
+
+@pytest.mark.loop_may_block(BIG)
+async def test_a_message_of_nearly_10_mb_pushed_at_its_most_escaped_is_forwarded(served: tuple[Engine, Any]) -> None:
+    engine, app = served
+    attributes = {"id": "k1", **widest_attributes(60)}
+    data = b"\xff" * (MAX_DATA - 100_000)  # room for the attributes, the filter's own among them
+    body = escaped_envelope(data, attributes)
+    assert len(body) > 26_000_000  # twice the old 10 MiB default, and then some
+    status, answer = await call(app, "POST", "/push/raw", body)
+    assert (status, json.loads(answer)["decision"]) == (200, "forwarded"), answer[:300]
+    await engine.close()  # the outbox has it all
+    outbox = await asyncio.to_thread(os.path.getsize, "outbox.jsonl")
+    assert outbox > len(data)
+
+
+async def test_a_body_over_the_default_limit_gets_one_clear_413(served: tuple[Engine, Any]) -> None:
+    _, app = served
+    status, answer = await call(app, "POST", "/push/raw", b" " * (DEFAULT_MAX_BODY + 1))
+    assert status == 413
+    assert json.loads(answer) == {"decision": "rejected", "reason": f"body larger than {DEFAULT_MAX_BODY} bytes"}
