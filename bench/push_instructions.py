@@ -19,6 +19,13 @@ is larger than through uvicorn; compare it between versions, not with the goal.
     .venv/bin/python bench/push_instructions.py [--requests 300] [--apps bare,filter,filter-warn] [--tree DIR]
         [--together 16]
 
+`--record` writes the filter's instructions per request, as a multiple of bare's, to
+`bench/instructions.json`; `--check` counts again and exits 1 when that multiple grew more
+than 10 % over the recorded one (`tests/unit/test_suppress_path_instructions.py` runs it in
+`make test`, so a change that makes the suppress path 20 % dearer is seen the day it lands).
+The multiple, not the count, is what is kept: bare's count moves with the interpreter and
+Starlette as the filter's does, so a new release of either does not read as our regression.
+
 `--tree DIR` also counts the filter apps with the `filter` package found in DIR (for
 instance an earlier commit's, from `git archive COMMIT filter | tar -x -C DIR`): before and
 after in one run. `--together N` starts N requests at once (`asyncio.gather`), so their
@@ -29,6 +36,7 @@ records' shared commit saves at c=16. Needs valgrind (Debian's package).
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -114,6 +122,56 @@ def per_request(app: str, requests: int, tree: Path, together: int) -> float:
     return (instructions(app, requests, tree, together) - instructions(app, 0, tree, together)) / requests
 
 
+RECORD = ROOT / "bench" / "instructions.json"
+#: how much dearer than the recorded figure the suppress path may get before `--check` fails
+ALLOWED_GROWTH = 1.10
+
+
+def suppress_multiple(requests: int) -> tuple[float, float, float]:
+    """(bare, filter, filter ÷ bare): instructions per suppressed request, in process."""
+    bare = per_request("bare", requests, ROOT, 1)
+    ours = per_request("filter", requests, ROOT, 1)
+    return bare, ours, ours / bare
+
+
+def record_or_check(args: argparse.Namespace) -> int:
+    bare, ours, multiple = suppress_multiple(args.requests)
+    print(f"  bare {bare:,.0f}   filter {ours:,.0f}   filter / bare {multiple:.3f}")
+    if harness.smoking():
+        return 0
+    if args.record:
+        RECORD.write_text(
+            json.dumps(
+                {
+                    "suppress_path": {
+                        "filter_per_bare": round(multiple, 4),
+                        "bare": round(bare),
+                        "filter": round(ours),
+                        "requests": args.requests,
+                        "machine": harness.machine_line(),
+                    }
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+        print(f"recorded in {RECORD.relative_to(ROOT)}")
+        return 0
+    recorded = json.loads(RECORD.read_text())["suppress_path"]["filter_per_bare"]
+    growth = multiple / recorded
+    print(f"  recorded filter / bare {recorded:.3f}: now {growth:.3f}x that (allowed {ALLOWED_GROWTH:.2f}x)")
+    if growth > ALLOWED_GROWTH:
+        print(
+            f"the suppress path costs {100 * (growth - 1):.0f} % more instructions than recorded in "
+            f"{RECORD.relative_to(ROOT)}: find what, or, if it is worth its cost, record the new figure "
+            "(`bench/push_instructions.py --record`) with the reason in the commit"
+        )
+        return 1
+    if growth < 1 / ALLOWED_GROWTH:
+        print(f"cheaper than recorded by more than {100 * (1 - 1 / ALLOWED_GROWTH):.0f} %: record the new figure")
+    return 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=300, help="suppressed requests per count (default 300)")
@@ -125,11 +183,17 @@ def main() -> None:
         default=1,
         help="requests started at once, so they run in one event-loop step as c connections' do (default 1)",
     )
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--record", action="store_true", help=f"write filter / bare to {RECORD.name}")
+    mode.add_argument("--check", action="store_true", help=f"exit 1 if filter / bare grew > 10 %% over {RECORD.name}")
     harness.add_smoke(parser)
     args = parser.parse_args()
     harness.smoke(args, requests=2, apps="bare,filter")
     if shutil.which("valgrind") is None and not harness.smoking():
         raise SystemExit("needs valgrind: apt-get install valgrind")
+    if args.record or args.check:
+        print(harness.machine_line())
+        raise SystemExit(record_or_check(args))
     apps = [a for a in args.apps.split(",") if a]
     print(harness.machine_line())
     print(

@@ -52,6 +52,7 @@ BENCHES: dict[str, Callable[[], str | None]] = {
     "telemetry_cost.py": _always,
     "push_instructions.py": _always,
     "large_push.py": _always,
+    "decision_line.py": _always,
     "push.py": _wrk,
     "publish.py": _pubsub_emulator,
     "e2e.py": _pubsub_emulator,  # --smoke runs ours on SQLite only: the Pub/Sub emulator alone
