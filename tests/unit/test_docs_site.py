@@ -51,6 +51,9 @@ def test_the_documentation_site_builds_in_strict_mode_without_a_warning(tmp_path
     assert done.returncode == 0, output
     assert "WARNING" not in output, output
     assert (tmp_path / "site" / "inprocess" / "index.html").is_file()
+    for page in ("architecture", "decisions"):  # each has a diagram, drawn from its Mermaid source
+        html = (tmp_path / "site" / page / "index.html").read_text(encoding="utf-8")
+        assert '<pre class="mermaid">' in html, page
 
 
 def test_a_broken_link_fails_the_build(tmp_path: Path) -> None:
