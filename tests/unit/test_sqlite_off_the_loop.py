@@ -11,6 +11,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import load
 from filter.core.envelope import make_envelope
-from filter.core.model import KeyState
+from filter.core.model import KeyState, Lease
 from filter.core.ports import StoreUnavailable
 from filter.push.app import create_app
 from filter.runtime.wiring import make_engine
@@ -107,6 +108,43 @@ async def test_calls_that_find_the_file_locked_wait_off_the_loop_and_all_go_on_o
         assert read == [first] * 3
         for n in range(5):
             assert await store.read("r", f"k{n}") == claimed[n]
+    finally:
+        await store.close()
+
+
+async def tried_on_the_thread(store: SqliteStore, kind: str) -> None:
+    """Until a `kind` call (claim, commit) found the file locked on the loop and was made again on
+    the writer's thread, where it now waits for the lock (each attempt counts once in `ops`)."""
+    deadline = time.monotonic() + 10
+    while store.ops[kind] < 2:
+        assert time.monotonic() < deadline, f"no {kind} was tried on the store's thread within 10 s"
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("kind", ["claim", "commit"])
+async def test_a_read_answers_while_a_write_waits_for_another_connections_lock(tmp_path: Path, kind: str) -> None:
+    """WAL lets a reader in beside another connection's write lock: a read must not queue behind
+    this store's own write that waits for that lock (it would wait up to `busy_timeout`)."""
+    store = SqliteStore(tmp_path / "state.db", busy_timeout=3.0)
+    try:
+        lease = Lease("holder", 1, time.time() + 60, "sha256:a", "m1")
+        held = await store.claim("r", "k", None, KeyState(fence=1, lease=lease))
+        assert held is not None
+        committed = replace(held, fingerprint="sha256:a", message_id="m1", lease=None)
+        with write_locked(tmp_path / "state.db") as holder:
+            write = asyncio.create_task(
+                store.claim("r", "other", None, KeyState(fingerprint="sha256:b", fence=1))
+                if kind == "claim"
+                else store.commit("r", "k", held, committed)
+            )
+            await tried_on_the_thread(store, kind)
+            read = asyncio.create_task(store.read("r", "k"))
+            done, _ = await asyncio.wait({read, write}, return_when=asyncio.FIRST_COMPLETED)
+            assert done == {read}, f"the read waited behind the {kind}: {done}"
+            assert read.result() == held
+            holder.execute("ROLLBACK")
+            assert await asyncio.wait_for(write, 10)  # the write goes on once the lock is free
+        assert (await store.read("r", "k" if kind == "commit" else "other")) is not None
     finally:
         await store.close()
 
