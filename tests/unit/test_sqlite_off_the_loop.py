@@ -19,6 +19,7 @@ import pytest
 from filter.backends.publishers.outbox import read_outbox
 from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
+from filter.backends.stores.sqlite_connection import Connection, connect
 from filter.core.config import load
 from filter.core.envelope import make_envelope
 from filter.core.model import KeyState, Lease
@@ -163,3 +164,30 @@ async def test_a_lock_held_past_the_busy_timeout_is_the_store_unavailable_withou
         assert await store.claim("r", "k", None, KeyState(fingerprint="sha256:a", fence=1)) is not None
     finally:
         await store.close()
+
+
+async def test_a_connection_that_finds_the_file_locked_even_for_reading_waits_on_its_own_thread(
+    tmp_path: Path,
+) -> None:
+    """The reader's way when the file is locked against readers too (a rollback-journal file under
+    another connection's exclusive lock): its statement waits on the connection's thread, the
+    loop goes on, and the call answers once the lock is gone."""
+    path = tmp_path / "plain.db"
+    setup = sqlite3.connect(path, isolation_level=None)
+    setup.execute("CREATE TABLE t (x)")
+    setup.execute("INSERT INTO t VALUES (1)")
+    setup.close()
+    reader = Connection(connect(str(path), 5.0), str(path), 5.0, "reader")
+    try:
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        read = asyncio.create_task(reader.run(lambda: reader.exec("SELECT x FROM t").fetchall()))
+        loop_turns = asyncio.Event()
+        asyncio.get_running_loop().call_soon(loop_turns.set)
+        await loop_turns.wait()  # the loop runs while the read waits
+        assert not read.done()
+        holder.execute("ROLLBACK")
+        holder.close()
+        assert await asyncio.wait_for(read, 10) == [(1,)]
+    finally:
+        await reader.close()
