@@ -26,5 +26,9 @@ class FilterUsageError(FilterError, RuntimeError):
 
 
 class ResultNotStored(FilterError, ValueError):
-    """A body's result that a `cache_result` route cannot keep (not JSON-encodable, or too large):
-    raised when the body returns, before anything is committed (the message fails and comes again)."""
+    """Why a body's result cannot be kept by a `cache_result` route (not JSON-encodable, or too large).
+
+    Not raised to the caller: the body returned, so the forward is committed without its
+    result (a redelivery returns `result` None, `cached` False) and the reason is logged, a
+    `result_not_kept` warning once a route per filter. Still exported, so that an `except`
+    clause written for the earlier behaviour keeps importing."""

@@ -8,6 +8,7 @@ while the heartbeat keeps the lease, commit the new fingerprint only after the b
 - a body that raises, whatever it raises (`KeyboardInterrupt`, `StopIteration`... too), or
   that the caller cancels, releases the lease, commits nothing, is recorded `failed`, and
   the exception propagates (the caller nacks; the redelivery runs the body again);
+- a body that returned is committed, its result kept with it (`cache_result`) when it can be;
 - a body the API cannot run (an `async def` under `SyncFilter`) is refused before any claim;
 - a process that dies inside the body leaves its lease to expire; the redelivery takes it over.
 
@@ -35,48 +36,22 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from filter.core.answer import answer_for
-from filter.core.attributes import ATTR_FENCE, ATTR_KEY, ATTR_KEY_SHA256
 from filter.core.config import Config, load
 from filter.core.engine import Engine
-from filter.core.errors import FilterError, FilterTypeError, FilterUsageError, ResultNotStored
+from filter.core.errors import FilterError, FilterTypeError, FilterUsageError
 from filter.core.judge import REDELIVERED
-from filter.core.model import Cause, Decision, DecisionRecord, Message
-from filter.core.ports import Clock, PublishFailed, Worked
-from filter.core.transitions import RESULTS_MAX_BYTES
+from filter.core.logs import get_logger
+from filter.core.model import Decision, DecisionRecord, Message
+from filter.core.ports import Clock
+from filter.inprocess.body import BodySender, Forward, WorkFailed
 from filter.inprocess.messages import to_message
 from filter.runtime.wiring import make_recorder, make_store
 
+__all__ = ["Filter", "FilterClosed", "Forward", "Outcome", "SyncFilter"]
+
 T = TypeVar("T")
 
-#: What a decision record shows as `published_id` when the caller's work ran in place of a publish.
-IN_PROCESS = "in-process"
-
-
-@dataclass(frozen=True, slots=True)
-class Forward:
-    """What the body runs on: what the sidecar would have published for this forward.
-
-    `data` is the payload forwarded (only the new and changed rows on a `rows_mode: changed`
-    route); `attributes` carry the filter's own (`filter_fingerprint`, `filter_fence`, ...).
-    """
-
-    route: str
-    data: bytes
-    attributes: Mapping[str, str]
-
-    @property
-    def key(self) -> str | None:
-        return self.attributes.get(ATTR_KEY)
-
-    @property
-    def key_sha256(self) -> str | None:
-        return self.attributes.get(ATTR_KEY_SHA256)
-
-    @property
-    def fence(self) -> int | None:
-        """The lease's fencing token; None when the body runs without a lease (shadow mode, fail-open)."""
-        fence = self.attributes.get(ATTR_FENCE)
-        return int(fence) if fence is not None else None
+log = get_logger("pubsub_filter.inprocess")
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,51 +94,6 @@ class Outcome(Generic[T]):
         return self.acked and not self.ran
 
 
-class WorkFailed(PublishFailed):
-    """The caller's body (in place of the publish) did not return: the lease is released, the
-    decision recorded `failed` (cause work), and the caller gets `raised`, what the body raised."""
-
-    def __init__(self, description: str, raised: BaseException | None = None):
-        super().__init__(description)
-        self.raised: BaseException = self if raised is None else raised
-
-
-class _Body(Generic[T]):
-    """The forward's sender in-process: the caller's body runs in place of the publish.
-
-    Every way of the body not returning is a failed forward (`WorkFailed`): what is not an
-    `Exception` too (a `KeyboardInterrupt`, a `SystemExit`, a `GeneratorExit`), and the caller's
-    own cancel of the body. None may leave the key leased, the decision unrecorded, or the loop
-    stopped; the engine raises the `WorkFailed` once the decision is recorded.
-    """
-
-    cause = Cause.WORK
-    lands_despite_cancel = False  # the caller's cancel (a timeout on a stuck body) reaches the body
-    attribute_limits = False  # nothing goes to Pub/Sub
-
-    def __init__(self, route: str, body: Callable[[Forward], Awaitable[T]], cache: bool):
-        self.route = route
-        self.body = body
-        self.cache = cache  # keep the result with the forward (`cache_result`)
-        self.ran = False
-        self.result: T | None = None
-
-    async def send(
-        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None
-    ) -> str | Worked:
-        try:
-            self.result = await _awaitable(self.body(Forward(self.route, data, attributes)))
-            sent = Worked(IN_PROCESS, _encoded(self.result)) if self.cache else IN_PROCESS
-        except WorkFailed:
-            raise  # the body said why itself (`SyncFilter`'s, from the caller's thread)
-        except asyncio.CancelledError as exc:
-            raise WorkFailed("cancelled while it ran", exc) from exc
-        except BaseException as exc:  # see the docstring: the caller raises it again
-            raise WorkFailed(f"{type(exc).__name__}: {exc}", exc) from exc
-        self.ran = True
-        return sent
-
-
 def _config(config: Config | str | os.PathLike[str] | None) -> Config:
     return config if isinstance(config, Config) else load(config)
 
@@ -202,6 +132,7 @@ class Filter:
         self.closed = False
         self._calls: Counter[asyncio.Task[Any] | None] = Counter()  # calls under way, by the task making them
         self._idle = asyncio.Event()  # set as each call ends
+        self._unkept_said: set[str] = set()  # routes whose uncached result was logged (once a route)
 
     @classmethod
     def open(cls, config: ConfigSource = None, clock: Clock | None = None) -> Filter:
@@ -225,8 +156,12 @@ class Filter:
         `cache_result` (default: the route's `cache_result`) keeps the body's result, JSON-encoded,
         with the forward: a redelivery of this message (the same id and content) then returns it
         as `Outcome.result` (`cached`), decoded from JSON. A result that cannot be kept (not
-        JSON-encodable, more than `RESULTS_MAX_BYTES` encoded) raises `ResultNotStored` when the
-        body returns, and the forward fails as if the body had raised it.
+        JSON-encodable, more than `RESULTS_MAX_BYTES` encoded) is not kept, and nothing else
+        changes: the body returned, so the forward is committed like any other (the caller
+        gets the result in this outcome), and a redelivery of this message is a duplicate that
+        does not run the body and returns no result (`result` None, `cached` False). The first
+        such result on each route of this `Filter` is logged (a `result_not_kept` warning,
+        saying why), later ones are not.
 
         `message` is what the caller holds: a `Message`, a raw payload (bytes, str, dict, list;
         with `message_id=`, `attributes=`, `publish_time=` if it has them), a google-cloud-pubsub
@@ -257,16 +192,33 @@ class Filter:
     async def _process(
         self, route: str, message: Message, body: Callable[[Forward], Awaitable[T]], trace: str | None, cache: bool
     ) -> Outcome[T]:
-        sender = _Body(route, body, cache)
+        sender = BodySender(route, body, cache)
         try:
             rec = await self.engine.handle(route, message, trace, sender)
         except WorkFailed as failed:
             raised = failed.raised
         else:
+            if sender.unkept is not None:
+                self._say_unkept(rec, sender.unkept)
             if cache and not sender.ran and rec.decision is Decision.DUPLICATE and rec.reason == REDELIVERED:
                 return await self._kept(rec)
             return Outcome(rec, ran=sender.ran, result=sender.result)
         raise raised  # what the body raised, outside the handler: its own context, not ours
+
+    def _say_unkept(self, rec: DecisionRecord, why: Exception) -> None:
+        """Once a route per `Filter`: a body that returns what cannot be kept usually always does,
+        and a line per message would drown the log the decision lines are in."""
+        if rec.route in self._unkept_said:
+            return
+        self._unkept_said.add(rec.route)
+        log.warning(
+            "result_not_kept",
+            route=rec.route,
+            message_id=rec.message_id,
+            reason=str(why),
+            committed=rec.committed,
+            note="the forward is committed without its result: a redelivery returns none; logged once a route",
+        )
 
     async def _kept(self, rec: DecisionRecord) -> Outcome[Any]:
         """A redelivery's outcome, with the result kept when its message was forwarded (if still kept)."""
@@ -296,30 +248,6 @@ class Filter:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         await self.close()
-
-
-def _encoded(result: object) -> str:
-    """`result` as the JSON text kept with the forward, or `ResultNotStored` saying why it cannot be."""
-    try:
-        text = msgspec.json.encode(result).decode()
-    except (TypeError, msgspec.EncodeError, OverflowError, RecursionError) as exc:
-        raise ResultNotStored(
-            f"cache_result: the body's result ({type(result).__name__}) is not JSON-encodable: {exc}"
-        ) from exc
-    if (size := len(text.encode())) > RESULTS_MAX_BYTES:
-        raise ResultNotStored(
-            f"cache_result: the body's result is {size} bytes as JSON, more than the {RESULTS_MAX_BYTES} kept"
-        )
-    return text
-
-
-def _awaitable(work: Awaitable[T]) -> Awaitable[T]:
-    if not inspect.isawaitable(work):
-        raise FilterTypeError(
-            f"the body returned {type(work).__name__}, not an awaitable: Filter runs an async def body; "
-            "use SyncFilter for a plain function"
-        )
-    return work
 
 
 #: What the caller's thread hands the loop for one body: its result, or why it did not return.

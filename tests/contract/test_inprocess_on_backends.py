@@ -25,7 +25,6 @@ import pytest
 from filter.backends.stores.firestore import FirestoreStore
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import Config, parse
-from filter.core.errors import ResultNotStored
 from filter.core.model import Decision, KeyState, Message
 from filter.inprocess import Filter, Forward
 from tests.contract.conftest import BACKENDS, COLLECTION
@@ -371,24 +370,43 @@ async def test_kept_results_expire_with_the_key_state(setup: Setup) -> None:
     assert runs == ["ran", "ran"]
 
 
-async def test_a_result_that_cannot_be_kept_fails_the_forward_when_the_body_returns(setup: Setup) -> None:
+@pytest.mark.parametrize(
+    "result",
+    [pytest.param("x" * (100 * 1024), id="100 KiB"), pytest.param(object(), id="not JSON-encodable")],
+)
+async def test_a_body_whose_result_cannot_be_kept_is_committed_and_runs_once_over_redeliveries(
+    setup: Setup, result: object
+) -> None:
     f = setup.open()
+    runs: list[str] = []
 
-    async def unencodable(forward: Forward) -> object:
-        return object()
+    async def body(forward: Forward) -> object:
+        runs.append("ran")
+        return result
 
-    async def too_large(forward: Forward) -> str:
-        return "x" * (64 * 1024)
+    deliveries = [await f.process(ROUTE, Message(payload(1), {}, "m1"), body, cache_result=True) for _ in range(3)]
 
-    with pytest.raises(ResultNotStored, match="not JSON-encodable"):
-        await f.process(ROUTE, Message(payload(1), {}, "m1"), unencodable, cache_result=True)
-    with pytest.raises(ResultNotStored, match="65538 bytes as JSON, more than the 65536 kept"):
-        await f.process(ROUTE, Message(payload(1), {}, "m1"), too_large, cache_result=True)
+    first, *redelivered = deliveries
+    assert runs == ["ran"], "the body ran again on a redelivery of a message it was committed for"
+    assert (first.decision, first.ran, first.committed, first.acked, first.cached) == (
+        Decision.FORWARDED,
+        True,
+        True,
+        True,
+        False,
+    )
+    assert first.result is result
+    for again in redelivered:
+        assert (again.decision, again.ran, again.result, again.cached, again.acked) == (
+            Decision.DUPLICATE,
+            False,
+            None,
+            False,
+            True,
+        )
     state = await setup.state()
-    assert state is not None and state.lease is None and state.fingerprint is None and state.results == ()
-
-    async def fine(forward: Forward) -> str:
-        return "x" * 100
-
-    again = await f.process(ROUTE, Message(payload(1), {}, "m1"), fine, cache_result=True)  # the redelivery runs it
-    assert (again.decision, again.ran, again.result) == (Decision.FORWARDED, True, "x" * 100)
+    assert state is not None and state.lease is None
+    assert state.fingerprint == first.record.fingerprint and "m1" in [mid for mid, _ in state.recent]
+    assert state.results == ()
+    other_copy = await f.process(ROUTE, Message(payload(1), {}, "m2"), body, cache_result=True)
+    assert (other_copy.decision, runs) == (Decision.SUPPRESSED, ["ran"])

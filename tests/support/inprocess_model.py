@@ -2,7 +2,8 @@
 
 `InProcessMachine` (a hypothesis `RuleBasedStateMachine`) sends random messages to a
 `SyncFilter` and to an async `Filter` sharing one state file and one records file, on an
-injected clock, with bodies that return, raise each kind of exception a user's body can
+injected clock, keeping results (`cache_result`), with bodies that return (a result too
+large to keep too), raise each kind of exception a user's body can
 raise (`Exception`s, `StopIteration`, `StopAsyncIteration`, `GeneratorExit`,
 `KeyboardInterrupt`, `SystemExit`, `CancelledError`), are `async def` on the sync API or
 plain on the async one, hang until the caller cancels them (`task.cancel()`,
@@ -16,7 +17,9 @@ the content last committed and the message ids recently forwarded. After every s
 - no key is left leased;
 - the records file holds exactly one record per decided call, and a body that did not
   return left a `failed` record saying why (cause work) and nothing committed;
-- a body that returned ran once and is committed; a body never runs for anything else;
+- a body that returned ran once and is committed, with a result too large to keep too
+  (`cache_result` is on: the redelivery returns no result, `cached` False); a body never
+  runs for anything else, so it runs at most once for a message while its forward is recent;
 - content is never lost: the next copy of content whose body failed runs the body.
 
 `STEPS` counts the steps run; the suite prints it at the end.
@@ -71,10 +74,29 @@ RAISED: dict[str, type[BaseException]] = {
     "KeyboardInterrupt": KeyboardInterrupt,
     "SystemExit": SystemExit,
 }
-#: What a sync body does: return (weighted), raise, be an async def, return an awaitable.
-SYNC_DOES = ("return", "return", "return", *RAISED, "async_def", "returns_awaitable")
-#: What an async body does: return, raise (CancelledError too), be a plain function, hang until cancelled.
-ASYNC_DOES = ("return", "return", "return", *RAISED, "CancelledError", "plain", "cancel", "timeout", "wait_for")
+#: A result larger than `cache_result` keeps (64 KiB as JSON): the body returned, its forward is committed.
+TOO_LARGE = "x" * (65 * 1024)
+#: What a sync body does: return (weighted; a result too large to keep too), raise, be an async def,
+#: return an awaitable.
+SYNC_DOES = ("return", "return", "return", "return_too_large", *RAISED, "async_def", "returns_awaitable")
+#: What an async body does: return (a result too large to keep too), raise (CancelledError too), be a
+#: plain function, hang until cancelled.
+ASYNC_DOES = (
+    "return",
+    "return",
+    "return",
+    "return_too_large",
+    *RAISED,
+    "CancelledError",
+    "plain",
+    "cancel",
+    "timeout",
+    "wait_for",
+)
+#: What a body that returns returns, by what it does (None: `("done", message id)`).
+RETURNS: dict[str, Any] = {"return": None, "return_too_large": TOO_LARGE}
+#: Every call keeps its body's result (`cache_result`): a redelivery returns it, or none when it was too large.
+CACHE = True
 #: How the caller cancels a stuck body, and what the caller then gets.
 CANCELS: dict[str, type[BaseException]] = {
     "cancel": asyncio.CancelledError,
@@ -88,7 +110,7 @@ def config(scratch: Path) -> Config:
         {
             "store": {"backend": "sqlite", "path": str(scratch / "state.db")},
             "records": {"backend": "sqlite", "path": str(scratch / "records.db")},
-            "routes": [{"name": ROUTE, "destination": "downstream", "key": ["payload.game"]}],
+            "routes": [{"name": ROUTE, "destination": "downstream", "key": ["payload.game"], "cache_result": CACHE}],
         }
     )
 
@@ -197,6 +219,8 @@ class InProcessMachine(RuleBasedStateMachine):
         self.sent: list[Sent] = []
         self.records = 0  # records expected in the records file
         self.failed_reasons: list[tuple[str, str]] = []  # (message id, what the failed record must say)
+        self.too_large: set[str] = set()  # message ids committed with a result too large to keep
+        self.ran_again: list[str] = []  # message ids whose body ran again after it was committed
         self._ids = itertools.count(1)
         self.sync: SyncFilter | None = SyncFilter(self.config, clock=self.clock)
         self.sync_closed = False
@@ -237,12 +261,23 @@ class InProcessMachine(RuleBasedStateMachine):
             db.close()
 
     def _check(
-        self, sent: Sent, ended: Ended[Outcome[Any]], runs: list[Any], expected: Decision, error: str | None
+        self,
+        sent: Sent,
+        ended: Ended[Outcome[Any]],
+        runs: list[Any],
+        expected: Decision,
+        error: str | None,
+        returned: Any = None,
     ) -> None:
-        """The call ended as the reference says: `error` names what a forward's body raised (None: it returned)."""
+        """The call ended as the reference says: `error` names what a forward's body raised (None: it
+        returned `returned`, by default `("done", sent.id)`)."""
+        if runs and sent.id in self.ref.keys.get(sent.key, MKey()).recent:
+            self.ran_again.append(sent.id)
         if expected is not Decision.FORWARDED:
             outcome = ended.result()
             assert (outcome.decision, outcome.ran, runs) == (expected, False, []), f"{sent}: {outcome.record}"
+            if sent.id in self.too_large and expected is Decision.DUPLICATE:
+                assert (outcome.result, outcome.cached) == (None, False), f"{sent}: {outcome}"
             self.records += 1
             return
         assert len(runs) == 1, f"{sent}: the body ran {len(runs)} times for a forward"
@@ -252,7 +287,9 @@ class InProcessMachine(RuleBasedStateMachine):
             assert (outcome.decision, outcome.ran, outcome.committed) == (Decision.FORWARDED, True, True), (
                 f"{sent}: {outcome.record}"
             )
-            assert outcome.result == ("done", sent.id)
+            assert outcome.result == (returned if returned is not None else ("done", sent.id))
+            if returned is TOO_LARGE:
+                self.too_large.add(sent.id)
             self.ref.commit(sent)
             return
         assert ended.error is not None, f"{sent}: the body raised {error}, the call returned {ended.value}"
@@ -272,6 +309,8 @@ class InProcessMachine(RuleBasedStateMachine):
             runs.append(arg)
             if does == "return":
                 return ("done", sent.id)
+            if does == "return_too_large":
+                return TOO_LARGE
             if does == "returns_awaitable":
 
                 async def never() -> None:
@@ -288,13 +327,13 @@ class InProcessMachine(RuleBasedStateMachine):
         body = self._sync_body(sent, does, runs)
         if decorated:
             try:
-                handler = on_payload(sync, ROUTE)(body)
+                handler = on_payload(sync, ROUTE, cache_result=CACHE)(body)
             except TypeError as exc:
                 return Ended(error=exc), runs
             call: Callable[[], Outcome[Any]] = lambda: handler(payload(sent.key, sent.content), message_id=sent.id)  # noqa: E731
         else:
             msg = payload_message(payload(sent.key, sent.content), message_id=sent.id)
-            call = lambda: sync.process(ROUTE, msg, body)  # noqa: E731
+            call = lambda: sync.process(ROUTE, msg, body, cache_result=CACHE)  # noqa: E731
         return within(call, name="SyncFilter.process"), runs
 
     def _sync(self, sent: Sent, does: str, decorated: bool) -> None:
@@ -309,8 +348,8 @@ class InProcessMachine(RuleBasedStateMachine):
             assert isinstance(ended.error, FilterClosed), f"{sent}: after close(): {ended}"
             assert runs == []
             return
-        error = None if does == "return" else ("TypeError" if does == "returns_awaitable" else does)
-        self._check(sent, ended, runs, expected, error if expected is Decision.FORWARDED else None)
+        error = None if does in RETURNS else ("TypeError" if does == "returns_awaitable" else does)
+        self._check(sent, ended, runs, expected, error if expected is Decision.FORWARDED else None, RETURNS.get(does))
         if expected is Decision.FORWARDED and error is not None:
             raised = ended.error
             if does == "returns_awaitable":
@@ -346,6 +385,8 @@ class InProcessMachine(RuleBasedStateMachine):
             runs.append(arg)
             if does == "return":
                 return ("done", sent.id)
+            if does == "return_too_large":
+                return TOO_LARGE
             if does in CANCELS:
                 entered.set()
                 await asyncio.Event().wait()  # stuck: only the caller's cancel ends it
@@ -365,10 +406,11 @@ class InProcessMachine(RuleBasedStateMachine):
             entered = asyncio.Event()
             body = self._async_body(sent, does, runs, entered)
             if decorated:
-                handler = on_payload(f, ROUTE)(body)
+                handler = on_payload(f, ROUTE, cache_result=CACHE)(body)
                 work = handler(payload(sent.key, sent.content), message_id=sent.id)
             else:
-                work = f.process(ROUTE, payload_message(payload(sent.key, sent.content), message_id=sent.id), body)
+                msg = payload_message(payload(sent.key, sent.content), message_id=sent.id)
+                work = f.process(ROUTE, msg, body, cache_result=CACHE)
             return await (_cancelled(work, does, entered) if does in CANCELS else work)  # type: ignore[no-any-return]
 
         ended = self.loop.run(call())
@@ -382,11 +424,12 @@ class InProcessMachine(RuleBasedStateMachine):
             return
         error = {
             "return": None,
+            "return_too_large": None,
             "plain": "TypeError",
             "StopIteration": "RuntimeError",  # as Python turns it in any coroutine (PEP 479)
             "CancelledError": "cancelled while it ran",
         }.get(does, "cancelled while it ran" if does in CANCELS else does)
-        self._check(sent, ended, runs, expected, error if expected is Decision.FORWARDED else None)
+        self._check(sent, ended, runs, expected, error if expected is Decision.FORWARDED else None, RETURNS.get(does))
         if expected is Decision.FORWARDED and error is not None:
             caller_gets = {
                 "StopIteration": RuntimeError,
@@ -548,6 +591,11 @@ class InProcessMachine(RuleBasedStateMachine):
         self.clock.advance(seconds)
 
     # --- invariants ------------------------------------------------------------------------
+
+    @invariant()
+    def a_body_runs_at_most_once_for_a_message_while_its_forward_is_recent(self) -> None:
+        """Committed with its result or without it (too large to keep), a redelivery never runs it again."""
+        assert self.ran_again == [], f"bodies ran again for messages already committed: {self.ran_again}"
 
     @invariant()
     def no_key_is_left_leased(self) -> None:

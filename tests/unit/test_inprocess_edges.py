@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import Config, parse
@@ -454,3 +455,55 @@ def _ctrl_c_while_the_caller_waits(config: Config, monkeypatch: pytest.MonkeyPat
     within(f.close, name="close").result()
     assert stores[0].cancelled.is_set()
     assert leased(state_of(config)) == []
+
+
+# --- a result cache_result cannot keep -------------------------------------------------------------
+
+
+def test_a_result_too_large_to_keep_is_committed_without_it_and_warned_of_once_a_route(tmp_path: Path) -> None:
+    cfg = parse(
+        {
+            "store": {"backend": "sqlite", "path": str(tmp_path / "state.db")},
+            "records": {"backend": "sqlite", "path": str(tmp_path / "records.db")},
+            "routes": [
+                {"name": ROUTE, "destination": "phase3", "key": ["payload.game"], "cache_result": True},
+                {"name": "other", "destination": "phase3", "key": ["payload.game"], "cache_result": True},
+            ],
+        }
+    )
+    runs: list[str] = []
+
+    def too_large(forward: Forward) -> str:
+        runs.append(forward.attributes["filter_source_message_id"])
+        return "x" * (100 * 1024)
+
+    deliveries = [
+        (ROUTE, "m1", "out"),
+        (ROUTE, "m1", "out"),  # redeliveries of m1
+        (ROUTE, "m1", "out"),
+        (ROUTE, "m2", "in"),  # new content on the same route: committed, not warned of again
+        ("other", "m3", "out"),  # another route: warned of once there
+    ]
+    with capture_logs() as logs, SyncFilter(cfg, clock=ManualClock(time.time())) as f:
+
+        def deliver(route: str, mid: str, status: str) -> Any:
+            return within(lambda: f.process(route, message(status, mid), too_large), name="process").result()
+
+        outcomes = [deliver(*d) for d in deliveries]
+
+    assert runs == ["m1", "m2", "m3"]
+    assert [(o.decision, o.ran, o.committed, o.cached) for o in outcomes] == [
+        (Decision.FORWARDED, True, True, False),
+        (Decision.DUPLICATE, False, False, False),
+        (Decision.DUPLICATE, False, False, False),
+        (Decision.FORWARDED, True, True, False),
+        (Decision.FORWARDED, True, True, False),
+    ]
+    assert [o.result is None for o in outcomes] == [False, True, True, False, False]
+    assert leased(state_of(cfg)) == []
+    warned = [e for e in logs if e["event"] == "result_not_kept"]
+    assert [(e["route"], e["message_id"], e["log_level"]) for e in warned] == [
+        (ROUTE, "m1", "warning"),
+        ("other", "m3", "warning"),
+    ]
+    assert "102402 bytes as JSON, more than the 65536 kept" in warned[0]["reason"]

@@ -11,6 +11,7 @@ import sqlite3
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,10 @@ import pytest
 from filter.backends.publishers.outbox import read_outbox
 from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
+from filter.backends.stores.sqlite_connection import Connection, connect
 from filter.core.config import load
 from filter.core.envelope import make_envelope
-from filter.core.model import KeyState
+from filter.core.model import KeyState, Lease
 from filter.core.ports import StoreUnavailable
 from filter.push.app import create_app
 from filter.runtime.wiring import make_engine
@@ -111,6 +113,43 @@ async def test_calls_that_find_the_file_locked_wait_off_the_loop_and_all_go_on_o
         await store.close()
 
 
+async def tried_on_the_thread(store: SqliteStore, kind: str) -> None:
+    """Until a `kind` call (claim, commit) found the file locked on the loop and was made again on
+    the writer's thread, where it now waits for the lock (each attempt counts once in `ops`)."""
+    deadline = time.monotonic() + 10
+    while store.ops[kind] < 2:
+        assert time.monotonic() < deadline, f"no {kind} was tried on the store's thread within 10 s"
+        await asyncio.sleep(0)
+
+
+@pytest.mark.parametrize("kind", ["claim", "commit"])
+async def test_a_read_answers_while_a_write_waits_for_another_connections_lock(tmp_path: Path, kind: str) -> None:
+    """WAL lets a reader in beside another connection's write lock: a read must not queue behind
+    this store's own write that waits for that lock (it would wait up to `busy_timeout`)."""
+    store = SqliteStore(tmp_path / "state.db", busy_timeout=3.0)
+    try:
+        lease = Lease("holder", 1, time.time() + 60, "sha256:a", "m1")
+        held = await store.claim("r", "k", None, KeyState(fence=1, lease=lease))
+        assert held is not None
+        committed = replace(held, fingerprint="sha256:a", message_id="m1", lease=None)
+        with write_locked(tmp_path / "state.db") as holder:
+            write = asyncio.create_task(
+                store.claim("r", "other", None, KeyState(fingerprint="sha256:b", fence=1))
+                if kind == "claim"
+                else store.commit("r", "k", held, committed)
+            )
+            await tried_on_the_thread(store, kind)
+            read = asyncio.create_task(store.read("r", "k"))
+            done, _ = await asyncio.wait({read, write}, return_when=asyncio.FIRST_COMPLETED)
+            assert done == {read}, f"the read waited behind the {kind}: {done}"
+            assert read.result() == held
+            holder.execute("ROLLBACK")
+            assert await asyncio.wait_for(write, 10)  # the write goes on once the lock is free
+        assert (await store.read("r", "k" if kind == "commit" else "other")) is not None
+    finally:
+        await store.close()
+
+
 async def test_a_lock_held_past_the_busy_timeout_is_the_store_unavailable_without_blocking_the_loop(
     tmp_path: Path,
 ) -> None:
@@ -125,3 +164,30 @@ async def test_a_lock_held_past_the_busy_timeout_is_the_store_unavailable_withou
         assert await store.claim("r", "k", None, KeyState(fingerprint="sha256:a", fence=1)) is not None
     finally:
         await store.close()
+
+
+async def test_a_connection_that_finds_the_file_locked_even_for_reading_waits_on_its_own_thread(
+    tmp_path: Path,
+) -> None:
+    """The reader's way when the file is locked against readers too (a rollback-journal file under
+    another connection's exclusive lock): its statement waits on the connection's thread, the
+    loop goes on, and the call answers once the lock is gone."""
+    path = tmp_path / "plain.db"
+    setup = sqlite3.connect(path, isolation_level=None)
+    setup.execute("CREATE TABLE t (x)")
+    setup.execute("INSERT INTO t VALUES (1)")
+    setup.close()
+    reader = Connection(connect(str(path), 5.0), str(path), 5.0, "reader")
+    try:
+        holder = sqlite3.connect(path, isolation_level=None)
+        holder.execute("BEGIN EXCLUSIVE")
+        read = asyncio.create_task(reader.run(lambda: reader.exec("SELECT x FROM t").fetchall()))
+        loop_turns = asyncio.Event()
+        asyncio.get_running_loop().call_soon(loop_turns.set)
+        await loop_turns.wait()  # the loop runs while the read waits
+        assert not read.done()
+        holder.execute("ROLLBACK")
+        holder.close()
+        assert await asyncio.wait_for(read, 10) == [(1,)]
+    finally:
+        await reader.close()

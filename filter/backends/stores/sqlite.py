@@ -8,31 +8,36 @@ race sees zero rows changed and the engine looks again.
 The event loop never waits for the file's lock: another connection may hold it for as long
 as it likes (another instance sharing the file, an `sqlite3` shell in `BEGIN IMMEDIATE`, a
 backup). On the loop a statement does not wait at all (`busy_timeout` 0); a call that finds the
-file locked is undone and made again, whole, on the store's own thread, which waits for the
-lock up to `busy_timeout` from when the call was made. Calls use one connection, one at a time
-(`_conn`): while the thread has it, the loop's calls go to the thread too, behind it.
+file locked is undone and made again, whole, on a thread, which waits for the lock up to
+`busy_timeout` from when the call was made (`filter.backends.stores.sqlite_connection`).
+
+A write waiting on the thread for another process's lock holds the store's connection (the
+writer), and later writes queue behind it; reads do not: while the writer is held they go
+through a second connection (the reader, with a thread of its own for a file it finds
+locked), which WAL lets in beside the other process's write. While the writer is free, reads
+use it, for its warm page cache (the reader's is dropped by each write of the writer's).
+Each read is a statement of its own, so it sees every write committed before it began, this
+store's included: reading on the other connection loses nothing of the compare-and-set,
+whose conditions are checked by the writes themselves. The cost is the reader's page cache
+(SQLite's default, at most ~2 MB) and, when the file is locked, a second thread.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import sqlite3
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 
+from filter.backends.stores.sqlite_connection import Connection, Locked, connect
 from filter.core.model import KeyState, Lease
 from filter.core.ports import StoreUnavailable
-
-T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS key_state (
@@ -206,16 +211,6 @@ _PURGE_BATCH = (
 )
 
 
-class _Locked(StoreUnavailable):
-    """Another connection holds the file's lock (SQLITE_BUSY) and the statement waited as long as
-    it was allowed to: on the event loop, not at all."""
-
-
-def _is_locked(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)  # extended codes (BUSY_SNAPSHOT, ...) keep BUSY's low byte
-    return code is not None and code & 0xFF == sqlite3.SQLITE_BUSY
-
-
 class SqliteStore:
     """`purge_every`: seconds between the store's own purges of expired keys (`filter.runtime.wiring` sets
     `PURGE_EVERY`; None: only when `purge()` is called). A purge runs from a claim, a write the
@@ -244,10 +239,8 @@ class SqliteStore:
         self.clock = clock
         self._next_purge = 0.0
         self._purging: float | None = None  # the time the purge under way deletes keys expired before
-        self._conn = threading.Lock()  # held by whoever uses the connection: the loop or the thread
-        self._thread: ThreadPoolExecutor | None = None  # the calls that wait for the file's lock
         try:
-            self._db = sqlite3.connect(self.path, timeout=busy_timeout, isolation_level=None, check_same_thread=False)
+            self._db = connect(self.path, busy_timeout)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
             self._db.execute(_SCHEMA)
@@ -259,48 +252,16 @@ class SqliteStore:
             self._db.execute(_ROWS_SCHEMA)
             for trigger in _TRIGGERS:
                 self._db.execute(trigger)
-            self._db.execute("PRAGMA busy_timeout = 0")  # on the loop: only the thread waits, and says so
-        except sqlite3.Error as exc:
+            self._writer = Connection(self._db, self.path, busy_timeout, "writer")
+            # Opened once the schema is there; it never writes (`query_only`), and reads what is committed.
+            self._reader = Connection(connect(self.path, busy_timeout), self.path, busy_timeout, "reader")
+            self._reader.exec("PRAGMA query_only = 1")
+        except (sqlite3.Error, StoreUnavailable) as exc:
+            with contextlib.suppress(AttributeError, sqlite3.Error):
+                self._db.close()
             raise StoreUnavailable(f"cannot open {self.path}: {exc}") from exc
-
-    def _exec(self, sql: str, params: tuple[Any, ...] = ()) -> sqlite3.Cursor:
-        try:
-            return self._db.execute(sql, params)
-        except sqlite3.Error as exc:  # locked beyond busy_timeout, disk I/O, a corrupt file, ...
-            error = _Locked if _is_locked(exc) else StoreUnavailable
-            raise error(f"sqlite {self.path}: {exc}") from exc
-
-    async def _run(self, call: Callable[..., T], *args: Any) -> T:
-        """`call(*args)` on the loop if the file is free, else on the store's thread (see the module doc).
-
-        A call found locked has changed nothing: its single statements did not run, and a
-        transaction is rolled back (`_write`), so it can be made again from the start.
-        """
-        if self._conn.acquire(False):
-            try:
-                return call(*args)
-            except _Locked:
-                pass
-            finally:
-                self._conn.release()
-        return await self._on_thread(call, *args)
-
-    def _on_thread(self, call: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """`call(*args)` on the store's thread, waiting for the file's lock up to `busy_timeout` from now."""
-        deadline = time.monotonic() + self.busy_timeout
-        if self._thread is None:
-            self._thread = ThreadPoolExecutor(1, thread_name_prefix=f"sqlite-store-{Path(self.path).name}")
-        return asyncio.get_running_loop().run_in_executor(self._thread, self._waiting, deadline, call, *args)
-
-    def _waiting(self, deadline: float, call: Callable[..., T], *args: Any) -> T:
-        """`call(*args)`, its statements waiting for the file's lock until `deadline` (monotonic)."""
-        with self._conn:
-            self._exec(f"PRAGMA busy_timeout = {max(0, round((deadline - time.monotonic()) * 1000))}")
-            try:
-                return call(*args)
-            finally:
-                with contextlib.suppress(StoreUnavailable):
-                    self._exec("PRAGMA busy_timeout = 0")
+        self._exec = self._writer.exec
+        self._run = self._writer.run
 
     def _write(self, sql: str, params: tuple[Any, ...], route: str, key: str, rows: bytes | None) -> bool:
         """One conditional write of the state record and, given `rows`, of new row state: whether it won.
@@ -353,10 +314,12 @@ class SqliteStore:
             with contextlib.suppress(sqlite3.Error):
                 self._db.execute("ROLLBACK")
 
-    def _get(self, route: str, key: str) -> KeyState | None:
+    def _get(self, on: Connection, route: str, key: str) -> KeyState | None:
         self.ops["read"] += 1
-        row = self._exec(_READ, (route, key)).fetchone()
-        return _row_to_state(row) if row else None
+        # fetchall: the statement runs to its end, so the reader holds no read transaction (and no
+        # old snapshot) past this call
+        rows = on.exec(_READ, (route, key)).fetchall()
+        return _row_to_state(rows[0]) if rows else None
 
     def _claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
         self._purge_when_due()
@@ -396,7 +359,7 @@ class SqliteStore:
         params = (*_values(new), route, key, held.lease.fence, held.lease.holder)
         if self._write_state(_COMMIT, _COMMIT_NO_ROWS, params, route, key, new.rows, held.rows):
             return True
-        current = self._get(route, key)
+        current = self._get(self._writer, route, key)
         return current is not None and current.holds_commit_of(new)
 
     def _release(self, route: str, key: str, held: KeyState) -> None:
@@ -417,7 +380,7 @@ class SqliteStore:
         Safe against a holder that is still publishing: a key with a live lease stays, and a
         late commit is conditional on its holder token, which a recreated key never carries.
         """
-        return self._waiting(time.monotonic() + self.busy_timeout, self._purge, now)
+        return self._writer.waiting(time.monotonic() + self.busy_timeout, self._purge, now)
 
     def _purge(self, now: float | None) -> int:
         at = self.clock() if now is None else now
@@ -440,15 +403,20 @@ class SqliteStore:
             self._purging = None  # nothing left that had expired by then
 
     async def read(self, route: str, key: str) -> KeyState | None:
-        # `_run` written out: the suppress path is this one read, and a coroutine less is 5% of it
-        if self._conn.acquire(False):
+        # On the writer's connection while it is free: its page cache stays warm, where the reader's
+        # is dropped by every write of the writer's (~3 page reads more a decision). On the reader's
+        # while a write holds the writer, waiting on its thread: never behind that write.
+        # (`Connection.run` written out: the suppress path is this one read, and a coroutine less is 5% of it.)
+        writer = self._writer
+        if writer.lock.acquire(False):
             try:
-                return self._get(route, key)
-            except _Locked:
+                return self._get(writer, route, key)
+            except Locked:
                 pass
             finally:
-                self._conn.release()
-        return await self._on_thread(self._get, route, key)
+                writer.lock.release()
+            return await self._reader.on_thread(self._get, self._reader, route, key)
+        return await self._reader.run(self._get, self._reader, route, key)
 
     async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
         return await self._run(self._claim, route, key, seen, new)
@@ -463,18 +431,18 @@ class SqliteStore:
         await self._run(self._release, route, key, held)
 
     async def ping(self) -> None:
-        if not self._conn.acquire(blocking=False):
+        if not self._writer.lock.acquire(blocking=False):
             return  # a call is under way on the thread (the file is locked): it will say how it went
         try:
             self._exec("SELECT 1").fetchone()
         finally:
-            self._conn.release()
+            self._writer.lock.release()
 
     async def close(self) -> None:
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            await asyncio.to_thread(thread.shutdown)  # a call under way ends within `busy_timeout`
-        self._db.close()
+        try:
+            await self._writer.close()
+        finally:
+            await self._reader.close()
 
 
 def read_only(path: str | Path, route: str, key: str) -> KeyState | None:
