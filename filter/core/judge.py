@@ -96,7 +96,7 @@ def decide(
     details: dict[str, Any] = {}
     # the destination holds the last forward, and this is other content: a tolerance may
     # still call it unchanged, and a forward flags only the fields that changed
-    known = verdict.reason == CHANGED and state is not None
+    known = verdict.reason == CHANGED and state is not None and _settled(state)
     moves = _within_tolerance(rules, msg, state, now, payload) if known else None
     if moves is not None:
         verdict = Verdict(Decision.SUPPRESSED, WITHIN)
@@ -151,6 +151,13 @@ def judge(
     if downstream is UNKNOWN:
         return Verdict(Decision.FORWARDED, UNKNOWN_DOWNSTREAM)
     return Verdict(Decision.FORWARDED, CHANGED)
+
+
+def _settled(state: KeyState) -> bool:
+    """No lapsed lease of other content: its holder may have published it, so the destination
+    may hold that and not the last forward (the table forwards it, `judge`)."""
+    lease = state.lease
+    return lease is None or lease.fingerprint == state.fingerprint
 
 
 def _within_tolerance(

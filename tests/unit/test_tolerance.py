@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import random
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +15,8 @@ from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import parse
 from filter.core.engine import Engine
-from filter.core.model import Decision, DecisionRecord, KeyState, Message
+from filter.core.judge import decide
+from filter.core.model import Decision, DecisionRecord, KeyState, Lease, Message
 from filter.core.ports import StoreUnavailable
 from tests.support.clock import ManualClock, ManualSleep
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
@@ -286,3 +289,30 @@ async def test_a_producers_own_flags_never_pass(world: World) -> None:
     await world.send("plain", odds(100), attributes={"filter_changed_price": "true", "mine": "1"})
     attributes = world.publisher.published[-1].attributes
     assert "filter_changed_price" not in attributes and attributes["mine"] == "1"
+
+
+async def test_a_lapsed_forward_of_other_content_leaves_nothing_to_compare_with(world: World) -> None:
+    """Its holder may have published it: the destination may hold that, not the last forward."""
+    await world.send("odds", odds(100))
+    state = await world.state("odds", "g1")
+    assert state is not None
+    lapsed = Lease("dead/1", state.fence + 1, world.clock.now() - 1, "sha256:" + "0" * 64, "m-dead")
+    rules = world.engine.rules["odds"]
+    data = json.dumps(odds(101)).encode()
+    payload, fp = rules.scheme(data)
+    decided = decide(
+        rules,
+        Message(data, {}, "m9"),
+        fp,
+        replace(state, lease=lapsed),
+        world.clock.now(),
+        False,
+        random.Random(0),
+        payload,
+    )
+    assert decided.verdict.decision is Decision.FORWARDED
+    assert {k for k in decided.out.attributes if k.startswith("filter_changed_")} == {
+        "filter_changed_price",
+        "filter_changed_status",
+        "filter_changed_total",
+    }
