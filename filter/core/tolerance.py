@@ -112,8 +112,6 @@ class Tolerance:
         return hashlib.sha256(encode_sorted(rest)).hexdigest()[:16], values
 
     def compare(self, old: Entry, new: Entry) -> Compared:
-        if old[0] != new[0]:
-            return Compared(False)
         was, now = old[1], new[1]
         moves: dict[str, int | float] = {}
         beyond: list[str] = []
@@ -126,7 +124,7 @@ class Tolerance:
                 beyond.append(f)
             else:
                 moves[f] = move
-        return Compared(True, moves, frozenset(beyond))
+        return Compared(old[0] == new[0], moves, frozenset(beyond))
 
     def flags(self, changed: Iterable[str]) -> dict[str, str]:
         """The attributes a forward carries for the listed fields in `changed`."""

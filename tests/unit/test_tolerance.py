@@ -316,3 +316,9 @@ async def test_a_lapsed_forward_of_other_content_leaves_nothing_to_compare_with(
         "filter_changed_status",
         "filter_changed_total",
     }
+
+
+async def test_a_move_beyond_tolerance_is_flagged_beside_another_change(world: World) -> None:
+    await world.send("odds", odds(100))
+    await world.send("odds", odds(113, status="closed"))
+    assert world.flags() == {"price", "status"}
