@@ -38,6 +38,8 @@ from filter.core.tolerance_amount import CHANGED_PREFIX, Amount, parse_amount
 
 #: The reason of a suppression whose only changes are moves within tolerance.
 WITHIN = "moved within tolerance"
+#: What `skip-rate` counts those suppressions as (each records backend's reader labels them so).
+WITHIN_TOLERANCE = "within_tolerance"
 
 Value = int | float | str
 Entry = tuple[str, dict[str, Value]]  # (rest digest, tolerance field values)
