@@ -249,6 +249,11 @@ def _fields_forwarded(
     increased = [k for k in changed if k in clocks and k in old and _grew(old[k], clocks[k])]
     if increased:
         fields.named("fields_increased", increased, details)
+    # the numbers that moved, from the last forward's value to this one's: `tune` shows how far
+    # they move, and what a tolerance would have held back (the values are the clocks': no decode)
+    moved = {k: [old[k], clocks[k]] for k in changed if type(clocks.get(k)) is float and type(old.get(k)) is float}
+    if moved:
+        details["fields_moved"] = dict(list(moved.items())[: fields.MAX_NAMED])
     return out, details
 
 
