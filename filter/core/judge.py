@@ -97,7 +97,8 @@ def decide(
     # the destination holds the last forward, and this is other content: a tolerance may
     # still call it unchanged, and a forward flags only the fields that changed
     known = verdict.reason == CHANGED and state is not None and _settled(state)
-    moves = _within_tolerance(rules, msg, state, now, payload) if known else None
+    look = _within_tolerance(rules, msg, state, now, payload) if known else None
+    moves = look.moves if look is not None else None
     if moves is not None:
         verdict = Verdict(Decision.SUPPRESSED, WITHIN)
         details["within_tolerance"] = moves
@@ -107,7 +108,7 @@ def decide(
     if verdict.decision is Decision.SUPPRESSED and moves is None and _noise_only(rules, msg, state, rng):
         verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
     elif verdict.decision is Decision.FORWARDED:
-        out, found = _what_to_send(rules, msg, fp, state, payload, known)
+        out, found = _what_to_send(rules, msg, fp, state, payload, known, look)
         return Decided(verdict, state, out, {**details, **found})
     if verdict.decision in _HELD_BACK and rules.tracks_fields and rules.selects is not None:
         _excluded_changed(rules, msg, state, details, payload)
@@ -162,7 +163,7 @@ def _settled(state: KeyState) -> bool:
 
 def _within_tolerance(
     rules: RouteRules, msg: Message, state: KeyState | None, now: float, payload: Any
-) -> dict[str, int | float] | None:
+) -> tolerance_look.Look | None:
     """The moves, when the change is only moves within the route's tolerance (`filter.core.tolerance`).
 
     Within tolerance is unchanged: past the route's window it is forwarded, as unchanged content is."""
@@ -286,7 +287,13 @@ def _tolerance_details(listed: tuple[str, ...], sent: tolerance_look.Forward, de
 
 
 def _what_to_send(
-    rules: RouteRules, msg: Message, fp: str, state: KeyState | None, payload: Any, known: bool = False
+    rules: RouteRules,
+    msg: Message,
+    fp: str,
+    state: KeyState | None,
+    payload: Any,
+    known: bool = False,
+    look: tolerance_look.Look | None = None,
 ) -> tuple[Outgoing, dict[str, Any]]:
     """What a forward commits (full fingerprint, row digests) and sends (all rows, or the changed
     ones), and the details for its record."""
@@ -296,8 +303,13 @@ def _what_to_send(
     before = rows.decode(state.rows, rules.row_memo) if state is not None and rules.tracks_rows else None
     if before is not None and fields.PAYLOAD in before.raw:
         before = None  # the field state of a whole-payload route (its config changed): no rows to compare
-    typed = rules.typed_rows(msg.data)  # decoded once (usually kept from the fingerprint) for both uses
-    digests = rules.row_digests(msg.data, before, typed)
+    digests: rows.RowDigests | None
+    if look is not None and look.digests is not None and before is not None:
+        # the tolerance's second look digested the rows against this very state: not again
+        typed, digests = look.typed, look.digests
+    else:
+        typed = rules.typed_rows(msg.data)  # decoded once (usually kept from the fingerprint) for both uses
+        digests = rules.row_digests(msg.data, before, typed)
     details: dict[str, Any] = {}
     if digests is None:
         return Outgoing(msg.data, {}, None, full), details

@@ -104,14 +104,14 @@ class Tolerance:
         self.names = frozenset(self.amounts)
         self.listed = tuple(route.changed_attributes)
         self.every_flag = {CHANGED_PREFIX + f: "true" for f in self.listed}
-        self.select = selector(route)
+        # the counted fields but the tolerance fields, in one copy of the row
+        self._rest = selector(route.model_copy(update={"exclude": [*route.exclude, *self.names]}))
 
     def entry(self, row: Mapping[str, Any]) -> Entry:
-        """The reference of one selected row: its rest digest and its tolerance fields' values."""
-        names = self.names
-        rest = {k: v for k, v in row.items() if k not in names}
-        values = {f: _value(row[f]) for f in names if f in row}
-        return hashlib.sha256(encode_sorted(rest)).hexdigest()[:16], values
+        """The reference of one row (as it comes, or selected): its rest digest and its tolerance
+        fields' values (those always count: `check` refuses a tolerance on a field that does not)."""
+        values = {f: _value(row[f]) for f in self.names if f in row}
+        return hashlib.sha256(encode_sorted(self._rest(row))).hexdigest()[:16], values
 
     def compare(self, old: Entry, new: Entry) -> Compared:
         was, now = old[1], new[1]

@@ -24,41 +24,55 @@ _TOO_LARGE = "too large to keep"
 _UNMATCHED = "rows not matched by key: a row is not an object, or rows share a key"
 
 
-def within(rules: RouteRules, tol: Tolerance, data: bytes, state: KeyState, payload: Any) -> Moves | None:
+@dataclass(frozen=True)
+class Look:
+    """The second look: the moves, when they are all within tolerance (else None), and on a rows
+    route the row digests it computed (a forward then stores them rather than digest again)."""
+
+    moves: Moves | None
+    digests: rows.RowDigests | None = None
+    typed: TypedRows | None = None  # the rows it decoded (the fingerprint's, taken once: `typed_rows`)
+
+
+_NOTHING = Look(None)
+
+
+def within(rules: RouteRules, tol: Tolerance, data: bytes, state: KeyState, payload: Any) -> Look:
     """The largest move per tolerance field when `data` differs from the last forward only by
-    moves within tolerance; None when it differs otherwise, or there is no reference to tell."""
+    moves within tolerance; no moves when it differs otherwise, or there is no reference to tell."""
     reference = rules.reference_of(state.rows)
     if reference is None:
-        return None
+        return _NOTHING
     if not rules.tracks_rows:
         old = reference.rows.get(fields.PAYLOAD)
         if old is None or type(payload) is not dict:
-            return None
-        compared = tol.compare(old, tol.entry(tol.select(payload)))
-        return compared.moves if compared.within else None
+            return _NOTHING
+        compared = tol.compare(old, tol.entry(payload))
+        return Look(compared.moves if compared.within else None)
     before = rows.decode(state.rows, rules.row_memo)
     if before is None or fields.PAYLOAD in before.raw:
-        return None
+        return _NOTHING
     typed = rules.typed_rows(data)
     digests = rules.row_digests(data, before, typed)
     if digests is None:
-        return None
+        return _NOTHING
+    look = Look(None, digests, typed)
     diff = rows.diff(before, digests)
     if diff.added or diff.removed or not diff.changed:
-        return None  # a row came or went, or the change is outside the row digests
+        return look  # a row came or went, or the change is outside the row digests
     found = rows_by_key(rules, tol, digests, typed, payload, diff.changed)
     if found is None:
-        return None
+        return look
     moves: Moves = {}
     for key in diff.changed:
         old = reference.rows.get(key)
         if old is None:
-            return None
+            return look
         compared = tol.compare(old, tol.entry(found[key]))
         if not compared.within:
-            return None
+            return look
         largest(moves, compared.moves)
-    return moves
+    return Look(moves, digests, typed)
 
 
 def rows_by_key(
@@ -69,13 +83,13 @@ def rows_by_key(
     payload: Any,
     wanted: list[str] | None = None,
 ) -> dict[str, dict[str, Any]] | None:
-    """The counted fields of the rows `wanted` (all: None), by row key; None when a row is not
+    """The rows `wanted` (all: None), by row key; None when a row is not
     an object or two rows share a key (then no row has a reference of its own)."""
     if typed is not None and type(digests) is rows.Compared and len(digests) == len(typed.rows):
         # the typed digests are keyed in row order, one per row (`rules.row_digests`)
         by_key = dict(zip(digests, typed.rows, strict=True))
         keys = wanted if wanted is not None else list(by_key)
-        return {k: tol.select(typed.as_dict(by_key[k])) for k in keys}
+        return {k: typed.as_dict(by_key[k]) for k in keys}
     route = rules.route
     if payload is NOT_JSON or route.rows is None:
         return None
@@ -90,7 +104,7 @@ def rows_by_key(
         key = rows.row_key_of(row, row_key)
         if key in out:
             return None
-        out[key] = tol.select(row)
+        out[key] = row
     return out
 
 
@@ -115,15 +129,18 @@ def whole_forward(
     changed_all: list[str] | None,
 ) -> Forward:
     """A whole-payload forward: the payload's reference, and the flags (all, unless `known`)."""
-    entry = tol.entry(tol.select(payload))
-    new_blob = attach(blob, Reference({fields.PAYLOAD: entry}), elements, rows.MAX_STORED_BYTES) if blob else None
+    entry = tol.entry(payload)
+    kept = Reference({fields.PAYLOAD: entry})
+    new_blob = attach(blob, kept, elements, rows.MAX_STORED_BYTES) if blob else None
+    if new_blob is not None:
+        rules.keep_reference(new_blob, kept)  # the next decision for the key reads it back
     unkept = None if new_blob is not None or not blob else _TOO_LARGE
     # kept or not, the state is stored: without a reference, the next change is forwarded
     new_blob = new_blob or blob
     if not known or changed_all is None or state is None:
         return Forward(new_blob, dict(tol.every_flag), unkept=unkept)
-    reference = rules.reference_of(state.rows)
-    old = reference.rows.get(fields.PAYLOAD) if reference is not None else None
+    before = rules.reference_of(state.rows)
+    old = before.rows.get(fields.PAYLOAD) if before is not None else None
     changed = set(changed_all)
     if old is not None:
         beyond = tol.compare(old, entry).beyond
@@ -152,9 +169,7 @@ def rows_forward(
     fresh = None if reference is None or diff is None else [*diff.added, *diff.changed]
     found = rows_by_key(rules, tol, digests, typed, payload, fresh)
     if found is None:
-        return Forward(
-            blob, dict(tol.every_flag), unkept="rows not matched by key: a row is not an object, or rows share a key"
-        )
+        return Forward(blob, dict(tol.every_flag), unkept=_UNMATCHED)
     entries: dict[str, Entry] = {}
     changed: set[str] = set()
     within_rows: dict[str, Moves] = {}
@@ -172,7 +187,8 @@ def rows_forward(
             if compared.within and known and partial:
                 within_rows[key] = compared.moves
                 entries[key] = old  # kept, if the row is not sent (`rows_mode: changed`; see `judge`)
-    new_blob = attach(blob, Reference(entries), 2, rows.MAX_STORED_BYTES) if blob else None
+    kept = Reference(entries)
+    new_blob = attach(blob, kept, 2, rows.MAX_STORED_BYTES) if blob else None
     if new_blob is None:
         # no reference kept (or no row state): the next change is forwarded, so no row is held back
         unkept = _TOO_LARGE if blob else None
@@ -180,6 +196,7 @@ def rows_forward(
     written = rules.row_memo.written
     if written is not None and written[0] is blob:
         rules.row_memo.written = (new_blob, written[1])  # the next read of this key finds it decoded
+    rules.keep_reference(new_blob, kept)  # and its reference too
     return Forward(new_blob, flags_of(tol, known, reference, diff, changed), within_rows)
 
 
