@@ -322,3 +322,23 @@ async def test_a_move_beyond_tolerance_is_flagged_beside_another_change(world: W
     await world.send("odds", odds(100))
     await world.send("odds", odds(113, status="closed"))
     assert world.flags() == {"price", "status"}
+
+
+async def test_past_the_row_state_cap_no_reference_is_kept_and_every_change_forwards(
+    world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from filter.core import rows
+
+    big = props(*range(100, 140))
+    await world.send("props", big)
+    state = await world.state("props", "g1")
+    assert state is not None and state.rows is not None
+    kept = state.rows.rindex(b",{}") if b",{}," in state.rows else len(state.rows)
+    monkeypatch.setattr(rows, "MAX_STORED_BYTES", kept + 8)  # the row state fits, its reference does not
+    moved = props(*range(200, 240))
+    rec = await world.send("props", moved)
+    assert rec.decision is Decision.FORWARDED and rec.details["tolerance_state"] == "too large to keep"
+    again = props(201, *range(201, 240))  # within tolerance of the last forward, but nothing to compare with
+    rec = await world.send("props", again)
+    assert (rec.decision, rec.reason) == (Decision.FORWARDED, "content changed")
+    assert world.flags() == {"price", "status"}  # nothing to compare with: every field
