@@ -223,7 +223,7 @@ def _fields_forwarded(
     """A whole-payload forward stores its field checksums and records which selected fields changed."""
     details: dict[str, Any] = {}
     if type(payload) is not dict:
-        return Outgoing(msg.data, {}, None, full), details
+        return Outgoing(msg.data, _every_flag(rules), None, full), details
     selects = rules.selects
     new_key = state is None or (state.fingerprint is None and state.forwarded_at is None)
     before = None if state is None else rules.fields_before(state.rows)
@@ -271,6 +271,12 @@ def _grew(old: float | str, new: float | str) -> bool:
     return type(old) is type(new) and new > old  # type: ignore[operator]
 
 
+def _every_flag(rules: RouteRules) -> Mapping[str, str]:
+    """A forward with nothing to compare field by field (a payload that is not a JSON object,
+    or not JSON) flags every `changed_attributes` field."""
+    return rules.tolerance.every_flag if rules.tolerance is not None else {}
+
+
 def _tolerance_details(listed: tuple[str, ...], sent: tolerance_look.Forward, details: dict[str, Any]) -> None:
     """For the record: the fields a forward flags as changed (`changed_attributes`), the rows
     it held back as moved within tolerance, and a reference it could not keep."""
@@ -312,7 +318,7 @@ def _what_to_send(
         digests = rules.row_digests(msg.data, before, typed)
     details: dict[str, Any] = {}
     if digests is None:
-        return Outgoing(msg.data, {}, None, full), details
+        return Outgoing(msg.data, _every_flag(rules), None, full), details
     kept = rows.encode(digests, rules.row_memo)
     if kept is None:
         details["rows_state"] = "too large to keep"

@@ -67,6 +67,7 @@ ROUTES: list[dict[str, Any]] = [
         "changed_attributes": ["price", "status"],
         "bypass": {"field": "payload.state", "equals": "live"},
     },
+    {"name": "raw", "destination": "phase3", "key": ["attributes.id"], "changed_attributes": ["price"]},
 ]
 
 
@@ -342,3 +343,11 @@ async def test_past_the_row_state_cap_no_reference_is_kept_and_every_change_forw
     rec = await world.send("props", again)
     assert (rec.decision, rec.reason) == (Decision.FORWARDED, "content changed")
     assert world.flags() == {"price", "status"}  # nothing to compare with: every field
+
+
+async def test_a_payload_with_nothing_to_compare_field_by_field_flags_every_listed_field(world: World) -> None:
+    await world.send("raw", b"\x00 not json", attributes={"id": "1"})
+    await world.send("raw", b"\x00 other bytes", attributes={"id": "1"})
+    assert world.flags() == {"price"}
+    await world.send("raw", [1, 2], attributes={"id": "1"})  # JSON, not an object
+    assert world.flags() == {"price"}
