@@ -96,8 +96,8 @@ def decide(
     details: dict[str, Any] = {}
     # the destination holds the last forward, and this is other content: a tolerance may
     # still call it unchanged, and a forward flags only the fields that changed
-    known = verdict.reason == CHANGED and state is not None and _settled(state)
-    look = _within_tolerance(rules, msg, state, now, payload) if known else None
+    known = verdict.reason == CHANGED and state is not None and _settled(state) and _in_window(rules.route, state, now)
+    look = _within_tolerance(rules, msg, state, payload) if known else None
     moves = look.moves if look is not None else None
     if moves is not None:
         verdict = Verdict(Decision.SUPPRESSED, WITHIN)
@@ -161,17 +161,19 @@ def _settled(state: KeyState) -> bool:
     return lease is None or lease.fingerprint == state.fingerprint
 
 
-def _within_tolerance(
-    rules: RouteRules, msg: Message, state: KeyState | None, now: float, payload: Any
-) -> tolerance_look.Look | None:
-    """The moves, when the change is only moves within the route's tolerance (`filter.core.tolerance`).
+def _in_window(route: Route, state: KeyState, now: float) -> bool:
+    """Within the route's window of the last forward. Past it, a move within tolerance is
+    forwarded, as unchanged content is, and whole: nothing is held back or left unflagged."""
+    window = route.window
+    return window is None or state.forwarded_at is None or now - state.forwarded_at < window
 
-    Within tolerance is unchanged: past the route's window it is forwarded, as unchanged content is."""
+
+def _within_tolerance(
+    rules: RouteRules, msg: Message, state: KeyState | None, payload: Any
+) -> tolerance_look.Look | None:
+    """The moves, when the change is only moves within the route's tolerance (`filter.core.tolerance`)."""
     tol = rules.tolerance
     if tol is None or not tol.amounts or state is None:
-        return None
-    window = rules.route.window
-    if window is not None and state.forwarded_at is not None and now - state.forwarded_at >= window:
         return None
     return tolerance_look.within(rules, tol, msg.data, state, payload)
 

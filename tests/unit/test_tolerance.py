@@ -67,6 +67,17 @@ ROUTES: list[dict[str, Any]] = [
         "changed_attributes": ["price", "status"],
         "bypass": {"field": "payload.state", "equals": "live"},
     },
+    {
+        "name": "props-windowed",
+        "destination": "phase3",
+        "key": ["payload.game_id"],
+        "rows": "payload.props",
+        "row_key": ["player"],
+        "rows_mode": "changed",
+        "window": "1h",
+        "tolerance": {"price": 12},
+        "changed_attributes": ["price", "status"],
+    },
     {"name": "raw", "destination": "phase3", "key": ["attributes.id"], "changed_attributes": ["price"]},
 ]
 
@@ -351,3 +362,12 @@ async def test_a_payload_with_nothing_to_compare_field_by_field_flags_every_list
     assert world.flags() == {"price"}
     await world.send("raw", [1, 2], attributes={"id": "1"})  # JSON, not an object
     assert world.flags() == {"price"}
+
+
+async def test_past_the_window_a_rows_forward_holds_nothing_back_and_flags_every_field(world: World) -> None:
+    await world.send("props-windowed", props(100, 200))
+    world.clock.advance(3601)
+    rec = await world.send("props-windowed", props(105, 200))  # within tolerance, but the window expired
+    assert rec.decision is Decision.FORWARDED and "rows_within_tolerance" not in rec.details
+    assert [r["price"] for r in json.loads(world.publisher.published[-1].data)["props"]] == [105]
+    assert world.flags() == {"price", "status"}
