@@ -11,7 +11,8 @@ of old message ids, old message ids reused with other content (a caller's reques
 forwards held in flight while other deliveries arrive (two engine instances sharing one store),
 in-flight forwards killed before or after their publish
 landed, store outages, failing publishes, clock jumps past the window, the lease and the
-state TTL, shadow, row-mode and bypass routes. After every step it checks:
+state TTL, shadow, row-mode and bypass routes, and a route with a tolerance on a price that
+walks with jumps (`price_walk`). After every step it checks:
 
 - the decision is the model's;
 - nothing acked was lost: an acked forward was published, an acked suppression or
@@ -20,6 +21,10 @@ state TTL, shadow, row-mode and bypass routes. After every step it checks:
 - no message is published again once it was acked (except where the README says a copy
   may repeat: fail-open, a kill after the publish landed, a commit that could not land);
 - a shadow route publishes each delivery it acks exactly once;
+- on the tolerance route: no suppression hid a move beyond tolerance of what the destination
+  holds, every forward of a change was needed (a field beyond tolerance of the previous
+  forward's values, or another change), and a forward flags exactly the fields that changed
+  (every field when it cannot know what the destination holds);
 - after a drain (every unacked message redelivered in publish-time order, faults off), the
   destination ends on the newest content of every key.
 
