@@ -78,6 +78,14 @@ ROUTES: list[dict[str, Any]] = [
         "tolerance": {"price": 12},
         "changed_attributes": ["price", "status"],
     },
+    {
+        "name": "shadowed",
+        "destination": "phase3",
+        "key": ["payload.game_id"],
+        "mode": "shadow",
+        "tolerance": {"price": 12},
+        "changed_attributes": ["price", "status"],
+    },
     {"name": "raw", "destination": "phase3", "key": ["attributes.id"], "changed_attributes": ["price"]},
 ]
 
@@ -371,3 +379,18 @@ async def test_past_the_window_a_rows_forward_holds_nothing_back_and_flags_every
     assert rec.decision is Decision.FORWARDED and "rows_within_tolerance" not in rec.details
     assert [r["price"] for r in json.loads(world.publisher.published[-1].data)["props"]] == [105]
     assert world.flags() == {"price", "status"}
+
+
+async def test_a_shadow_routes_publish_of_what_enforce_would_hold_back_flags_every_field(world: World) -> None:
+    await world.send("shadowed", odds(100))
+    rec = await world.send("shadowed", odds(104))
+    assert (rec.decision, rec.reason, rec.enforced) == (Decision.SUPPRESSED, "moved within tolerance", False)
+    assert len(world.publisher.published) == 2 and world.flags() == {"price", "status"}
+
+
+async def test_the_flags_count_among_the_attributes_a_forward_may_carry(world: World) -> None:
+    """The odds route adds up to 7 attributes of its own and 3 flags: 90 of the producer's fit, 91 do not."""
+    fits = {f"a{i}": "v" for i in range(90)}
+    assert (await world.send("odds", odds(100), attributes=fits)).decision is Decision.FORWARDED
+    rec = await world.send("odds", odds(200), attributes={**fits, "one_more": "v"})
+    assert rec.decision is Decision.REJECTED and "at most 90 can be forwarded" in (rec.reason or "")
