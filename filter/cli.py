@@ -379,6 +379,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--include", action="append", default=[], metavar="F", help="what if only these fields counted (repeatable)"
     )
     sp.add_argument(
+        "--tolerance",
+        action="append",
+        default=[],
+        metavar="F=AMOUNT",
+        help="what if number F had this tolerance: a number, or N%% of the last forwarded value (repeatable)",
+    )
+    sp.add_argument(
         "--format", choices=["table", "json"], default="table", metavar="table|json", help="table (default) or json"
     )
     sp.add_argument(

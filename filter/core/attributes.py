@@ -20,6 +20,7 @@ from filter.core.pubsub_limits import (
     publish_request_bytes,
 )
 from filter.core.times import format_time
+from filter.core.tolerance_amount import CHANGED_PREFIX
 
 ATTR_FINGERPRINT = "filter_fingerprint"
 ATTR_SOURCE_ID = "filter_source_message_id"
@@ -73,6 +74,10 @@ def forward_attributes(route: str, msg: Message, fingerprint: str, own: Mapping[
     """The producer's attributes less the filter's own names, then the filter's: `own` (rows, fence),
     the fingerprint, the source message and route."""
     attributes = {k: v for k, v in msg.attributes.items() if k not in OWN_ATTRIBUTES}
+    if any(k.startswith(CHANGED_PREFIX) for k in attributes):
+        # the flags are the filter's (`changed_attributes`): a subscriber filters on them, so
+        # a producer's own never pass
+        attributes = {k: v for k, v in attributes.items() if not k.startswith(CHANGED_PREFIX)}
     attributes.update(own)
     attributes[ATTR_FINGERPRINT] = fingerprint
     attributes[ATTR_SOURCE_ID] = msg.message_id
@@ -85,8 +90,8 @@ def forward_attributes(route: str, msg: Message, fingerprint: str, own: Mapping[
 def own_attributes_at_most(route: Route) -> int:
     """How many attributes the filter may add to a forward on `route`: the fingerprint, source
     message id, route, source publish time, fence, key (or its digest) and trace context; with
-    `rows_mode: changed` the five `filter_rows_*` ones too."""
-    return 7 + (5 if route.rows_mode == "changed" else 0)
+    `rows_mode: changed` the five `filter_rows_*` ones too; and one flag per `changed_attributes` field."""
+    return 7 + (5 if route.rows_mode == "changed" else 0) + len(route.changed_attributes)
 
 
 def _bytes(text: str) -> int:
@@ -106,7 +111,11 @@ def unforwardable(attributes: Mapping[str, str], own_at_most: int) -> str | None
     subscription's policy) rather than failing its publish on every attempt. The filter's own
     names in the producer's attributes are replaced, not added, so they do not count.
     """
-    kept = [name for name in attributes if name not in OWN_ATTRIBUTES and name != TRACE_ATTRIBUTE]
+    kept = [
+        name
+        for name in attributes
+        if name not in OWN_ATTRIBUTES and name != TRACE_ATTRIBUTE and not name.startswith(CHANGED_PREFIX)
+    ]
     room = MAX_ATTRIBUTES - own_at_most
     if len(kept) > room:
         return (

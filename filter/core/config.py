@@ -42,6 +42,7 @@ from filter.core.config_sections import (
 from filter.core.errors import FilterError
 from filter.core.paths import Path, PathError
 from filter.core.pubsub_names import Kind, check_name
+from filter.core.tolerance_amount import parse_amount
 
 __all__ = [
     "CONFIG_ENV",
@@ -94,6 +95,15 @@ def _path(value: Any) -> Path:
 FieldPath = Annotated[Path, BeforeValidator(_path)]
 
 
+def _amount(value: Any) -> Any:
+    parse_amount(value)  # raises ValueError, worded for the user
+    return value
+
+
+#: A tolerance: a non-negative number, or a percentage such as "3%" (`filter.core.tolerance`).
+ToleranceAmount = Annotated[int | float | str, BeforeValidator(_amount)]
+
+
 class Condition(Strict):
     """A condition on one field: equals a value (or not), is one of several, or is present.
 
@@ -128,6 +138,9 @@ class Route(Strict):
     row_key: list[str] = []
     include: list[str] = []
     exclude: list[str] = []
+    # a deadband per numeric field, and the fields a forward flags as changed (`filter.core.tolerance`)
+    tolerance: dict[str, ToleranceAmount] = {}
+    changed_attributes: list[str] = []
     window: Duration | None = None
     mode: Literal["enforce", "shadow"] = "enforce"
     scheme: Literal["canonical", "data_hash", "event"] = "canonical"

@@ -458,7 +458,10 @@ class Engine:
         # Everything inside the try: any failure here must become PublishFailed, so the caller
         # releases the lease and the message is nacked, never left holding the key.
         try:
-            attributes = forward_attributes(d.route.name, d.msg, d.fp, out.attributes if out is not None else {})
+            # with no decision's outgoing (fail-open, shadow) what the destination holds is not
+            # known: every `changed_attributes` field is flagged
+            own = out.attributes if out is not None else self._every_flag(d.route.name)
+            attributes = forward_attributes(d.route.name, d.msg, d.fp, own)
             data = out.data if out is not None else d.msg.data
             if sender.attribute_limits and (
                 too_large := unpublishable(d.route.destination, data, attributes, d.msg.ordering_key)
@@ -525,6 +528,10 @@ class Engine:
                 raise
             current.uncancel()
             return await task
+
+    def _every_flag(self, route_name: str) -> Mapping[str, str]:
+        rules = self.rules.get(route_name)
+        return rules.tolerance.every_flag if rules is not None and rules.tolerance is not None else {}
 
     def _retention(self, route: Route) -> float:
         return max(self.config.state_ttl, route.window or 0.0)

@@ -24,17 +24,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from filter.core import fields, rows
+from filter.core import fields, rows, tolerance_look
 from filter.core.config import Route
 from filter.core.model import UNKNOWN, Decision, KeyState, Message
 from filter.core.partial import partial
 from filter.core.routes import RouteRules
+from filter.core.tolerance import WITHIN, largest
+from filter.core.tolerance_amount import CHANGED_PREFIX
 
 #: The reason of a redelivery: this message id, last forwarded with this content.
 REDELIVERED = "message already forwarded"
 
 #: Added to the reason of a message whose id was forwarded recently with other content.
 ID_REUSED = "the message id was reused with other content"
+
+#: The reason of a change the destination is known not to hold: the only one a tolerance may suppress.
+CHANGED = "content changed"
 
 #: The reason a forward gives when a forward of other content may have landed unrecorded.
 UNKNOWN_DOWNSTREAM = "what the destination holds is unknown: a forward may have landed unrecorded"
@@ -89,13 +94,21 @@ def decide(
         state = state.forgotten()
     verdict = judge(rules.route, msg, fp, state, now, bypass)
     details: dict[str, Any] = {}
+    # the destination holds the last forward, and this is other content: a tolerance may
+    # still call it unchanged, and a forward flags only the fields that changed
+    known = verdict.reason == CHANGED and state is not None and _settled(state) and _in_window(rules.route, state, now)
+    look = _within_tolerance(rules, msg, state, payload) if known else None
+    moves = look.moves if look is not None else None
+    if moves is not None:
+        verdict = Verdict(Decision.SUPPRESSED, WITHIN)
+        details["within_tolerance"] = moves
     if state is not None and _id_reused(state, msg.message_id, fp):
         verdict = Verdict(verdict.decision, f"{verdict.reason}; {ID_REUSED}")
         details["id_reused"] = True
-    if verdict.decision is Decision.SUPPRESSED and _noise_only(rules, msg, state, rng):
+    if verdict.decision is Decision.SUPPRESSED and moves is None and _noise_only(rules, msg, state, rng):
         verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
     elif verdict.decision is Decision.FORWARDED:
-        out, found = _what_to_send(rules, msg, fp, state, payload)
+        out, found = _what_to_send(rules, msg, fp, state, payload, known, look)
         return Decided(verdict, state, out, {**details, **found})
     if verdict.decision in _HELD_BACK and rules.tracks_fields and rules.selects is not None:
         _excluded_changed(rules, msg, state, details, payload)
@@ -140,7 +153,31 @@ def judge(
         return Verdict(Decision.STALE, "published before the last forwarded message")
     if downstream is UNKNOWN:
         return Verdict(Decision.FORWARDED, UNKNOWN_DOWNSTREAM)
-    return Verdict(Decision.FORWARDED, "content changed")
+    return Verdict(Decision.FORWARDED, CHANGED)
+
+
+def _settled(state: KeyState) -> bool:
+    """No lapsed lease of other content: its holder may have published it, so the destination
+    may hold that and not the last forward (the table forwards it, `judge`)."""
+    lease = state.lease
+    return lease is None or lease.fingerprint == state.fingerprint
+
+
+def _in_window(route: Route, state: KeyState, now: float) -> bool:
+    """Within the route's window of the last forward. Past it, a move within tolerance is
+    forwarded, as unchanged content is, and whole: nothing is held back or left unflagged."""
+    window = route.window
+    return window is None or state.forwarded_at is None or now - state.forwarded_at < window
+
+
+def _within_tolerance(
+    rules: RouteRules, msg: Message, state: KeyState | None, payload: Any
+) -> tolerance_look.Look | None:
+    """The moves, when the change is only moves within the route's tolerance (`filter.core.tolerance`)."""
+    tol = rules.tolerance
+    if tol is None or not tol.amounts or state is None:
+        return None
+    return tolerance_look.within(rules, tol, msg.data, state, payload)
 
 
 def _id_reused(state: KeyState, message_id: str, fp: str) -> bool:
@@ -185,17 +222,23 @@ def _excluded_changed(
 
 
 def _fields_forwarded(
-    rules: RouteRules, msg: Message, fp: str, state: KeyState | None, full: str | None, payload: Any
+    rules: RouteRules, msg: Message, fp: str, state: KeyState | None, full: str | None, payload: Any, known: bool
 ) -> tuple[Outgoing, dict[str, Any]]:
     """A whole-payload forward stores its field checksums and records which selected fields changed."""
     details: dict[str, Any] = {}
     if type(payload) is not dict:
-        return Outgoing(msg.data, {}, None, full), details
+        return Outgoing(msg.data, _every_flag(rules), None, full), details
     selects = rules.selects
     new_key = state is None or (state.fingerprint is None and state.forwarded_at is None)
     before = None if state is None else rules.fields_before(state.rows)
     now = fields.Now(payload, selects, before)
     out = Outgoing(msg.data, {}, now.blob(fp), full)
+    if (tol := rules.tolerance) is not None:
+        sent = tolerance_look.whole_forward(
+            rules, tol, out.rows, 3 if now.clocks else 2, payload, state, known and not new_key, now.changed_all
+        )
+        out = Outgoing(msg.data, sent.flags, sent.blob, full)
+        _tolerance_details(tol.listed, sent, details)
     if out.rows is None:
         details["fields_state"] = "too many fields to keep"
     else:
@@ -211,6 +254,11 @@ def _fields_forwarded(
     increased = [k for k in changed if k in clocks and k in old and _grew(old[k], clocks[k])]
     if increased:
         fields.named("fields_increased", increased, details)
+    # the numbers that moved, from the last forward's value to this one's: `tune` shows how far
+    # they move, and what a tolerance would have held back (the values are the clocks': no decode)
+    moved = {k: [old[k], clocks[k]] for k in changed if type(clocks.get(k)) is float and type(old.get(k)) is float}
+    if moved:
+        details["fields_moved"] = dict(list(moved.items())[: fields.MAX_NAMED])
     return out, details
 
 
@@ -227,39 +275,81 @@ def _grew(old: float | str, new: float | str) -> bool:
     return type(old) is type(new) and new > old  # type: ignore[operator]
 
 
+def _every_flag(rules: RouteRules) -> Mapping[str, str]:
+    """A forward with nothing to compare field by field (a payload that is not a JSON object,
+    or not JSON) flags every `changed_attributes` field."""
+    return rules.tolerance.every_flag if rules.tolerance is not None else {}
+
+
+def _tolerance_details(listed: tuple[str, ...], sent: tolerance_look.Forward, details: dict[str, Any]) -> None:
+    """For the record: the fields a forward flags as changed (`changed_attributes`), the rows
+    it held back as moved within tolerance, and a reference it could not keep."""
+    if listed:
+        details["changed_flagged"] = sorted(k.removeprefix(CHANGED_PREFIX) for k in sent.flags)
+    if sent.within_rows:
+        moves: dict[str, int | float] = {}
+        for m in sent.within_rows.values():
+            largest(moves, m)
+        details["rows_within_tolerance"] = len(sent.within_rows)
+        details["within_tolerance"] = moves
+    if sent.unkept is not None:
+        details["tolerance_state"] = sent.unkept
+
+
 def _what_to_send(
-    rules: RouteRules, msg: Message, fp: str, state: KeyState | None, payload: Any
+    rules: RouteRules,
+    msg: Message,
+    fp: str,
+    state: KeyState | None,
+    payload: Any,
+    known: bool = False,
+    look: tolerance_look.Look | None = None,
 ) -> tuple[Outgoing, dict[str, Any]]:
     """What a forward commits (full fingerprint, row digests) and sends (all rows, or the changed
     ones), and the details for its record."""
     full = rules.full_scheme(msg.data)[1] if rules.full_scheme is not None else None
     if rules.tracks_fields:
-        return _fields_forwarded(rules, msg, fp, state, full, payload)
+        return _fields_forwarded(rules, msg, fp, state, full, payload, known)
     before = rows.decode(state.rows, rules.row_memo) if state is not None and rules.tracks_rows else None
     if before is not None and fields.PAYLOAD in before.raw:
         before = None  # the field state of a whole-payload route (its config changed): no rows to compare
-    typed = rules.typed_rows(msg.data)  # decoded once (usually kept from the fingerprint) for both uses
-    digests = rules.row_digests(msg.data, before, typed)
+    digests: rows.RowDigests | None
+    if look is not None and look.digests is not None and before is not None:
+        # the tolerance's second look digested the rows against this very state: not again
+        typed, digests = look.typed, look.digests
+    else:
+        typed = rules.typed_rows(msg.data)  # decoded once (usually kept from the fingerprint) for both uses
+        digests = rules.row_digests(msg.data, before, typed)
     details: dict[str, Any] = {}
     if digests is None:
-        return Outgoing(msg.data, {}, None, full), details
+        return Outgoing(msg.data, _every_flag(rules), None, full), details
     kept = rows.encode(digests, rules.row_memo)
     if kept is None:
         details["rows_state"] = "too large to keep"
-    if before is None:
-        return Outgoing(msg.data, {}, kept, full), details
-    diff = rows.diff(before, digests)
+    content_changed = state is not None and state.fingerprint not in (None, fp)
+    partial_send = rules.route.rows_mode == "changed" and content_changed
+    diff = rows.diff(before, digests) if before is not None else None
+    attributes: Mapping[str, str] = {}
+    within_rows: Mapping[str, Any] = {}
+    if (tol := rules.tolerance) is not None:
+        sent = tolerance_look.rows_forward(
+            rules, tol, kept, digests, typed, payload, state, diff, known and before is not None, partial_send
+        )
+        kept, attributes, within_rows = sent.blob, sent.flags, sent.within_rows
+        _tolerance_details(tol.listed, sent, details)
+    if diff is None:
+        return Outgoing(msg.data, attributes, kept, full), details
     details.update(diff.summary())
     fields.named("fields_changed", sorted({f for names in diff.fields.values() for f in names}), details)
     data: bytes = msg.data
-    attributes: Mapping[str, str] = {}
-    content_changed = state is not None and state.fingerprint not in (None, fp)
-    if rules.route.rows_mode == "changed" and content_changed:
+    if partial_send:
         if diff.any:
             # The typed path digests every row under its own key, in row order (the generic
             # path, taken on a shared key, digests fewer): then the digests' keys are the rows'.
             keys = list(digests) if typed is not None and len(digests) == len(typed.rows) else None
-            data, attributes = partial(rules, msg.data, diff, typed, keys)
+            sending = tolerance_look.sent_diff(diff, within_rows) if within_rows else diff
+            data, rows_attributes = partial(rules, msg.data, sending, typed, keys)
+            attributes = {**attributes, **rows_attributes}
         else:
             # The fingerprint says the content changed and no row digest does (rows that are
             # not objects, say): forward it whole.

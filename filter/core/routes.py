@@ -12,6 +12,7 @@ from filter.core.conditions import holds
 from filter.core.config import Route
 from filter.core.fingerprint import NOT_JSON, Scheme, TypedRows, compile_scheme
 from filter.core.paths import MISSING
+from filter.core.tolerance import Reference, Tolerance, read
 
 #: How many stored field states a route keeps decoded (a few hundred bytes each).
 _KEPT_STATES = 1024
@@ -39,6 +40,23 @@ class RouteRules:
         # the fields a suppression looks at: the excluded ones (all but the included, with `include`)
         self.unselected: tuple[str, ...] | None = None if route.include else tuple(route.exclude)
         self._befores: dict[bytes, fields.Before] = {}
+        # `tolerance` and `changed_attributes` (`filter.core.tolerance`), and the references read
+        self.tolerance = Tolerance(route) if route.tolerance or route.changed_attributes else None
+        self._references: dict[bytes, Reference | None] = {}
+
+    def reference_of(self, blob: bytes | None) -> Reference | None:
+        """The reference the last forward stored with its row state, decoded once per stored value."""
+        if not blob:
+            return None
+        if blob not in self._references:
+            self.keep_reference(blob, read(blob))
+        return self._references[blob]
+
+    def keep_reference(self, blob: bytes, reference: Reference | None) -> None:
+        """Keep `reference` as what `blob` holds: a forward keeps what it stores (`keep_fields_state`)."""
+        if len(self._references) >= _KEPT_STATES:
+            self._references.pop(next(iter(self._references)), None)
+        self._references[blob] = reference
 
     def fields_before(self, blob: bytes | None) -> fields.Before | None:
         """The stored field state, decoded once per stored value: a key's suppressions between

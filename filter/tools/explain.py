@@ -22,6 +22,7 @@ from filter.core.judge import decide
 from filter.core.keyless import keyless
 from filter.core.model import Decision, KeyState, Message
 from filter.core.routes import RouteRules
+from filter.core.tolerance_amount import CHANGED_PREFIX, parse_amount
 from filter.runtime.wiring import make_store
 
 
@@ -91,6 +92,8 @@ async def explain(cfg: Config, route: Route, msg: Message) -> dict[str, Any]:
         "reason": decided.verdict.reason,
         "enforced": route.enforced,
     }
+    if route.tolerance:
+        result["tolerance"] = {f: str(parse_amount(v)) for f, v in route.tolerance.items()}
     result.update(decided.details)
     if decided.out.attributes:
         result["forward_attributes"] = decided.out.attributes
@@ -154,7 +157,34 @@ def render(result: dict[str, Any]) -> str:
                 "added" if change.get("added") else "removed" if change.get("removed") else ", ".join(change["fields"])
             )
             lines.append(f"  {change['row']}: {what}")
+    lines += _tolerance_lines(result)
     return "\n".join(lines)
+
+
+def _tolerance_lines(result: dict[str, Any]) -> list[str]:
+    """The tolerance and the changed-field flags, in words."""
+    lines = []
+    amounts = result.get("tolerance", {})
+    moves = result.get("within_tolerance")
+    if moves:
+        said = ", ".join(f"{f} moved {m:g} (tolerance {amounts.get(f, '?')})" for f, m in sorted(moves.items()))
+        where = "in the rows held back" if result.get("rows_within_tolerance") else "since the last forward"
+        lines.append(f"tolerance:    {said}: within tolerance of the value last forwarded, {where}")
+    if result.get("rows_within_tolerance"):
+        lines.append(
+            f"              {result['rows_within_tolerance']} changed rows moved only within tolerance: not sent, "
+            "each still compared with the value last forwarded for it"
+        )
+    if "changed_flagged" in result:
+        flagged = result["changed_flagged"]
+        lines.append(
+            "flags:        "
+            + (", ".join(f"{CHANGED_PREFIX}{f}" for f in flagged) if flagged else "none")
+            + " (changed since the last forward, beyond any tolerance)"
+        )
+    if result.get("tolerance_state"):
+        lines.append(f"tolerance:    no reference kept ({result['tolerance_state']}): the next change is forwarded")
+    return lines
 
 
 def run(cfg: Config, route: Route, msg: Message, fmt: str) -> int:

@@ -1,6 +1,6 @@
 """Skip rate: how much the filter held back, per route and per hour or day.
 
-skip rate = (suppressed + duplicate + stale + noise_only) / decided, where decided counts
+skip rate = (suppressed + within_tolerance + duplicate + stale + noise_only) / decided, where decided counts
 every message that was acked (forwarded, fail_open, and those held back). Contended
 and failed messages come back and are counted when they are finally decided; rejected
 ones were never understood. Only enforced decisions skip anything: a shadow route
@@ -36,6 +36,7 @@ import msgspec
 from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load
 from filter.core.ports import Bucket, RecordsReader
 from filter.core.times import parse_instant
+from filter.core.tolerance import WITHIN_TOLERANCE
 from filter.tools.skiprate_chart import ChartUnavailable, chart, figure_class
 from filter.tools.skiprows import DECISIONS, SKIPPED, SkipRow
 
@@ -77,6 +78,8 @@ def render(rows: list[SkipRow], fmt: str) -> str:
     show = [c for c in columns if c != "bucket" or any(d["bucket"] for d in dicts)]
     show = [c for c in show if c != "mode" or any(d["mode"] != "enforce" for d in dicts)]
     show = [c for c in show if c != "would_skip" or any(d["would_skip"] is not None for d in dicts)]
+    # a route without a tolerance never has one: the column shows where some route does
+    show = [c for c in show if c != WITHIN_TOLERANCE or any(d[WITHIN_TOLERANCE] for d in dicts)]
     header = {c: c.replace("_", " ") for c in show}
 
     def cell(d: dict[str, Any], c: str) -> str:

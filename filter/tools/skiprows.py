@@ -8,11 +8,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from filter.core.model import Decision
+from filter.core.tolerance import WITHIN_TOLERANCE
 
-#: every decision, in the model's order: one column each
-DECISIONS = tuple(str(d) for d in Decision)
+#: every decision, in the model's order: one column each; a suppression within tolerance is
+#: counted under its own name, beside the others (the readers label it: `WITHIN_TOLERANCE`)
+DECISIONS = tuple(n for d in Decision for n in ((str(d), WITHIN_TOLERANCE) if d is Decision.SUPPRESSED else (str(d),)))
 #: held back: acked and not published (noise_only is a suppression the audit sample looked into)
-SKIPPED = ("suppressed", "duplicate", "stale", "noise_only")
+SKIPPED = ("suppressed", WITHIN_TOLERANCE, "duplicate", "stale", "noise_only")
 #: acked: published (forwarded, fail_open) or held back
 DECIDED = ("forwarded", "fail_open", *SKIPPED)
 

@@ -35,15 +35,17 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import msgspec
 
 from filter.core.ports import DecisionRow, RecordsLister
+from filter.core.tolerance_amount import Amount
 from filter.tools.skiprate import reader_for, since_of
 from filter.tools.skiprows import DECIDED, SKIPPED
+from filter.tools.tune_moves import MoveStats, ToleranceWhatIf, move_stats, parse_tolerances, values_recorded
 
 #: A field whose value grew in at least this share of its changes looks like a clock ...
 CLOCK_SHARE = 0.9
@@ -84,6 +86,9 @@ class Analysis:
     fields: tuple[FieldStats, ...]
     excluded_fields: dict[str, int] = field(default_factory=dict)  # field → suppressions it changed in
     suggestions: tuple[str, ...] = ()
+    tolerance: dict[str, str] = field(default_factory=dict)  # the what-if's, as given
+    moves: tuple[MoveStats, ...] = ()  # how far numbers move between forwards (`tune_moves`)
+    values_recorded: bool = True  # False on a row route: no moves, no tolerance what-if
 
     @property
     def had_rate(self) -> float | None:
@@ -159,11 +164,17 @@ def _would_skip(row: DecisionRow, include: frozenset[str], exclude: frozenset[st
 
 
 def analyse(
-    records: Iterable[DecisionRow], exclude: Sequence[str] = (), include: Sequence[str] = (), suggest: bool = True
+    records: Iterable[DecisionRow],
+    exclude: Sequence[str] = (),
+    include: Sequence[str] = (),
+    suggest: bool = True,
+    tolerance: Mapping[str, Amount] | None = None,
 ) -> Analysis:
     """Per-field churn and the what-if skip rate over `records` (one route's, in time order)."""
     rows = [r for r in records if r["decision"] in DECIDED]
     inc, exc = frozenset(include), frozenset(exclude)
+    recorded = values_recorded(rows)
+    what_if = ToleranceWhatIf(tolerance) if tolerance and recorded else None
     changed: dict[str, int] = {}
     alone: dict[str, int] = {}
     increased: dict[str, int] = {}
@@ -173,6 +184,8 @@ def analyse(
         held = row["decision"] in SKIPPED
         skipped += held
         verdict = _would_skip(row, inc, exc)
+        if what_if is not None and row["decision"] == "forwarded":
+            verdict = _tolerated(what_if, row, verdict, inc, exc)
         if verdict is not None:
             evaluable += 1
             skipped_evaluable += held
@@ -211,10 +224,27 @@ def analyse(
         include=tuple(include),
         fields=stats,
         excluded_fields=dict(sorted(excluded.items(), key=lambda kv: -kv[1])),
+        tolerance={n: str(a) for n, a in (tolerance or {}).items()},
+        moves=move_stats(rows, CONTENT_CHANGED) if recorded else (),
+        values_recorded=recorded,
     )
     if not suggest:
         return result
     return Analysis(**{**result.__dict__, "suggestions": _suggestions(rows, result)})
+
+
+def _tolerated(
+    what_if: ToleranceWhatIf, row: DecisionRow, verdict: bool | None, inc: frozenset[str], exc: frozenset[str]
+) -> bool | None:
+    """The verdict of an actual forward under the tolerance asked for (`tune_moves`)."""
+    what_if.observe(row)
+    content = row["reason"] == CONTENT_CHANGED
+    if verdict is False and content:
+        changes = _changes(row) or set()
+        if what_if.holds_back(row, {n for n in changes if _counts(n, inc, exc)}):
+            return True
+    what_if.forwarded(row, content)
+    return verdict
 
 
 def _stats(name: str, changed: int, alone: int, increased: int, content: int) -> FieldStats:
@@ -277,14 +307,16 @@ def render(route: str, a: Analysis, fmt: str) -> str:
     if a.excluded_fields:
         outside = ", ".join(f"{n} ({k})" for n, k in list(a.excluded_fields.items())[:10])
         lines.append(f"changed outside the selection, in suppressions: {outside}")
-    selection = " ".join([*(f"--exclude {n}" for n in a.exclude), *(f"--include {n}" for n in a.include)])
+    lines += _moves_lines(a)
+    tolerances = [f"--tolerance {n}={v}" for n, v in a.tolerance.items()] if a.values_recorded else []
+    selection = " ".join([*(f"--exclude {n}" for n in a.exclude), *(f"--include {n}" for n in a.include), *tolerances])
     lines.append("")
     lines.append(
         f"skip rate: had {_show(a.had_rate)} ({_show(a.had_rate_evaluable)} of the evaluable messages); "
         + (
             f"with {selection}: {_show(a.would_rate)} of the evaluable messages"
             if selection
-            else "give --exclude/--include for what another selection would have skipped"
+            else "give --exclude/--include/--tolerance for what another selection would have skipped"
         )
     )
     if a.suggestions:
@@ -294,12 +326,39 @@ def render(route: str, a: Analysis, fmt: str) -> str:
     return "\n".join(lines)
 
 
+def _moves_lines(a: Analysis) -> list[str]:
+    """How far numbers move between forwards; or, on a row route, that no values are recorded."""
+    if not a.values_recorded:
+        said = "no distribution of moves"
+        if a.tolerance:
+            said += ", and --tolerance cannot be evaluated (the skip rate below leaves it out)"
+        return ["", f"numbers: this is a row route, whose records keep no values: {said}"]
+    if not a.moves:
+        return []
+    table = [("number", "forwards", "alone", "p50", "p90", "max", "p50 %")]
+    for m in a.moves:
+        relative = "-" if m.p50_relative is None else f"{m.p50_relative:g}%"
+        table.append((m.name, str(m.forwards), str(m.alone), f"{m.p50:g}", f"{m.p90:g}", f"{m.max:g}", relative))
+    widths = [max(len(r[i]) for r in table) for i in range(7)]
+    lines = ["", "how far numbers moved between forwards (|new - last forwarded|; alone: the only change):"]
+    for i, r in enumerate(table):
+        lines.append("  ".join([r[0].ljust(widths[0]), *(c.rjust(w) for c, w in zip(r[1:], widths[1:], strict=True))]))
+        if i == 0:
+            lines.append("  ".join("-" * w for w in widths))
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     """`pubsub-filter tune`: per-field churn and a what-if skip rate for one route."""
     try:
         since = since_of(args.since, time.time())
     except ValueError as exc:
         print(f"pubsub-filter tune: --since: {exc}", file=sys.stderr)
+        return 2
+    try:
+        tolerance = parse_tolerances(args.tolerance)
+    except ValueError as exc:
+        print(f"pubsub-filter tune: --tolerance: {exc}", file=sys.stderr)
         return 2
     reader = reader_for(args)
     try:
@@ -314,5 +373,5 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         print(f"pubsub-filter tune: no decisions recorded for route {args.route!r} in this period", file=sys.stderr)
         return 1
-    print(render(args.route, analyse(rows, args.exclude, args.include), args.format))
+    print(render(args.route, analyse(rows, args.exclude, args.include, tolerance=tolerance), args.format))
     return 0

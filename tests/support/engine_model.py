@@ -11,8 +11,8 @@ of old message ids, old message ids reused with other content (a caller's reques
 forwards held in flight while other deliveries arrive (two engine instances sharing one store),
 in-flight forwards killed before or after their publish
 landed, store outages, failing publishes, clock jumps past the window, the lease and the
-state TTL, shadow, row-mode and bypass routes, messages without their key field. After every
-step it checks:
+state TTL, shadow, row-mode and bypass routes, messages without their key field, and a route
+with a tolerance on a price that walks with jumps (`price_walk`). After every step it checks:
 
 - the decision is the model's;
 - nothing acked was lost: an acked forward was published, an acked suppression or
@@ -23,6 +23,10 @@ step it checks:
 - a shadow route publishes each delivery it acks exactly once;
 - a message without its key is forwarded fail-open (or fails, and comes back), never
   suppressed, never leased, and nothing is stored for it;
+- on the tolerance route: no suppression hid a move beyond tolerance of what the destination
+  holds, every forward of a change was needed (a field beyond tolerance of the previous
+  forward's values, or another change), and a forward flags exactly the fields that changed
+  (every field when it cannot know what the destination holds);
 - after a drain (every unacked message redelivered in publish-time order, faults off), the
   destination ends on the newest content of every key.
 
@@ -50,11 +54,14 @@ from filter.core.config import Config, parse
 from filter.core.engine import Engine
 from filter.core.model import Decision, DecisionRecord, Message
 from filter.core.ports import PublishFailed, StateStore
+from filter.core.tolerance_amount import CHANGED_PREFIX
 from filter.core.transitions import RECENT
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryRecorder, SwitchStore
 
 STEPS: Counter[str] = Counter()
+#: Suppressions as moved within tolerance, per backend: the suite checks the path was taken.
+TOLERATED: Counter[str] = Counter()
 
 #: The attribute a message reusing another's id carries (forwarded with it): its `Sent.token`.
 MODEL_UID = "model_uid"
@@ -66,6 +73,12 @@ KEYS = ("a", "b")
 #: The key of a message without its key field (a producer renamed it): no state, forwarded fail-open.
 KEYLESS = ""
 CONTENTS = (0, 1, 2)
+
+#: The route with a tolerance on `price`: its contents are (price, status) pairs (`Values`).
+TOLERANCE = "tolerance"
+PRICE_TOLERANCE = 12
+#: A tolerance route's first contents, as (price, status); price walks add more (`price_walk`).
+FIRST_VALUES = {0: (100, "a"), 1: (106, "a"), 2: (100, "b")}
 
 ROUTES: list[dict[str, Any]] = [
     {"name": "enforce", "destination": "out-enforce", "key": ["payload.k"], "exclude": ["noise"], "window": "1h"},
@@ -93,10 +106,19 @@ ROUTES: list[dict[str, Any]] = [
         "exclude": ["noise"],
         "bypass": {"field": "payload.live", "equals": True},
     },
+    {
+        "name": TOLERANCE,
+        "destination": "out-tolerance",
+        "key": ["payload.k"],
+        "exclude": ["noise"],
+        "tolerance": {"price": PRICE_TOLERANCE},
+        "changed_attributes": ["price", "s"],
+    },
 ]
 ROUTE_NAMES = tuple(r["name"] for r in ROUTES)
 #: Routes whose destination must end on the newest content: not shadow (publishes in delivery
-#: order), not bypass (always forwards, older content too), not rows (forwards a part).
+#: order), not bypass (always forwards, older content too), not rows (forwards a part), not
+#: tolerance (a move within tolerance of what the destination holds is not forwarded).
 NEWEST_WINS = ("enforce", "retry")
 
 
@@ -111,11 +133,40 @@ def config() -> Config:
     )
 
 
-def payload(route: str, key: str, content: int, noise: int) -> bytes:
+class Values(dict[int, tuple[int, str]]):
+    """A tolerance route's contents: content number → (price, status), numbered as they appear."""
+
+    def __init__(self) -> None:
+        super().__init__(FIRST_VALUES)
+
+    def content(self, value: tuple[int, str]) -> int:
+        for c, v in self.items():
+            if v == value:
+                return c
+        self[len(self)] = value
+        return len(self) - 1
+
+    def within(self, last: int, new: int) -> bool:
+        """`new` differs from `last` only by a price move within tolerance (the README's rule)."""
+        (p0, s0), (p1, s1) = self[last], self[new]
+        return s0 == s1 and abs(p1 - p0) <= PRICE_TOLERANCE
+
+    def changed(self, last: int | None, new: int) -> set[str]:
+        """The flags a forward of `new` carries after a forward of `last` (None: unknown: all)."""
+        if last is None:
+            return {"price", "s"}
+        (p0, s0), (p1, s1) = self[last], self[new]
+        return ({"price"} if abs(p1 - p0) > PRICE_TOLERANCE else set()) | ({"s"} if s0 != s1 else set())
+
+
+def payload(route: str, key: str, content: int, noise: int, values: Values | None = None) -> bytes:
     """Three contents per key. On `rows`: distinct rows, rows sharing a key, a row that is not an object.
-    A `KEYLESS` message has no key field."""
+    On the tolerance route: a price and a status (`values`). A `KEYLESS` message has no key field."""
     body: dict[str, Any]
-    if route == "rows":
+    if route == TOLERANCE:
+        price, status = (values or Values())[content]
+        body = {"k": key, "price": price, "s": status, "noise": noise}
+    elif route == "rows":
         rows: list[Any] = [
             [{"id": 1, "s": "a", "noise": noise}, {"id": 2, "s": "b", "noise": noise}],
             [{"id": 1, "s": "a", "noise": noise}, {"id": 1, "s": "x", "noise": noise}],
@@ -182,7 +233,11 @@ class ReferenceModel:
     decides them as unknown until a claim of its own on the key lands.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, values: Values | None = None) -> None:
+        self.values = values or Values()
+        #: On the tolerance route, the content the last decision compared with when it was a
+        #: change the destination is known not to hold (None: not known; a forward flags all).
+        self.known: int | None = None
         self.keys: dict[tuple[str, str], MKey] = {}
         self.failed_open: dict[int, dict[tuple[str, str], tuple[int, float]]] = {0: {}, 1: {}}
 
@@ -209,6 +264,7 @@ class ReferenceModel:
         return k
 
     def judge(self, route: str, m: Sent, now: float, engine: int) -> Decision:
+        self.known = None
         content, publish_time = self.view(engine, route, m.key, now)
         k = self.state(route, m.key, now)
         if (m.id, m.content) in k.recent:  # a redelivery: this id, forwarded with this content
@@ -234,6 +290,11 @@ class ReferenceModel:
                 return Decision.FORWARDED
         if older:
             return Decision.STALE
+        if route == TOLERANCE and content is not None and not dead_other:
+            # the destination holds the last forward: a move within tolerance of it is no change
+            self.known = content
+            if self.values.within(content, m.content):
+                return Decision.SUPPRESSED
         return Decision.FORWARDED
 
     def claim(self, route: str, m: Sent, now: float, engine: int) -> int:
@@ -276,6 +337,7 @@ class HeldPublisher:
 
     def __init__(self) -> None:
         self.published: list[tuple[str, str, bytes]] = []  # (route, source message id, data)
+        self.flags: list[set[str]] = []  # the `filter_changed_*` flags of each of `published`
         self.fail_next = False
         self.hold: set[str] = set()
         self.held: dict[str, asyncio.Future[str]] = {}
@@ -285,6 +347,7 @@ class HeldPublisher:
     def _land(self, data: bytes, attributes: Mapping[str, str]) -> str:
         source = attributes.get(MODEL_UID) or attributes[ATTR_SOURCE_ID]  # a reused id: the message's own token
         self.published.append((attributes[ATTR_ROUTE], source, data))
+        self.flags.append({k.removeprefix(CHANGED_PREFIX) for k in attributes if k.startswith(CHANGED_PREFIX)})
         return str(next(self._ids))
 
     async def publish(
@@ -347,7 +410,8 @@ class EngineMachine(RuleBasedStateMachine):
             Engine(self.config, self.engine_store, self.publisher, self.recorder, self.clock, instance)
             for instance in ("one", "two")
         ]
-        self.model = ReferenceModel()
+        self.values = Values()
+        self.model = ReferenceModel(self.values)
         self.sent: list[Sent] = []
         self.in_flight: list[InFlight] = []
         self.exempt: set[str] = set()  # ids the README allows to be published once more
@@ -381,7 +445,7 @@ class EngineMachine(RuleBasedStateMachine):
     def _new(self, route: str, key: str, content: int) -> Sent:
         self.clock.advance(0.001)  # every message has its own publish time: "newest" is well defined
         mid = f"m{next(self._ids)}"
-        data = payload(route, key, content, next(self._noise))
+        data = payload(route, key, content, next(self._noise), self.values)
         sent = Sent(mid, route, key, content, data, self.clock.now())
         self.sent.append(sent)
         return sent
@@ -435,6 +499,8 @@ class EngineMachine(RuleBasedStateMachine):
             else:
                 assert rec.fence == fence, f"{sent}: fence {rec.fence}, model {fence}"
         self._check_ack(sent, rec, published)
+        if sent.route == TOLERANCE:
+            self._check_tolerance(sent, rec, published)
         return rec
 
     def _check_keyless(self, sent: Sent, rec: DecisionRecord) -> None:
@@ -442,6 +508,28 @@ class EngineMachine(RuleBasedStateMachine):
         assert (rec.key, rec.fence, rec.extra.get("missing_field")) == (None, None, "payload.k"), f"{sent}: {rec}"
         assert (rec.reason or "").startswith("key field payload.k is missing"), f"{sent}: {rec.reason}"
         assert self.run(self.store.inner.read(sent.route, KEYLESS)) is None, f"{sent}: state stored without a key"
+
+    def _check_tolerance(self, sent: Sent, rec: DecisionRecord, published: int) -> None:
+        """No suppression hid a move beyond tolerance of what the destination holds; every forward
+        of a change was needed; a forward flags what changed (all, when it cannot know)."""
+        key = (sent.route, sent.key)
+        by_id = {s.token: s for s in self.sent}
+        landed = [
+            by_id[mid] for r, mid, _ in self.publisher.published if r == sent.route and by_id[mid].key == sent.key
+        ]
+        if rec.decision is Decision.SUPPRESSED and _tolerated(rec):
+            TOLERATED[self.backend] += 1
+        if rec.decision is Decision.SUPPRESSED and _tolerated(rec) and key not in self.failed_open:
+            assert landed and self.values.within(landed[-1].content, sent.content), (
+                f"{sent} {self.values[sent.content]}: suppressed, but the destination holds "
+                f"{self.values[landed[-1].content] if landed else None}"
+            )
+        if rec.decision in (Decision.FORWARDED, Decision.FAIL_OPEN) and published == 1:
+            known = self.model.known if rec.decision is Decision.FORWARDED else None
+            if known is not None:
+                assert not self.values.within(known, sent.content), f"{sent}: forwarded, yet within tolerance"
+            expected = self.values.changed(known, sent.content)
+            assert self.publisher.flags[-1] == expected, f"{sent}: flags {self.publisher.flags[-1]}, model {expected}"
 
     def _check_ack(self, sent: Sent, rec: DecisionRecord, published: int) -> None:
         """Nothing acked is lost; nothing acked is published again; shadow publishes once per delivery."""
@@ -468,7 +556,7 @@ class EngineMachine(RuleBasedStateMachine):
                 self.failed_open.discard((sent.route, sent.key))
         else:
             assert published == 0, f"{sent}: {rec.decision} but published"
-        if rec.decision is Decision.SUPPRESSED:
+        if rec.decision is Decision.SUPPRESSED and not _tolerated(rec):  # see `_check_tolerance`
             assert self._reached(sent.route, sent.key, sent.content), f"{sent}: suppressed, never delivered"
         if rec.decision is Decision.DUPLICATE:
             # Forwarded before, or the same content is in flight: that message is not acked and comes back.
@@ -537,6 +625,20 @@ class EngineMachine(RuleBasedStateMachine):
         """A message without its key field (a producer renamed it): forwarded fail-open, on every delivery."""
         self._deliver(self._new(route, KEYLESS, content), engine)
 
+    @rule(
+        key=st.sampled_from(KEYS),
+        step=st.sampled_from((-5, -3, 0, 3, 5, 12, 13, -20, 40)),
+        flip=st.sampled_from((False, False, False, True)),
+        engine=st.integers(0, 1),
+    )
+    def price_walk(self, key: str, step: int, flip: bool, engine: int) -> None:
+        """The tolerance route's price walks from the last message sent for its key, with jumps;
+        now and then its status changes too."""
+        last = next((s.content for s in reversed(self.sent) if s.route == TOLERANCE and s.key == key), 0)
+        price, status = self.values[last]
+        content = self.values.content((price + step, ("b" if status == "a" else "a") if flip else status))
+        self._deliver(self._new(TOLERANCE, key, content), engine)
+
     @precondition(lambda self: any(k.content is not None or k.lease is not None for k in self.model.keys.values()))
     @rule(data=st.data(), engine=st.integers(0, 1))
     def unchanged_message(self, data: st.DataObject, engine: int) -> None:
@@ -564,7 +666,7 @@ class EngineMachine(RuleBasedStateMachine):
         that id was forwarded with, it is that message's redelivery."""
         old = data.draw(st.sampled_from([s for s in self.sent if not s.retired]), label="id of")
         self.clock.advance(0.001)
-        data_ = payload(old.route, old.key, content, next(self._noise))
+        data_ = payload(old.route, old.key, content, next(self._noise), self.values)
         sent = Sent(old.id, old.route, old.key, content, data_, self.clock.now(), uid=f"{old.id}~{next(self._ids)}")
         self.sent.append(sent)
         k = self.model.state(sent.route, sent.key, self.clock.now())
@@ -716,3 +818,8 @@ class EngineMachine(RuleBasedStateMachine):
     @invariant()
     def engine_holds_nothing_for_settled_work(self) -> None:
         assert sum(e.in_flight for e in self.engines) == sum(1 for f in self.in_flight if not f.task.done())
+
+
+def _tolerated(rec: DecisionRecord) -> bool:
+    """Suppressed as moved within tolerance (a reused id adds to the reason)."""
+    return (rec.reason or "").startswith("moved within tolerance")

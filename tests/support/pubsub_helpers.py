@@ -96,7 +96,9 @@ class PubsubAdmin:
         self._topics.append(topic_id)
         return topic_id
 
-    def pull_subscription(self, topic_id: str, prefix: str = "pull", ordered: bool = False) -> str:
+    def pull_subscription(
+        self, topic_id: str, prefix: str = "pull", ordered: bool = False, message_filter: str = ""
+    ) -> str:
         sub_id = unique(prefix)
         self.subscriber.create_subscription(
             request={
@@ -104,6 +106,7 @@ class PubsubAdmin:
                 "topic": self.topic_path(topic_id),
                 "ack_deadline_seconds": 30,
                 "enable_message_ordering": ordered,
+                "filter": message_filter,  # a subscription filter on attributes (empty: every message)
             }
         )
         self._subs.append(sub_id)

@@ -48,6 +48,7 @@ BENCHES: dict[str, Callable[[], str | None]] = {
     "fingerprint.py": _always,
     "rows.py": _always,
     "fields.py": _always,
+    "tolerance.py": _always,
     "store.py": _always,
     "telemetry_cost.py": _always,
     "push_instructions.py": _always,

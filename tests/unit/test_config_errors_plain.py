@@ -63,9 +63,9 @@ MISTAKES: list[tuple[str, dict[str, Any], list[str]]] = [
         "a key nothing resembles lists the keys allowed there",
         {"routes": [a_route(colour="red")]},
         [
-            "route 'r': colour: unknown key; the keys here are audit_sample, bypass, cache_result, destination, "
-            "exclude, include, key, mode, name, on_missing_key, on_store_error, push_format, removed_rows, row_key, "
-            "rows, rows_mode, scheme, stale, subscription, window"
+            "route 'r': colour: unknown key; the keys here are audit_sample, bypass, cache_result, changed_attributes, "
+            "destination, exclude, include, key, mode, name, on_missing_key, on_store_error, push_format, "
+            "removed_rows, row_key, rows, rows_mode, scheme, stale, subscription, tolerance, window"
         ],
     ),
     (

@@ -178,6 +178,7 @@ def test_json() -> None:
         "total": 19,
         "forwarded": 2,
         "suppressed": 3,
+        "within_tolerance": 0,
         "duplicate": 1,
         "contended": 5,
         "stale": 1,
@@ -202,6 +203,7 @@ def test_csv() -> None:
         "total",
         "forwarded",
         "suppressed",
+        "within_tolerance",
         "duplicate",
         "contended",
         "stale",
@@ -221,7 +223,8 @@ def test_empty() -> None:
     assert render([], "table") == "no decisions recorded in this period"
     assert render([], "json") == "[]"
     header = (
-        "route,bucket,mode,total,forwarded,suppressed,duplicate,contended,stale,noise_only,fail_open,rejected,failed"
+        "route,bucket,mode,total,forwarded,suppressed,within_tolerance,duplicate,contended,stale,noise_only,"
+        "fail_open,rejected,failed"
     )
     assert render([], "csv").strip() == header + ",skip_rate,would_skip"
 

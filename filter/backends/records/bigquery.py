@@ -31,6 +31,7 @@ from filter.core.config import BigqueryRecords
 from filter.core.errors import FilterError
 from filter.core.model import COLUMN_NAMES, DECISION_COLUMNS, Column, DecisionRecord
 from filter.core.ports import Bucket, DecisionCount, DecisionRow
+from filter.core.tolerance import WITHIN, WITHIN_TOLERANCE
 
 EMULATOR_ENV = "BIGQUERY_EMULATOR_HOST"
 
@@ -214,15 +215,20 @@ def _counts_query(table: str, since: float | None, by: str) -> tuple[str, list[A
     if by not in _BUCKETS:
         raise ValueError(f"by must be one of {sorted(_BUCKETS)}, not {by!r}")
     where = ""
-    params: list[Any] = []
+    params: list[Any] = [bigquery.ScalarQueryParameter("within", "STRING", WITHIN)]
     if since is not None:
         where = "WHERE time >= @since"
         params.append(bigquery.ScalarQueryParameter("since", "TIMESTAMP", dt.datetime.fromtimestamp(since, dt.UTC)))
+    # a suppression within tolerance is counted under its own name (`skip-rate`)
+    label = (
+        f"CASE WHEN decision = 'suppressed' AND SUBSTR(reason, 1, {len(WITHIN)}) = @within "
+        f"THEN '{WITHIN_TOLERANCE}' ELSE decision END"
+    )
     sql = (
-        f"SELECT route, {_BUCKETS[by]} AS bucket, decision, enforced, COUNT(*) AS n\n"
+        f"SELECT route, {_BUCKETS[by]} AS bucket, {label} AS label, enforced, COUNT(*) AS n\n"
         f"FROM `{table}`\n{where}\n"
-        "GROUP BY route, bucket, decision, enforced\n"
-        "ORDER BY route, bucket, decision, enforced"
+        "GROUP BY route, bucket, label, enforced\n"
+        "ORDER BY route, bucket, label, enforced"
     )
     return sql, params
 
@@ -255,7 +261,7 @@ class BigQueryReader:
             {
                 "route": row["route"],
                 "bucket": _bucket(row["bucket"], by),
-                "decision": row["decision"],
+                "decision": row["label"],
                 "enforced": row["enforced"],
                 "n": int(row["n"]),
             }

@@ -33,6 +33,7 @@ from typing import IO, Any
 import msgspec
 
 from filter.core.ports import Bucket, DecisionCount, DecisionRow
+from filter.core.tolerance import WITHIN, WITHIN_TOLERANCE
 
 _BUCKET_FORMAT = {"hour": "%Y-%m-%dT%H:00:00Z", "day": "%Y-%m-%d"}
 
@@ -43,6 +44,7 @@ class _Entry(msgspec.Struct):
     message: Any = None
     route: Any = None
     decision: Any = None
+    reason: Any = None
     enforced: Any = True
     time: dt.datetime | float | None = None  # RFC 3339 (decoded by msgspec, in C) or epoch seconds
     timestamp: dt.datetime | None = None  # LogEntry
@@ -122,6 +124,8 @@ class _Counter:
             return
         if self.since is not None and t < self.since:
             return
+        if decision == "suppressed" and isinstance(entry.reason, str) and entry.reason.startswith(WITHIN):
+            decision = WITHIN_TOLERANCE  # counted under its own name (`skip-rate`)
         k = (route, self.label(t), decision, enforced)
         self.counts[k] = self.counts.get(k, 0) + 1
 

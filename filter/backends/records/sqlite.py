@@ -14,6 +14,7 @@ from typing import Any
 from filter.backends.records.extra import encode_extra
 from filter.core.model import COLUMN_NAMES, DECISION_COLUMNS, DecisionRecord
 from filter.core.ports import Bucket, DecisionCount, DecisionRow
+from filter.core.tolerance import WITHIN, WITHIN_TOLERANCE
 
 _TYPES = {"time": "REAL", "text": "TEXT", "bool": "INTEGER", "int": "INTEGER", "float": "REAL", "json": "TEXT"}
 # SQLite keeps this text as written in sqlite_master: it spells today's tables byte for byte
@@ -116,6 +117,13 @@ _BUCKETS = {
 }
 
 
+#: The decision as `skip-rate` counts it: a suppression within tolerance under its own name.
+_LABELLED = (
+    f"CASE WHEN decision = 'suppressed' AND substr(reason, 1, {len(WITHIN)}) = ? "
+    f"THEN '{WITHIN_TOLERANCE}' ELSE decision END"
+)
+
+
 class SqliteReader:
     """The `RecordsReader` of the SQLite decisions table."""
 
@@ -130,9 +138,9 @@ class SqliteReader:
         db = _connect(str(self.path))
         try:
             rows = db.execute(
-                f"SELECT route, {_BUCKETS[by]} AS bucket, decision, enforced, COUNT(*) FROM decisions "
-                "WHERE time >= ? GROUP BY route, bucket, decision, enforced ORDER BY route, bucket",
-                (since or 0.0,),
+                f"SELECT route, {_BUCKETS[by]} AS bucket, {_LABELLED} AS label, enforced, COUNT(*) FROM decisions "
+                "WHERE time >= ? GROUP BY route, bucket, label, enforced ORDER BY route, bucket",
+                (WITHIN, since or 0.0),
             ).fetchall()
         finally:
             db.close()

@@ -1,0 +1,218 @@
+"""The tolerance's part of a decision (`filter.core.judge`): the second look that may suppress a
+change, and what a forward stores as the next reference and flags as changed. Pure, no I/O.
+
+Only a message the table calls a change ("content changed": the destination holds the last
+forward, and this content is other) gets the second look; a forward that cannot know what the
+destination holds flags every listed field, and stores its values as the reference.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from filter.core import fields, rows
+from filter.core.fingerprint import NOT_JSON, TypedRows
+from filter.core.model import KeyState
+from filter.core.routes import RouteRules
+from filter.core.tolerance import Entry, Reference, Tolerance, attach, largest
+
+Moves = dict[str, int | float]
+
+_TOO_LARGE = "too large to keep"
+_UNMATCHED = "rows not matched by key: a row is not an object, or rows share a key"
+
+
+@dataclass(frozen=True)
+class Look:
+    """The second look: the moves, when they are all within tolerance (else None), and on a rows
+    route the row digests it computed (a forward then stores them rather than digest again)."""
+
+    moves: Moves | None
+    digests: rows.RowDigests | None = None
+    typed: TypedRows | None = None  # the rows it decoded (the fingerprint's, taken once: `typed_rows`)
+
+
+_NOTHING = Look(None)
+
+
+def within(rules: RouteRules, tol: Tolerance, data: bytes, state: KeyState, payload: Any) -> Look:
+    """The largest move per tolerance field when `data` differs from the last forward only by
+    moves within tolerance; no moves when it differs otherwise, or there is no reference to tell."""
+    reference = rules.reference_of(state.rows)
+    if reference is None:
+        return _NOTHING
+    if not rules.tracks_rows:
+        old = reference.rows.get(fields.PAYLOAD)
+        if old is None or type(payload) is not dict:
+            return _NOTHING
+        compared = tol.compare(old, tol.entry(payload))
+        return Look(compared.moves if compared.within else None)
+    before = rows.decode(state.rows, rules.row_memo)
+    if before is None or fields.PAYLOAD in before.raw:
+        return _NOTHING
+    typed = rules.typed_rows(data)
+    digests = rules.row_digests(data, before, typed)
+    if digests is None:
+        return _NOTHING
+    look = Look(None, digests, typed)
+    diff = rows.diff(before, digests)
+    if diff.added or diff.removed or not diff.changed:
+        return look  # a row came or went, or the change is outside the row digests
+    found = rows_by_key(rules, tol, digests, typed, payload, diff.changed)
+    if found is None:
+        return look
+    moves: Moves = {}
+    for key in diff.changed:
+        old = reference.rows.get(key)
+        if old is None:
+            return look
+        compared = tol.compare(old, tol.entry(found[key]))
+        if not compared.within:
+            return look
+        largest(moves, compared.moves)
+    return Look(moves, digests, typed)
+
+
+def rows_by_key(
+    rules: RouteRules,
+    tol: Tolerance,
+    digests: rows.RowDigests,
+    typed: TypedRows | None,
+    payload: Any,
+    wanted: list[str] | None = None,
+) -> dict[str, dict[str, Any]] | None:
+    """The rows `wanted` (all: None), by row key; None when a row is not
+    an object or two rows share a key (then no row has a reference of its own)."""
+    if typed is not None and type(digests) is rows.Compared and len(digests) == len(typed.rows):
+        # the typed digests are keyed in row order, one per row (`rules.row_digests`)
+        by_key = dict(zip(digests, typed.rows, strict=True))
+        keys = wanted if wanted is not None else list(by_key)
+        return {k: typed.as_dict(by_key[k]) for k in keys}
+    route = rules.route
+    if payload is NOT_JSON or route.rows is None:
+        return None
+    found = route.rows.resolve(payload, {})
+    if not isinstance(found, list):
+        return None
+    out: dict[str, dict[str, Any]] = {}
+    row_key = tuple(route.row_key)
+    for row in found:
+        if type(row) is not dict:
+            return None
+        key = rows.row_key_of(row, row_key)
+        if key in out:
+            return None
+        out[key] = row
+    return out
+
+
+@dataclass
+class Forward:
+    """What a forward on a tolerance route stores and flags."""
+
+    blob: bytes | None  # the row state with the new reference after it
+    flags: dict[str, str]
+    within_rows: dict[str, Moves] = field(default_factory=dict)  # rows changed only within tolerance
+    unkept: str | None = None  # why no reference was kept (the next change is then forwarded)
+
+
+def whole_forward(
+    rules: RouteRules,
+    tol: Tolerance,
+    blob: bytes | None,
+    elements: int,
+    payload: dict[str, Any],
+    state: KeyState | None,
+    known: bool,
+    changed_all: list[str] | None,
+) -> Forward:
+    """A whole-payload forward: the payload's reference, and the flags (all, unless `known`)."""
+    entry = tol.entry(payload)
+    kept = Reference({fields.PAYLOAD: entry})
+    new_blob = attach(blob, kept, elements, rows.MAX_STORED_BYTES) if blob else None
+    if new_blob is not None:
+        rules.keep_reference(new_blob, kept)  # the next decision for the key reads it back
+    unkept = None if new_blob is not None or not blob else _TOO_LARGE
+    # kept or not, the state is stored: without a reference, the next change is forwarded
+    new_blob = new_blob or blob
+    if not known or changed_all is None or state is None:
+        return Forward(new_blob, dict(tol.every_flag), unkept=unkept)
+    before = rules.reference_of(state.rows)
+    old = before.rows.get(fields.PAYLOAD) if before is not None else None
+    changed = set(changed_all)
+    if old is not None:
+        beyond = tol.compare(old, entry).beyond
+        changed = {f for f in changed if f not in tol.names} | beyond
+    return Forward(new_blob, tol.flags(changed), unkept=unkept)
+
+
+def rows_forward(
+    rules: RouteRules,
+    tol: Tolerance,
+    blob: bytes | None,
+    digests: rows.RowDigests,
+    typed: TypedRows | None,
+    payload: Any,
+    state: KeyState | None,
+    diff: rows.RowDiff | None,
+    known: bool,
+    partial: bool = False,
+) -> Forward:
+    """A rows forward: each row's reference (a row changed only within tolerance keeps its own:
+    on `rows_mode: changed` it is not sent), and the flags: a field changed in any row beyond
+    its tolerance, every field when a row came or went (or nothing says what changed).
+
+    `partial`: only the rows that changed beyond tolerance are sent (`rows_mode: changed`)."""
+    reference = rules.reference_of(state.rows) if state is not None and diff is not None else None
+    fresh = None if reference is None or diff is None else [*diff.added, *diff.changed]
+    found = rows_by_key(rules, tol, digests, typed, payload, fresh)
+    if found is None:
+        return Forward(blob, dict(tol.every_flag), unkept=_UNMATCHED)
+    entries: dict[str, Entry] = {}
+    changed: set[str] = set()
+    within_rows: dict[str, Moves] = {}
+    for key in digests:
+        old = reference.rows.get(key) if reference is not None else None
+        if key not in found:  # unchanged since the last forward
+            if old is None:
+                return rows_forward(rules, tol, blob, digests, typed, payload, None, None, False)
+            entries[key] = old
+            continue
+        entries[key] = new = tol.entry(found[key])
+        if old is not None and diff is not None and key in diff.fields:
+            compared = tol.compare(old, new)
+            changed |= {f for f in diff.fields[key] if f not in tol.names} | compared.beyond
+            if compared.within and known and partial:
+                within_rows[key] = compared.moves
+                entries[key] = old  # kept, if the row is not sent (`rows_mode: changed`; see `judge`)
+    kept = Reference(entries)
+    new_blob = attach(blob, kept, 2, rows.MAX_STORED_BYTES) if blob else None
+    if new_blob is None:
+        # no reference kept (or no row state): the next change is forwarded, so no row is held back
+        unkept = _TOO_LARGE if blob else None
+        return Forward(blob, flags_of(tol, known, reference, diff, changed), unkept=unkept)
+    written = rules.row_memo.written
+    if written is not None and written[0] is blob:
+        rules.row_memo.written = (new_blob, written[1])  # the next read of this key finds it decoded
+    rules.keep_reference(new_blob, kept)  # and its reference too
+    return Forward(new_blob, flags_of(tol, known, reference, diff, changed), within_rows)
+
+
+def flags_of(
+    tol: Tolerance, known: bool, reference: Reference | None, diff: rows.RowDiff | None, changed: set[str]
+) -> dict[str, str]:
+    whole = not known or reference is None or diff is None or bool(diff.added or diff.removed) or not diff.changed
+    return dict(tol.every_flag) if whole else tol.flags(changed)
+
+
+def sent_diff(diff: rows.RowDiff, within_rows: Mapping[str, Moves]) -> rows.RowDiff:
+    """`diff` less the rows changed only within tolerance: what a `rows_mode: changed` forward sends."""
+    return rows.RowDiff(
+        added=diff.added,
+        changed=[k for k in diff.changed if k not in within_rows],
+        removed=diff.removed,
+        fields=diff.fields,
+        total=diff.total,
+    )
