@@ -16,15 +16,21 @@ A nacked message is redelivered under the subscription's retry policy: give pull
 subscriptions a retry policy (`pubsub-filter provision` sets 10 s to 600 s), or a
 `contended` key is retried as fast as Pub/Sub redelivers.
 
-SIGTERM or SIGINT: stop pulling (the streaming-pull futures are cancelled), wait up to
-`server.shutdown_grace` for the messages in flight, cancel what is still running (the
-engine releases its lease and the message is nacked, except that a publish already handed
-over is waited for and recorded, then acked), ack/nack what finished, flush the decision
-records, exit 0. A second signal skips the wait. After the streams are cancelled the
-client library no longer sends acks, so the last acks and nacks go out as unary
-`Acknowledge` / `ModifyAckDeadline(0)` calls on the same client. The client's channel is
-closed only once the library's stream threads have ended (a thread still in an RPC would
-log `Cannot invoke RPC: Channel closed!`), and `stopped` is the last line.
+SIGTERM or SIGINT begins a stop with one budget, `server.shutdown_budget` (filter.core.stopping):
+nothing new is started (a message the library hands over from then on is held, neither acked
+nor nacked); the messages in flight get the budget's first share to finish, acked or nacked as
+usual; the streams stay open meanwhile, and until what Pub/Sub had already sent on them has
+arrived (one round trip with nothing new), so it is held too rather than lost in a closed
+stream until its ack deadline. Then the streams are cancelled and every held message is nacked
+at once (`ModifyAckDeadline(0)`): another worker gets it within seconds. Holding rather than
+nacking at once keeps Pub/Sub from sending more in its place. The engine's close then takes the
+rest of the budget (what still runs is cancelled: its lease released, its message nacked, except
+that a publish already handed over is waited for and recorded, then acked), the decision records
+are flushed, exit 0. A second signal gives up the wait for the messages in flight. After the
+streams are cancelled the client library no longer sends acks, so the last acks and nacks go out
+as unary `Acknowledge` / `ModifyAckDeadline(0)` calls on the same client. The client's channel is
+closed only once the library's stream threads have ended (a thread still in an RPC would log
+`Cannot invoke RPC: Channel closed!`), and `stopped` is the last line.
 """
 
 from __future__ import annotations
@@ -32,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import logging
 import signal
 import threading
 import time
@@ -54,7 +59,10 @@ from filter.core.config import LeaseConfig, PullConfig, Route
 from filter.core.engine import Engine
 from filter.core.envelope import effective_publish_time
 from filter.core.model import Message
+from filter.core.stopping import DRAIN, PUBLISHER, Stop
 from filter.pull.health import ConsumerDeaths, HealthServer, Watchdog, health_app, stream_failures
+from filter.pull.noise import shutdown_noise_filtered
+from filter.runtime import backstop
 
 log = structlog.get_logger("pubsub_filter.pull")
 
@@ -62,26 +70,8 @@ log = structlog.get_logger("pubsub_filter.pull")
 #: the channel is closed under them (a thread stuck reconnecting to an unreachable Pub/Sub
 #: ends only then), and after.
 STREAM_THREADS_TIMEOUT, STREAM_THREADS_AFTER_CLOSE = 5.0, 2.0
-#: What the library logs when the worker closes a stream and then its channel, on purpose:
-#: it joins its stream thread for 1 s and warns if the thread is still in an RPC (the
-#: worker waits for that thread itself, `_join_stream_threads`); a stream that cannot reach
-#: Pub/Sub is reopened until its channel closes, which it then reports as an error.
-_SHUTDOWN_NOISE = {
-    "google.api_core.bidi": ("Background thread did not exit.", "Cannot invoke RPC: Channel closed!"),
-    "grpc._channel": ("Cannot invoke RPC: Channel closed!",),
-}
-
-
-class _ShutdownNoise(logging.Filter):
-    def __init__(self, texts: tuple[str, ...]):
-        super().__init__()
-        self.texts = texts
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(text in message for text in self.texts)
-
-
+#: How long a stream must bring nothing new, after a round trip to Pub/Sub, to count as settled.
+QUIET = 0.2
 #: Pub/Sub's bounds on an ack deadline, in seconds.
 MIN_ACK_DEADLINE, MAX_ACK_DEADLINE = 10, 600
 
@@ -132,7 +122,8 @@ class PullWorker:
         self.routes = list(routes)
         self.project = project
         self.settings = settings or engine.config.pull
-        self.grace = engine.config.server.shutdown_grace
+        self.budget = engine.config.server.shutdown_budget
+        self.stopping: Stop | None = None  # begun at the first signal (else when the shutdown starts)
         self.subscriber: Any = subscriber if subscriber is not None else pubsub_v1.SubscriberClient()
         # closed at shutdown, after its threads ended: by default only a client made here
         self._close_subscriber = subscriber is None if close_subscriber is None else close_subscriber
@@ -141,6 +132,7 @@ class PullWorker:
         self.handled = 0
         self.acked = 0
         self.nacked = 0
+        self.returned = 0  # received while stopping, never started: nacked at once
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._hurry: asyncio.Event | None = None
@@ -148,7 +140,9 @@ class PullWorker:
         self._streams: dict[str, Any] = {}
         self._failure: BaseException | None = None
         self._failed_route: str | None = None
+        self._refusing = False  # stopping: what the library hands over is held, not started
         self._closing = False  # streams cancelled: acks go out as unary calls from here on
+        self.arrived = 0  # messages the library handed over
         self._late: dict[str, dict[str, list[str]]] = defaultdict(lambda: {"ack": [], "nack": []})
         self._late_lock = threading.Lock()
         self.ready = threading.Event()  # set once every stream is open (for in-process callers)
@@ -246,6 +240,8 @@ class PullWorker:
             self._hurry.set()
         else:
             log.info("shutting_down", signal=signal.Signals(sig).name, in_flight=len(self._tasks))
+            self.stopping = Stop.begin(self.budget)
+            backstop.arm(self.stopping)
         self._stop.set()
 
     def _stream_done(self, route: str) -> Any:
@@ -272,6 +268,10 @@ class PullWorker:
 
     def _callback(self, route: str, path: str) -> Any:
         def on_message(received: Any) -> None:  # runs in the subscriber's thread pool
+            self.arrived += 1
+            if self._refusing:
+                self._give_back(path, received)
+                return
             loop = self._loop
             try:
                 assert loop is not None
@@ -283,12 +283,23 @@ class PullWorker:
 
         return on_message
 
-    async def _handle(self, route: str, path: str, received: Any) -> bool:
-        """Decide one message; True to ack it."""
+    def _give_back(self, path: str, received: Any) -> None:
+        """A message received while stopping is not started: nacked at once, on the stream while
+        it is open (so the library keeps reading what Pub/Sub already sent), else with the late
+        ones (the library hands over what it had read until its own shutdown ends)."""
+        with self._late_lock:
+            self.returned += 1
+            if self._closing:
+                self._late[path]["nack"].append(received.ack_id)
+                return
+        received.nack()
+
+    async def _handle(self, route: str, path: str, received: Any) -> bool | None:
+        """Decide one message; True to ack it, None when it was not started (the worker is stopping)."""
         task = asyncio.current_task()
         assert task is not None
-        if self._closing:  # arrived while the streams were being cancelled: not ours to decide
-            return False
+        if self._refusing:  # scheduled just before the stop began: not ours to decide
+            return None
         self._tasks.add(task)
         self.watchdog.saw_message(route)
         try:
@@ -303,9 +314,13 @@ class PullWorker:
         self.handled += 1
         return answer_for(rec).ack
 
-    def _settle(self, path: str, received: Any, future: concurrent.futures.Future[bool]) -> None:
+    def _settle(self, path: str, received: Any, future: concurrent.futures.Future[bool | None]) -> None:
         """Ack or nack from the handling's result (runs on the loop's thread, or the caller's)."""
-        ack = not future.cancelled() and future.exception() is None and bool(future.result())
+        ran = not future.cancelled() and future.exception() is None
+        if ran and future.result() is None:
+            self._give_back(path, received)
+            return
+        ack = ran and bool(future.result())
         if ack:
             self.acked += 1
         else:
@@ -320,49 +335,37 @@ class PullWorker:
     # --- shutdown ---------------------------------------------------------------------------
 
     async def _shutdown(self) -> None:
-        quiet = {name: _ShutdownNoise(texts) for name, texts in _SHUTDOWN_NOISE.items()}
-        for name, noise in quiet.items():
-            logging.getLogger(name).addFilter(noise)
-        try:
+        with shutdown_noise_filtered():
             await self._shut_down()
-        finally:
-            for name, noise in quiet.items():
-                logging.getLogger(name).removeFilter(noise)
         log.info(
             "stopped",
             instance=self.engine.instance,
             handled=self.handled,
             acked=self.acked,
             nacked=self.nacked,
+            returned=self.returned,
         )
 
     async def _shut_down(self) -> None:
-        """Streams, in-flight messages, late acks, the library's threads, the engine, the client."""
-        self._closing = True
+        """In-flight messages, the streams, held and late acks, the engine, the library's threads, the client."""
+        stop = self.stopping or Stop.begin(self.budget)
+        self._refusing = True
+        await self._drain(stop)
+        await self._settle_streams(stop)
+        with self._late_lock:
+            self._closing = True
         for future in self._streams.values():
             future.cancel()  # stop pulling; the client nacks what it had not handed to us yet
-        in_flight = set(self._tasks)
-        if in_flight:
-            log.info("draining", in_flight=len(in_flight), grace_s=self.grace)
-            assert self._hurry is not None and self._loop is not None
-            hurry = asyncio.create_task(self._hurry.wait())
-            deadline = self._loop.time() + self.grace
-            pending: set[asyncio.Task[Any]] = set(in_flight)
-            while pending and not hurry.done() and (remaining := deadline - self._loop.time()) > 0:
-                done, _ = await asyncio.wait({*pending, hurry}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-                pending -= done
-            hurry.cancel()
-            left = [t for t in in_flight if not t.done()]
-            if left:
-                log.warning("cancelling_in_flight", count=len(left), grace_s=self.grace)
-                for t in left:
-                    t.cancel()  # the engine releases its lease (nack), or finishes a publish under way
-                await asyncio.wait(left, timeout=5.0)
+        # the library's own shutdown hands over what it had read (nacked with the late ones),
+        # and nacks what it had not
+        await asyncio.to_thread(self._join_streams, max(stop.left(PUBLISHER), 1.0))
+        await asyncio.to_thread(self._send_late)
+        if self._hurry is not None and self._hurry.is_set():  # the messages in flight get no more time
+            stop = Stop(time.monotonic() - stop.budget * DRAIN, stop.budget)
+        await self.engine.close(stop)  # cancels what still runs: its lease released, its message nacked
         await asyncio.sleep(0)  # let the last done-callbacks run
         await asyncio.to_thread(self._send_late)
-        await asyncio.to_thread(self._join_streams)
         await asyncio.to_thread(self._join_stream_threads, STREAM_THREADS_TIMEOUT)
-        await self.engine.close(deadline=self.grace)
         if self._close_subscriber:  # its threads are gone (normally): nothing is left to call on the channel
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.subscriber.close)
@@ -371,6 +374,41 @@ class PullWorker:
                 log.warning("stream_threads_did_not_stop", threads=lingering)
         if self.health is not None:
             await self.health.stop()
+
+    async def _drain(self, stop: Stop) -> None:
+        """Wait for the messages in flight until the stop's share for them (or a second signal)."""
+        if not self._tasks:
+            return
+        log.info("draining", in_flight=len(self._tasks), budget_s=stop.budget)
+        assert self._hurry is not None
+        hurry = asyncio.create_task(self._hurry.wait())
+        try:
+            while self._tasks and not hurry.done() and (remaining := stop.left(DRAIN)) > 0:
+                await asyncio.wait({*self._tasks, hurry}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hurry.cancel()
+        if self._tasks:
+            log.warning("in_flight_past_drain", count=len(self._tasks), budget_s=stop.budget)
+
+    async def _settle_streams(self, stop: Stop) -> None:
+        """Keep reading the streams, giving back what comes, until what Pub/Sub already sent on
+        them has arrived: a round trip to Pub/Sub on the same channel, then as long again (the
+        library confirms what it receives before it hands it over) with nothing new, within the
+        drain's share. A stream cancelled with messages on their way loses them: Pub/Sub sends
+        those again only once their ack deadline has passed (the emulator pushes a stream all it
+        has, whatever the flow control)."""
+        if any(future.done() for future in self._streams.values()) or (self._hurry and self._hurry.is_set()):
+            return
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(stop.left(DRAIN), QUIET * 2)):
+                while True:
+                    seen, started = self.arrived, time.monotonic()
+                    for path in self.paths.values():
+                        with contextlib.suppress(Exception):  # unreachable: it cannot be sending either
+                            await asyncio.to_thread(self._probe, path, max(stop.left(DRAIN), 1.0))
+                    await asyncio.sleep(max(QUIET, time.monotonic() - started))
+                    if self.arrived == seen:
+                        return
 
     def _send_late(self) -> None:
         with self._late_lock:
@@ -384,10 +422,11 @@ class PullWorker:
             for count, exc in modify_ack_deadline(self.subscriber, path, ids["nack"], 0, timeout=10):
                 log.warning("late_nack_failed", subscription=path, count=count, error=_describe(exc))
 
-    def _join_streams(self) -> None:
+    def _join_streams(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         for route, future in self._streams.items():
             try:
-                future.result(timeout=30)
+                future.result(timeout=max(0.0, deadline - time.monotonic()))
             except concurrent.futures.TimeoutError:
                 log.warning("stream_did_not_stop", route=route)
             except Exception as exc:  # already reported by _stream_done

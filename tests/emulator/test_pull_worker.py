@@ -83,7 +83,7 @@ class World:
             "publisher": {"backend": "pubsub", "timeout": "20s"},
             "records": {"backend": "sqlite", "path": str(self.tmp_path / f"{name}-decisions.db")},
             "lease": dict(LEASE),
-            "server": {"shutdown_grace": "15s"},
+            "server": {"shutdown_budget": "15s"},
             "routes": [
                 route(self.rig.sub, self.dest),
                 {

@@ -96,13 +96,15 @@ class PubsubAdmin:
         self._topics.append(topic_id)
         return topic_id
 
-    def pull_subscription(self, topic_id: str, prefix: str = "pull", ordered: bool = False) -> str:
+    def pull_subscription(
+        self, topic_id: str, prefix: str = "pull", ordered: bool = False, ack_deadline: int = 30
+    ) -> str:
         sub_id = unique(prefix)
         self.subscriber.create_subscription(
             request={
                 "name": self.subscription_path(sub_id),
                 "topic": self.topic_path(topic_id),
-                "ack_deadline_seconds": 30,
+                "ack_deadline_seconds": ack_deadline,
                 "enable_message_ordering": ordered,
             }
         )

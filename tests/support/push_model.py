@@ -72,6 +72,8 @@ ROUTE = "reports"
 KEYS = ("a", "b")
 CONTENTS = (0, 1, 2)
 GRACE = 0.05
+#: the whole stop: the engine's close gets what is left of it after the requests' share (filter.core.stopping)
+BUDGET = 0.4
 #: Log events that mean something was closed under a decision still using it, or a record was lost.
 CLOSED_UNDER_WORK = frozenset(
     {
@@ -102,7 +104,7 @@ def config(scratch: Path) -> Config:
     return parse(
         {
             "routes": [{"name": ROUTE, "destination": "phase3", "key": ["payload.k"]}],
-            "server": {"shutdown_grace": GRACE},
+            "server": {"shutdown_budget": BUDGET},
             # the decisions a shutdown cancels are given the store's budget to release their leases
             # (no store call here waits on a timeout: a budget a loaded machine cannot miss)
             "store_errors": {"timeout": "0.5s", "budget": "1s"},
