@@ -169,7 +169,7 @@ class PullWorker:
     # --- control ------------------------------------------------------------------------
 
     def stop(self, hurry: bool = False) -> None:
-        """Ask the worker to shut down (thread-safe); `hurry` skips the grace period."""
+        """Ask the worker to shut down (thread-safe); `hurry` gives up the wait for the messages in flight."""
         loop = self._loop
         if loop is None or loop.is_closed():
             return
