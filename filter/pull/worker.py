@@ -16,21 +16,17 @@ A nacked message is redelivered under the subscription's retry policy: give pull
 subscriptions a retry policy (`pubsub-filter provision` sets 10 s to 600 s), or a
 `contended` key is retried as fast as Pub/Sub redelivers.
 
-SIGTERM or SIGINT begins a stop with one budget, `server.shutdown_budget` (filter.core.stopping):
-nothing new is started (a message the library hands over from then on is held, neither acked
-nor nacked); the messages in flight get the budget's first share to finish, acked or nacked as
-usual; the streams stay open meanwhile, and until what Pub/Sub had already sent on them has
-arrived (one round trip with nothing new), so it is held too rather than lost in a closed
-stream until its ack deadline. Then the streams are cancelled and every held message is nacked
-at once (`ModifyAckDeadline(0)`): another worker gets it within seconds. Holding rather than
-nacking at once keeps Pub/Sub from sending more in its place. The engine's close then takes the
-rest of the budget (what still runs is cancelled: its lease released, its message nacked, except
-that a publish already handed over is waited for and recorded, then acked), the decision records
-are flushed, exit 0. A second signal gives up the wait for the messages in flight. After the
-streams are cancelled the client library no longer sends acks, so the last acks and nacks go out
-as unary `Acknowledge` / `ModifyAckDeadline(0)` calls on the same client. The client's channel is
-closed only once the library's stream threads have ended (a thread still in an RPC would log
-`Cannot invoke RPC: Channel closed!`), and `stopped` is the last line.
+SIGTERM or SIGINT begins a stop inside one budget, `server.shutdown_budget` (filter.core.stopping):
+nothing new is started; the messages in flight get the first half to finish; the streams stay
+open meanwhile, and until what Pub/Sub had already sent on them has arrived, and each message
+that arrives is nacked at once, so another worker gets it within seconds (a stream cancelled
+with messages on their way loses them until their ack deadline). Then the streams close; the
+engine's close takes the rest (what still runs is cancelled: lease released, message nacked,
+except that a publish already handed over is waited for); exit 0. A second signal gives up the
+wait for the messages in flight. Once the streams are cancelled the library sends no more acks,
+so the last acks and nacks go out as unary `Acknowledge` / `ModifyAckDeadline(0)` calls. The
+client's channel is closed only once the library's stream threads have ended (a thread still
+in an RPC would log `Cannot invoke RPC: Channel closed!`), and `stopped` is the last line.
 """
 
 from __future__ import annotations
@@ -52,15 +48,13 @@ from filter.backends.gcp import (
     acknowledge,
     modify_ack_deadline,
     pubsub_path,
-    timestamp,
 )
 from filter.core.answer import answer_for
-from filter.core.config import LeaseConfig, PullConfig, Route
+from filter.core.config import PullConfig, Route
 from filter.core.engine import Engine
-from filter.core.envelope import effective_publish_time
-from filter.core.model import Message
-from filter.core.stopping import DRAIN, PUBLISHER, Stop
+from filter.core.stopping import CLOSE, DRAIN, PUBLISHER, RECORDS, Stop
 from filter.pull.health import ConsumerDeaths, HealthServer, Watchdog, health_app, stream_failures
+from filter.pull.messages import flow_control, to_message
 from filter.pull.noise import shutdown_noise_filtered
 from filter.runtime import backstop
 
@@ -68,39 +62,15 @@ log = structlog.get_logger("pubsub_filter.pull")
 
 #: How long the library's stream threads get to end once their streams are closed, before
 #: the channel is closed under them (a thread stuck reconnecting to an unreachable Pub/Sub
-#: ends only then), and after.
-STREAM_THREADS_TIMEOUT, STREAM_THREADS_AFTER_CLOSE = 5.0, 2.0
-#: How long a stream must bring nothing new, after a round trip to Pub/Sub, to count as settled.
+#: ends only then), and after; each within what is left of the stop's budget. Its own
+#: shutdown (the streaming-pull futures done) normally takes about a second.
+STREAM_THREADS_TIMEOUT, STREAM_THREADS_AFTER_CLOSE, STREAMS_TIMEOUT = 5.0, 2.0, 2.0
+#: The time limit of one late ack or nack call: within what is left of the stop, but at least
+#: the minimum (a call cut shorter than that would fail where it could have landed).
+LATE_TIMEOUT, MIN_LATE_TIMEOUT = 10.0, 0.5
+#: How long a stream must bring nothing new, after a round trip to Pub/Sub (given ten times as
+#: long), to count as settled.
 QUIET = 0.2
-#: Pub/Sub's bounds on an ack deadline, in seconds.
-MIN_ACK_DEADLINE, MAX_ACK_DEADLINE = 10, 600
-
-
-def flow_control(pull: PullConfig, lease: LeaseConfig) -> Any:
-    """The subscriber's flow control: `pull:` from the config, leases extended as the engine's live."""
-    # An int: the client copies it into StreamingPullRequest.stream_ack_deadline_seconds.
-    extension = int(min(max(round(lease.ack_deadline), MIN_ACK_DEADLINE), MAX_ACK_DEADLINE))
-    return pubsub_v1.types.FlowControl(
-        max_messages=pull.max_messages,
-        max_bytes=pull.max_bytes,
-        max_lease_duration=float(pull.max_lease_duration or lease.duration),
-        min_duration_per_lease_extension=extension,
-        max_duration_per_lease_extension=extension,
-    )
-
-
-def to_message(received: Any, subscription: str | None = None) -> Message:
-    """A google-cloud-pubsub subscriber message → `filter.core.model.Message`."""
-    attributes = dict(received.attributes)
-    return Message(
-        data=bytes(received.data),
-        attributes=attributes,
-        message_id=str(received.message_id),
-        publish_time=effective_publish_time(attributes, timestamp(received.publish_time)),
-        ordering_key=received.ordering_key or None,
-        delivery_attempt=received.delivery_attempt,
-        subscription=subscription,
-    )
 
 
 class PullWorker:
@@ -347,29 +317,33 @@ class PullWorker:
         )
 
     async def _shut_down(self) -> None:
-        """In-flight messages, the streams, held and late acks, the engine, the library's threads, the client."""
+        """In-flight messages, the streams, late acks and nacks, the engine, the library's threads, the client."""
         stop = self.stopping or Stop.begin(self.budget)
         self._refusing = True
         await self._drain(stop)
-        await self._settle_streams(stop)
+        reached = await self._settle_streams(stop)
         with self._late_lock:
             self._closing = True
         for future in self._streams.values():
             future.cancel()  # stop pulling; the client nacks what it had not handed to us yet
         # the library's own shutdown hands over what it had read (nacked with the late ones),
-        # and nacks what it had not
-        await asyncio.to_thread(self._join_streams, max(stop.left(PUBLISHER), 1.0))
-        await asyncio.to_thread(self._send_late)
+        # and nacks what it had not; a stream that cannot reach Pub/Sub ends only with its channel
+        stuck = await asyncio.to_thread(self._join_streams, min(STREAMS_TIMEOUT, stop.left(PUBLISHER)))
+        await asyncio.to_thread(self._send_late, stop)
         if self._hurry is not None and self._hurry.is_set():  # the messages in flight get no more time
             stop = Stop(time.monotonic() - stop.budget * DRAIN, stop.budget)
         await self.engine.close(stop)  # cancels what still runs: its lease released, its message nacked
         await asyncio.sleep(0)  # let the last done-callbacks run
-        await asyncio.to_thread(self._send_late)
-        await asyncio.to_thread(self._join_stream_threads, STREAM_THREADS_TIMEOUT)
+        await asyncio.to_thread(self._send_late, stop)
+        if reached and not stuck and not self.watchdog.stalled:
+            # (a stream thread cut off from Pub/Sub ends only once its channel is closed: no use waiting)
+            await asyncio.to_thread(self._join_stream_threads, min(STREAM_THREADS_TIMEOUT, stop.left(RECORDS)))
         if self._close_subscriber:  # its threads are gone (normally): nothing is left to call on the channel
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.subscriber.close)
-            lingering = await asyncio.to_thread(self._join_stream_threads, STREAM_THREADS_AFTER_CLOSE)
+            lingering = await asyncio.to_thread(
+                self._join_stream_threads, min(STREAM_THREADS_AFTER_CLOSE, stop.left(CLOSE))
+            )
             if lingering:
                 log.warning("stream_threads_did_not_stop", threads=lingering)
         if self.health is not None:
@@ -390,47 +364,54 @@ class PullWorker:
         if self._tasks:
             log.warning("in_flight_past_drain", count=len(self._tasks), budget_s=stop.budget)
 
-    async def _settle_streams(self, stop: Stop) -> None:
+    async def _settle_streams(self, stop: Stop) -> bool:
         """Keep reading the streams, giving back what comes, until what Pub/Sub already sent on
         them has arrived: a round trip to Pub/Sub on the same channel, then as long again (the
         library confirms what it receives before it hands it over) with nothing new, within the
         drain's share. A stream cancelled with messages on their way loses them: Pub/Sub sends
         those again only once their ack deadline has passed (the emulator pushes a stream all it
-        has, whatever the flow control)."""
+        has, whatever the flow control). Whether Pub/Sub answered."""
         if any(future.done() for future in self._streams.values()) or (self._hurry and self._hurry.is_set()):
-            return
+            return True
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(max(stop.left(DRAIN), QUIET * 2)):
                 while True:
                     seen, started = self.arrived, time.monotonic()
                     for path in self.paths.values():
-                        with contextlib.suppress(Exception):  # unreachable: it cannot be sending either
-                            await asyncio.to_thread(self._probe, path, max(stop.left(DRAIN), 1.0))
+                        try:
+                            await asyncio.to_thread(self._probe, path, min(stop.left(DRAIN), QUIET * 10))
+                        except Exception:  # unreachable: it cannot be sending either
+                            return False
                     await asyncio.sleep(max(QUIET, time.monotonic() - started))
                     if self.arrived == seen:
-                        return
+                        return True
+        return True
 
-    def _send_late(self) -> None:
+    def _send_late(self, stop: Stop) -> None:
+        timeout = min(LATE_TIMEOUT, max(stop.left(CLOSE), MIN_LATE_TIMEOUT))
         with self._late_lock:
             late = {p: dict(v) for p, v in self._late.items()}
             self._late.clear()
         for path, ids in late.items():
             # What is not settled here is redelivered later: an ack the engine answers as a
             # duplicate, a nack after its ack deadline.
-            for count, exc in acknowledge(self.subscriber, path, ids["ack"], timeout=10):
+            for count, exc in acknowledge(self.subscriber, path, ids["ack"], timeout=timeout):
                 log.warning("late_ack_failed", subscription=path, count=count, error=_describe(exc))
-            for count, exc in modify_ack_deadline(self.subscriber, path, ids["nack"], 0, timeout=10):
+            for count, exc in modify_ack_deadline(self.subscriber, path, ids["nack"], 0, timeout=timeout):
                 log.warning("late_nack_failed", subscription=path, count=count, error=_describe(exc))
 
-    def _join_streams(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+    def _join_streams(self, timeout: float) -> bool:
+        """Wait for the streaming-pull futures; whether one did not stop in time."""
+        deadline, stuck = time.monotonic() + timeout, False
         for route, future in self._streams.items():
             try:
                 future.result(timeout=max(0.0, deadline - time.monotonic()))
             except concurrent.futures.TimeoutError:
+                stuck = True
                 log.warning("stream_did_not_stop", route=route)
             except Exception as exc:  # already reported by _stream_done
                 log.debug("stream_ended", route=route, error=_describe(exc))
+        return stuck
 
     def _join_stream_threads(self, timeout: float) -> list[str]:
         """Wait for the threads `subscribe` started, which can outlive their closed streams; the names left."""
