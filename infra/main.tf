@@ -68,5 +68,8 @@ module "pubsub_filter" {
   publish_failures_threshold            = var.publish_failures_threshold
   store_unavailable_threshold           = var.store_unavailable_threshold
 
+  decision_log_sink    = var.decision_log_sink
+  decision_log_dataset = var.decision_log_dataset
+
   depends_on = [google_project_service.apis]
 }

@@ -42,3 +42,8 @@ output "push_service_account_email" {
   description = "Service account in the push OIDC tokens."
   value       = module.pubsub_filter.push_service_account_email
 }
+
+output "decision_lines_dataset" {
+  description = "BigQuery dataset the decision-line log sink writes to (null unless decision_log_sink)."
+  value       = module.pubsub_filter.decision_lines_dataset
+}

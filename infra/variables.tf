@@ -168,3 +168,15 @@ variable "store_unavailable_threshold" {
   type        = number
   default     = 5
 }
+
+variable "decision_log_sink" {
+  description = "Also route every decision log line to BigQuery with a Cloud Logging sink, so that no decision row is lost to a SIGKILL or out-of-memory kill (see the module's variable)."
+  type        = bool
+  default     = false
+}
+
+variable "decision_log_dataset" {
+  description = "The dataset the decision-line sink writes to. Null: <name>_decision_lines, with dashes as underscores."
+  type        = string
+  default     = null
+}

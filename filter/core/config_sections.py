@@ -129,14 +129,33 @@ class StoreErrors(Strict):
     budget: Duration = 5.0  # all attempts together, well under the ack deadline
 
 
+#: The whole stop's default budget: inside Cloud Run's 10 s between SIGTERM and SIGKILL, with room
+#: for the runtime's own exit.
+SHUTDOWN_BUDGET = 8.0
+
+
 class ServerConfig(Strict):
     # The default takes the largest push a valid message makes (10 MB of data, base64 with every
     # `/` escaped, 100 attributes of the longest names and values, every byte escaped, the fields
     # in both spellings: `pubsub_limits.LARGEST_PUSH`, 26.2 MiB) and stays inside Cloud Run's
     # 32 MiB HTTP/1 request: 27 MiB. Anything less refuses some valid message on every delivery.
     max_body: Annotated[Size, Field(ge=1024)] = DEFAULT_MAX_BODY
-    shutdown_grace: Duration = 10.0
+    # SIGTERM to exit, every step of the stop included (filter.core.stopping)
+    shutdown_budget: Annotated[Duration, Field(gt=0)] = SHUTDOWN_BUDGET
     body_timeout: Duration = 10.0  # a push body not received in full by then is answered 408
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_grace(cls, data: Any) -> Any:
+        # It bounded only the wait for requests, and the close waited as long again after it: a
+        # value kept under the new meaning would be a different promise, so it is refused.
+        if isinstance(data, dict) and "shutdown_grace" in data:
+            raise ValueError(
+                "shutdown_grace is gone: the whole stop now has one budget, server.shutdown_budget "
+                f"(SIGTERM to exit, default {SHUTDOWN_BUDGET:g}s, inside Cloud Run's 10 s); "
+                "write shutdown_budget instead"
+            )
+        return data
 
 
 #: The largest flow-control limit: the client sends it to Pub/Sub as a signed 64-bit integer.

@@ -54,6 +54,7 @@ from filter.core.ports import (
     Worked,
 )
 from filter.core.routes import RouteRules
+from filter.core.stopping import CLOSE, DRAIN, PUBLISHER, RECORDS, RELEASE, Stop
 from filter.core.transitions import claimed, forwarded
 from filter.core.unsettled import FailedOpen
 
@@ -170,42 +171,44 @@ class Engine:
         self._deciding: dict[asyncio.Future[None], asyncio.Task[Any] | None] = {}
         self.telemetry = telemetry or UNOBSERVED  # telemetry: metrics and the decision's span
 
-    async def close(self, deadline: float | None = None) -> None:
-        """The one close sequence, for every surface. Nothing is closed under a decision still
-        using it: the decisions under way finish first (each wait at most `deadline` seconds, by
-        default the shutdown grace); then the publisher closes (what it still holds lands or
-        fails, and its decision finishes); the decisions still left are cancelled, and release
-        their lease and record why; then the records still waiting, the store and the last
-        telemetry batches. Each step runs even when one before it failed."""
-        grace = self.config.server.shutdown_grace if deadline is None else deadline
+    async def close(self, stop: Stop | None = None) -> None:
+        """The one close sequence, for every surface, inside one budget: `stop` (by default
+        `server.shutdown_budget` from now), each step ending at its share of it
+        (`filter.core.stopping`). Nothing is closed under a decision still using it while its
+        step lasts: the decisions under way finish first; then the publisher closes (what it
+        still holds lands or fails, and its decision finishes); the decisions still left are
+        cancelled, and release their lease and record why; then the records still waiting, the
+        store and the last telemetry batches. Each step runs even when one before it failed or
+        ran out of time; a step past its share is given up (logged as `close_step_cut`)."""
+        stop = stop or Stop.begin(self.config.server.shutdown_budget)
         async with contextlib.AsyncExitStack() as steps:  # run last to first
             steps.callback(self.telemetry.shutdown)
-            steps.push_async_callback(self.store.close)
-            steps.push_async_callback(self.recorder.close, grace)
-            steps.push_async_callback(self._abandon_deciding, grace)
+            steps.push_async_callback(_within, "store", self.store.close, stop, CLOSE)
+            steps.push_async_callback(lambda: self.recorder.close(stop.left(RECORDS)))
+            steps.push_async_callback(self._abandon_deciding, stop)
             # Pub/Sub's close flushes what it holds: a stalled publish lands or fails now, and its
             # decision commits or releases, rather than be abandoned and published again.
             if self.publisher is not None:
-                steps.push_async_callback(self.publisher.close)
+                steps.push_async_callback(_within, "publisher", self.publisher.close, stop, PUBLISHER)
             # A surface may have cancelled them once already: past their publish a cancel is taken
             # back (`_despite_one_cancel`), so their commits and records come first.
-            await self._wait_deciding(grace)
+            await self._wait_deciding(stop.left(DRAIN))
 
-    async def _abandon_deciding(self, grace: float) -> None:
-        """Cancel the decisions still under way after `grace`; wait for their releases."""
-        if await self._wait_deciding(grace):
+    async def _abandon_deciding(self, stop: Stop) -> None:
+        """Cancel the decisions still under way; wait for their releases until the stop's share for them."""
+        if await self._wait_deciding(stop.left(PUBLISHER)):
             return
         current = asyncio.current_task()
         left = [task for task in self._deciding.values() if task is not None and task is not current]
-        log.warning("cancelling_decisions", count=len(left), grace_s=grace)
+        log.warning("cancelling_decisions", count=len(left), budget_s=stop.budget)
         for task in left:
             task.cancel()  # a publish that does not end: release the lease, record it, nack
         await asyncio.sleep(0)  # the cancels land; one past its publish is taken back...
         for task in left:
             if not task.done() and not task.cancelling():
                 task.cancel()  # ...unless a surface's cancel was that one: this one goes through
-        # each release is bounded by the store's own budget: that long, at least, is theirs
-        if not await self._wait_deciding(max(grace, self.config.store_errors.budget)):
+        # a release slower than this (a store outage at the stop) is left to lapse by itself
+        if not await self._wait_deciding(stop.left(RELEASE)):
             log.error("decisions_abandoned", count=len(self._deciding))
 
     async def _wait_deciding(self, grace: float) -> bool:
@@ -599,10 +602,19 @@ async def _to_the_end(work: Awaitable[None]) -> None:
     task.result()
 
 
+async def _within(step: str, close: Callable[[], Awaitable[None]], stop: Stop, share: float) -> None:
+    """`close()`, given up at the stop's `share`: a step that hangs costs only its own share."""
+    try:
+        async with asyncio.timeout(stop.left(share)):
+            await close()
+    except TimeoutError:
+        log.error("close_step_cut", step=step, budget_s=stop.budget)
+
+
 #: A decision abandoned to a cancel: nothing acted on stays (a lease is released).
 CANCELLED = Done(
     Decision.FAILED,
-    "cancelled before the decision was carried out (a shutdown past its grace, or the caller): nack",
+    "cancelled before the decision was carried out (a shutdown past its budget, or the caller): nack",
     cause=Cause.CANCELLED,
 )
 

@@ -51,7 +51,7 @@ class Cause(enum.StrEnum):
     STORE = "store"  # the store could not decide, `on_store_error: retry` (503)
     PUBLISH = "publish"  # the publish failed: the lease released, the message nacked
     WORK = "work"  # the in-process caller's work raised in place of the publish
-    CANCELLED = "cancelled"  # abandoned to a cancel (a shutdown past its grace, or the caller)
+    CANCELLED = "cancelled"  # abandoned to a cancel (a shutdown past its budget, or the caller)
 
 
 #: Decisions after which the source message is acked (push answers 2xx).

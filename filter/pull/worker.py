@@ -16,15 +16,17 @@ A nacked message is redelivered under the subscription's retry policy: give pull
 subscriptions a retry policy (`pubsub-filter provision` sets 10 s to 600 s), or a
 `contended` key is retried as fast as Pub/Sub redelivers.
 
-SIGTERM or SIGINT: stop pulling (the streaming-pull futures are cancelled), wait up to
-`server.shutdown_grace` for the messages in flight, cancel what is still running (the
-engine releases its lease and the message is nacked, except that a publish already handed
-over is waited for and recorded, then acked), ack/nack what finished, flush the decision
-records, exit 0. A second signal skips the wait. After the streams are cancelled the
-client library no longer sends acks, so the last acks and nacks go out as unary
-`Acknowledge` / `ModifyAckDeadline(0)` calls on the same client. The client's channel is
-closed only once the library's stream threads have ended (a thread still in an RPC would
-log `Cannot invoke RPC: Channel closed!`), and `stopped` is the last line.
+SIGTERM or SIGINT begins a stop inside one budget, `server.shutdown_budget` (filter.core.stopping):
+nothing new is started; the messages in flight get the first half to finish; the streams stay
+open meanwhile, and until what Pub/Sub had already sent on them has arrived, and each message
+that arrives is nacked at once, so another worker gets it within seconds (a stream cancelled
+with messages on their way loses them until their ack deadline). Then the streams close; the
+engine's close takes the rest (what still runs is cancelled: lease released, message nacked,
+except that a publish already handed over is waited for); exit 0. A second signal gives up the
+wait for the messages in flight. Once the streams are cancelled the library sends no more acks,
+so the last acks and nacks go out as unary `Acknowledge` / `ModifyAckDeadline(0)` calls. The
+client's channel is closed only once the library's stream threads have ended (a thread still
+in an RPC would log `Cannot invoke RPC: Channel closed!`), and `stopped` is the last line.
 """
 
 from __future__ import annotations
@@ -32,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import logging
 import signal
 import threading
 import time
@@ -47,70 +48,29 @@ from filter.backends.gcp import (
     acknowledge,
     modify_ack_deadline,
     pubsub_path,
-    timestamp,
 )
 from filter.core.answer import answer_for
-from filter.core.config import LeaseConfig, PullConfig, Route
+from filter.core.config import PullConfig, Route
 from filter.core.engine import Engine
-from filter.core.envelope import effective_publish_time
-from filter.core.model import Message
+from filter.core.stopping import CLOSE, DRAIN, PUBLISHER, RECORDS, Stop
 from filter.pull.health import ConsumerDeaths, HealthServer, Watchdog, health_app, stream_failures
+from filter.pull.messages import flow_control, to_message
+from filter.pull.noise import shutdown_noise_filtered
+from filter.runtime import backstop
 
 log = structlog.get_logger("pubsub_filter.pull")
 
 #: How long the library's stream threads get to end once their streams are closed, before
 #: the channel is closed under them (a thread stuck reconnecting to an unreachable Pub/Sub
-#: ends only then), and after.
-STREAM_THREADS_TIMEOUT, STREAM_THREADS_AFTER_CLOSE = 5.0, 2.0
-#: What the library logs when the worker closes a stream and then its channel, on purpose:
-#: it joins its stream thread for 1 s and warns if the thread is still in an RPC (the
-#: worker waits for that thread itself, `_join_stream_threads`); a stream that cannot reach
-#: Pub/Sub is reopened until its channel closes, which it then reports as an error.
-_SHUTDOWN_NOISE = {
-    "google.api_core.bidi": ("Background thread did not exit.", "Cannot invoke RPC: Channel closed!"),
-    "grpc._channel": ("Cannot invoke RPC: Channel closed!",),
-}
-
-
-class _ShutdownNoise(logging.Filter):
-    def __init__(self, texts: tuple[str, ...]):
-        super().__init__()
-        self.texts = texts
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        message = record.getMessage()
-        return not any(text in message for text in self.texts)
-
-
-#: Pub/Sub's bounds on an ack deadline, in seconds.
-MIN_ACK_DEADLINE, MAX_ACK_DEADLINE = 10, 600
-
-
-def flow_control(pull: PullConfig, lease: LeaseConfig) -> Any:
-    """The subscriber's flow control: `pull:` from the config, leases extended as the engine's live."""
-    # An int: the client copies it into StreamingPullRequest.stream_ack_deadline_seconds.
-    extension = int(min(max(round(lease.ack_deadline), MIN_ACK_DEADLINE), MAX_ACK_DEADLINE))
-    return pubsub_v1.types.FlowControl(
-        max_messages=pull.max_messages,
-        max_bytes=pull.max_bytes,
-        max_lease_duration=float(pull.max_lease_duration or lease.duration),
-        min_duration_per_lease_extension=extension,
-        max_duration_per_lease_extension=extension,
-    )
-
-
-def to_message(received: Any, subscription: str | None = None) -> Message:
-    """A google-cloud-pubsub subscriber message → `filter.core.model.Message`."""
-    attributes = dict(received.attributes)
-    return Message(
-        data=bytes(received.data),
-        attributes=attributes,
-        message_id=str(received.message_id),
-        publish_time=effective_publish_time(attributes, timestamp(received.publish_time)),
-        ordering_key=received.ordering_key or None,
-        delivery_attempt=received.delivery_attempt,
-        subscription=subscription,
-    )
+#: ends only then), and after; each within what is left of the stop's budget. Its own
+#: shutdown (the streaming-pull futures done) normally takes about a second.
+STREAM_THREADS_TIMEOUT, STREAM_THREADS_AFTER_CLOSE, STREAMS_TIMEOUT = 5.0, 2.0, 2.0
+#: The time limit of one late ack or nack call: within what is left of the stop, but at least
+#: the minimum (a call cut shorter than that would fail where it could have landed).
+LATE_TIMEOUT, MIN_LATE_TIMEOUT = 10.0, 0.5
+#: How long a stream must bring nothing new, after a round trip to Pub/Sub (given ten times as
+#: long), to count as settled.
+QUIET = 0.2
 
 
 class PullWorker:
@@ -132,7 +92,8 @@ class PullWorker:
         self.routes = list(routes)
         self.project = project
         self.settings = settings or engine.config.pull
-        self.grace = engine.config.server.shutdown_grace
+        self.budget = engine.config.server.shutdown_budget
+        self.stopping: Stop | None = None  # begun at the first signal (else when the shutdown starts)
         self.subscriber: Any = subscriber if subscriber is not None else pubsub_v1.SubscriberClient()
         # closed at shutdown, after its threads ended: by default only a client made here
         self._close_subscriber = subscriber is None if close_subscriber is None else close_subscriber
@@ -141,6 +102,7 @@ class PullWorker:
         self.handled = 0
         self.acked = 0
         self.nacked = 0
+        self.returned = 0  # received while stopping, never started: nacked at once
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._hurry: asyncio.Event | None = None
@@ -148,7 +110,9 @@ class PullWorker:
         self._streams: dict[str, Any] = {}
         self._failure: BaseException | None = None
         self._failed_route: str | None = None
+        self._refusing = False  # stopping: what the library hands over is held, not started
         self._closing = False  # streams cancelled: acks go out as unary calls from here on
+        self.arrived = 0  # messages the library handed over
         self._late: dict[str, dict[str, list[str]]] = defaultdict(lambda: {"ack": [], "nack": []})
         self._late_lock = threading.Lock()
         self.ready = threading.Event()  # set once every stream is open (for in-process callers)
@@ -175,7 +139,7 @@ class PullWorker:
     # --- control ------------------------------------------------------------------------
 
     def stop(self, hurry: bool = False) -> None:
-        """Ask the worker to shut down (thread-safe); `hurry` skips the grace period."""
+        """Ask the worker to shut down (thread-safe); `hurry` gives up the wait for the messages in flight."""
         loop = self._loop
         if loop is None or loop.is_closed():
             return
@@ -246,6 +210,8 @@ class PullWorker:
             self._hurry.set()
         else:
             log.info("shutting_down", signal=signal.Signals(sig).name, in_flight=len(self._tasks))
+            self.stopping = Stop.begin(self.budget)
+            backstop.arm(self.stopping)
         self._stop.set()
 
     def _stream_done(self, route: str) -> Any:
@@ -272,6 +238,10 @@ class PullWorker:
 
     def _callback(self, route: str, path: str) -> Any:
         def on_message(received: Any) -> None:  # runs in the subscriber's thread pool
+            self.arrived += 1
+            if self._refusing:
+                self._give_back(path, received)
+                return
             loop = self._loop
             try:
                 assert loop is not None
@@ -283,12 +253,23 @@ class PullWorker:
 
         return on_message
 
-    async def _handle(self, route: str, path: str, received: Any) -> bool:
-        """Decide one message; True to ack it."""
+    def _give_back(self, path: str, received: Any) -> None:
+        """A message received while stopping is not started: nacked at once, on the stream while
+        it is open (so the library keeps reading what Pub/Sub already sent), else with the late
+        ones (the library hands over what it had read until its own shutdown ends)."""
+        with self._late_lock:
+            self.returned += 1
+            if self._closing:
+                self._late[path]["nack"].append(received.ack_id)
+                return
+        received.nack()
+
+    async def _handle(self, route: str, path: str, received: Any) -> bool | None:
+        """Decide one message; True to ack it, None when it was not started (the worker is stopping)."""
         task = asyncio.current_task()
         assert task is not None
-        if self._closing:  # arrived while the streams were being cancelled: not ours to decide
-            return False
+        if self._refusing:  # scheduled just before the stop began: not ours to decide
+            return None
         self._tasks.add(task)
         self.watchdog.saw_message(route)
         try:
@@ -303,9 +284,13 @@ class PullWorker:
         self.handled += 1
         return answer_for(rec).ack
 
-    def _settle(self, path: str, received: Any, future: concurrent.futures.Future[bool]) -> None:
+    def _settle(self, path: str, received: Any, future: concurrent.futures.Future[bool | None]) -> None:
         """Ack or nack from the handling's result (runs on the loop's thread, or the caller's)."""
-        ack = not future.cancelled() and future.exception() is None and bool(future.result())
+        ran = not future.cancelled() and future.exception() is None
+        if ran and future.result() is None:
+            self._give_back(path, received)
+            return
+        ack = ran and bool(future.result())
         if ack:
             self.acked += 1
         else:
@@ -320,78 +305,113 @@ class PullWorker:
     # --- shutdown ---------------------------------------------------------------------------
 
     async def _shutdown(self) -> None:
-        quiet = {name: _ShutdownNoise(texts) for name, texts in _SHUTDOWN_NOISE.items()}
-        for name, noise in quiet.items():
-            logging.getLogger(name).addFilter(noise)
-        try:
+        with shutdown_noise_filtered():
             await self._shut_down()
-        finally:
-            for name, noise in quiet.items():
-                logging.getLogger(name).removeFilter(noise)
         log.info(
             "stopped",
             instance=self.engine.instance,
             handled=self.handled,
             acked=self.acked,
             nacked=self.nacked,
+            returned=self.returned,
         )
 
     async def _shut_down(self) -> None:
-        """Streams, in-flight messages, late acks, the library's threads, the engine, the client."""
-        self._closing = True
+        """In-flight messages, the streams, late acks and nacks, the engine, the library's threads, the client."""
+        stop = self.stopping or Stop.begin(self.budget)
+        self._refusing = True
+        await self._drain(stop)
+        reached = await self._settle_streams(stop)
+        with self._late_lock:
+            self._closing = True
         for future in self._streams.values():
             future.cancel()  # stop pulling; the client nacks what it had not handed to us yet
-        in_flight = set(self._tasks)
-        if in_flight:
-            log.info("draining", in_flight=len(in_flight), grace_s=self.grace)
-            assert self._hurry is not None and self._loop is not None
-            hurry = asyncio.create_task(self._hurry.wait())
-            deadline = self._loop.time() + self.grace
-            pending: set[asyncio.Task[Any]] = set(in_flight)
-            while pending and not hurry.done() and (remaining := deadline - self._loop.time()) > 0:
-                done, _ = await asyncio.wait({*pending, hurry}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
-                pending -= done
-            hurry.cancel()
-            left = [t for t in in_flight if not t.done()]
-            if left:
-                log.warning("cancelling_in_flight", count=len(left), grace_s=self.grace)
-                for t in left:
-                    t.cancel()  # the engine releases its lease (nack), or finishes a publish under way
-                await asyncio.wait(left, timeout=5.0)
+        # the library's own shutdown hands over what it had read (nacked with the late ones),
+        # and nacks what it had not; a stream that cannot reach Pub/Sub ends only with its channel
+        stuck = await asyncio.to_thread(self._join_streams, min(STREAMS_TIMEOUT, stop.left(PUBLISHER)))
+        await asyncio.to_thread(self._send_late, stop)
+        if self._hurry is not None and self._hurry.is_set():  # the messages in flight get no more time
+            stop = Stop(time.monotonic() - stop.budget * DRAIN, stop.budget)
+        await self.engine.close(stop)  # cancels what still runs: its lease released, its message nacked
         await asyncio.sleep(0)  # let the last done-callbacks run
-        await asyncio.to_thread(self._send_late)
-        await asyncio.to_thread(self._join_streams)
-        await asyncio.to_thread(self._join_stream_threads, STREAM_THREADS_TIMEOUT)
-        await self.engine.close(deadline=self.grace)
+        await asyncio.to_thread(self._send_late, stop)
+        if reached and not stuck and not self.watchdog.stalled:
+            # (a stream thread cut off from Pub/Sub ends only once its channel is closed: no use waiting)
+            await asyncio.to_thread(self._join_stream_threads, min(STREAM_THREADS_TIMEOUT, stop.left(RECORDS)))
         if self._close_subscriber:  # its threads are gone (normally): nothing is left to call on the channel
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(self.subscriber.close)
-            lingering = await asyncio.to_thread(self._join_stream_threads, STREAM_THREADS_AFTER_CLOSE)
+            lingering = await asyncio.to_thread(
+                self._join_stream_threads, min(STREAM_THREADS_AFTER_CLOSE, stop.left(CLOSE))
+            )
             if lingering:
                 log.warning("stream_threads_did_not_stop", threads=lingering)
         if self.health is not None:
             await self.health.stop()
 
-    def _send_late(self) -> None:
+    async def _drain(self, stop: Stop) -> None:
+        """Wait for the messages in flight until the stop's share for them (or a second signal)."""
+        if not self._tasks:
+            return
+        log.info("draining", in_flight=len(self._tasks), budget_s=stop.budget)
+        assert self._hurry is not None
+        hurry = asyncio.create_task(self._hurry.wait())
+        try:
+            while self._tasks and not hurry.done() and (remaining := stop.left(DRAIN)) > 0:
+                await asyncio.wait({*self._tasks, hurry}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            hurry.cancel()
+        if self._tasks:
+            log.warning("in_flight_past_drain", count=len(self._tasks), budget_s=stop.budget)
+
+    async def _settle_streams(self, stop: Stop) -> bool:
+        """Keep reading the streams, giving back what comes, until what Pub/Sub already sent on
+        them has arrived: a round trip to Pub/Sub on the same channel, then as long again (the
+        library confirms what it receives before it hands it over) with nothing new, within the
+        drain's share. A stream cancelled with messages on their way loses them: Pub/Sub sends
+        those again only once their ack deadline has passed (the emulator pushes a stream all it
+        has, whatever the flow control). Whether Pub/Sub answered."""
+        if any(future.done() for future in self._streams.values()) or (self._hurry and self._hurry.is_set()):
+            return True
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(max(stop.left(DRAIN), QUIET * 2)):
+                while True:
+                    seen, started = self.arrived, time.monotonic()
+                    for path in self.paths.values():
+                        try:
+                            await asyncio.to_thread(self._probe, path, min(stop.left(DRAIN), QUIET * 10))
+                        except Exception:  # unreachable: it cannot be sending either
+                            return False
+                    await asyncio.sleep(max(QUIET, time.monotonic() - started))
+                    if self.arrived == seen:
+                        return True
+        return True
+
+    def _send_late(self, stop: Stop) -> None:
+        timeout = min(LATE_TIMEOUT, max(stop.left(CLOSE), MIN_LATE_TIMEOUT))
         with self._late_lock:
             late = {p: dict(v) for p, v in self._late.items()}
             self._late.clear()
         for path, ids in late.items():
             # What is not settled here is redelivered later: an ack the engine answers as a
             # duplicate, a nack after its ack deadline.
-            for count, exc in acknowledge(self.subscriber, path, ids["ack"], timeout=10):
+            for count, exc in acknowledge(self.subscriber, path, ids["ack"], timeout=timeout):
                 log.warning("late_ack_failed", subscription=path, count=count, error=_describe(exc))
-            for count, exc in modify_ack_deadline(self.subscriber, path, ids["nack"], 0, timeout=10):
+            for count, exc in modify_ack_deadline(self.subscriber, path, ids["nack"], 0, timeout=timeout):
                 log.warning("late_nack_failed", subscription=path, count=count, error=_describe(exc))
 
-    def _join_streams(self) -> None:
+    def _join_streams(self, timeout: float) -> bool:
+        """Wait for the streaming-pull futures; whether one did not stop in time."""
+        deadline, stuck = time.monotonic() + timeout, False
         for route, future in self._streams.items():
             try:
-                future.result(timeout=30)
+                future.result(timeout=max(0.0, deadline - time.monotonic()))
             except concurrent.futures.TimeoutError:
+                stuck = True
                 log.warning("stream_did_not_stop", route=route)
             except Exception as exc:  # already reported by _stream_done
                 log.debug("stream_ended", route=route, error=_describe(exc))
+        return stuck
 
     def _join_stream_threads(self, timeout: float) -> list[str]:
         """Wait for the threads `subscribe` started, which can outlive their closed streams; the names left."""

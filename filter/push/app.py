@@ -25,6 +25,7 @@ from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError
 from filter.core.model import Cause
 from filter.core.numerals import bounded_int, digits_of
+from filter.core.stopping import Stop
 from filter.observability.probes import backend_problems, health, metrics_routes, telemetry_of
 from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, request_parent_of, trace_of
 from filter.push.unwrapped import MESSAGE_ID, parse_push
@@ -221,7 +222,7 @@ def _cancelled_answer() -> Answer:
 
 async def _cancelled(engine: Engine, route: str) -> Answer:
     """The answer to a request cancelled by a shutdown that could not wait for it (uvicorn past
-    `server.shutdown_grace`): a nack, which Pub/Sub redelivers, rather than the plain 500 and
+    its share of `server.shutdown_budget`): a nack, which Pub/Sub redelivers, rather than the plain 500 and
     traceback an exception would give. A cancel that reached the engine has released the
     lease and recorded the decision (`failed`, cause `cancelled`, or the one just taken)."""
     task = asyncio.current_task()
@@ -365,12 +366,12 @@ def create_app(
 
 
 @contextlib.asynccontextmanager
-async def engine_lifespan(engine: Engine) -> AsyncIterator[None]:
-    """Close cleanly after uvicorn has drained in-flight requests on SIGTERM."""
+async def engine_lifespan(engine: Engine, stopping: Callable[[], Stop | None] = lambda: None) -> AsyncIterator[None]:
+    """Close cleanly after uvicorn has drained in-flight requests on SIGTERM: within what is
+    left of the stop `stopping()` gives (the one begun at the signal), else a budget from now."""
     log.info("serving", routes=sorted(engine.rules), instance=engine.instance)
     try:
         yield
     finally:
-        # A hung records backend must not hold up shutdown past the grace period.
-        await engine.close()
+        await engine.close(stopping())
         log.info("stopped", instance=engine.instance)

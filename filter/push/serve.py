@@ -1,4 +1,4 @@
-"""`pubsub-filter serve`: the push endpoint under uvicorn, drained gracefully on SIGTERM."""
+"""`pubsub-filter serve`: the push endpoint under uvicorn, stopped on SIGTERM within one budget."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import contextlib
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 from typing import Any
 
@@ -14,8 +14,10 @@ import structlog
 import uvicorn
 
 from filter.core.config import Config
+from filter.core.stopping import DRAIN, Stop
 from filter.observability.logsetup import configure
 from filter.push.app import create_app, engine_lifespan
+from filter.runtime import backstop
 from filter.runtime.operational import Failure
 from filter.runtime.wiring import make_engine, make_telemetry
 
@@ -26,7 +28,18 @@ class _GracefulServer(uvicorn.Server):
     uvicorn's own `capture_signals` raises each captured signal again once drained (so the
     process dies of it). This one catches the same signals through the public `handle_exit`,
     drains as uvicorn does, and raises only the others again (Ctrl-C still ends as one).
+
+    The first signal begins the stop: its one budget is counted from there (`stop`), and the
+    backstop ends the process once it has passed.
     """
+
+    def __init__(
+        self, config: uvicorn.Config, budget: float, backstop: Callable[[Stop], object] = backstop.arm
+    ) -> None:
+        super().__init__(config)
+        self.budget = budget
+        self.backstop = backstop
+        self.stop: Stop | None = None
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -37,6 +50,9 @@ class _GracefulServer(uvicorn.Server):
 
         def handle(sig: int, frame: FrameType | None) -> None:
             caught.append(sig)
+            if self.stop is None:
+                self.stop = Stop.begin(self.budget)
+                self.backstop(self.stop)
             self.handle_exit(sig, frame)
 
         original = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}
@@ -76,8 +92,9 @@ def server_config(app: Any, cfg: Config, host: str, port: int) -> uvicorn.Config
         lifespan="on",
         access_log=False,
         log_level="warning",
-        # uvicorn waits on it with asyncio.wait_for, which takes a float: `int()` made 0.5s none at all
-        timeout_graceful_shutdown=cfg.server.shutdown_grace,  # type: ignore[arg-type]
+        # the requests' share of the stop; uvicorn waits on it with asyncio.wait_for, which takes a
+        # float: `int()` made 0.5s none at all
+        timeout_graceful_shutdown=cfg.server.shutdown_budget * DRAIN,  # type: ignore[arg-type]
     )
 
 
@@ -103,7 +120,9 @@ def _serve(cfg: Config, sock: socket.socket, host: str, port: int) -> int:
         auth=authenticator is not None,
         port=port,
     )
-    app = create_app(engine, authenticator, lifespan=lambda _app: engine_lifespan(engine))
-    server = _GracefulServer(server_config(app, cfg, host, port))
+    stopping: list[_GracefulServer] = []  # the server, once made: the app is made before it
+    app = create_app(engine, authenticator, lifespan=lambda _app: engine_lifespan(engine, lambda: stopping[0].stop))
+    server = _GracefulServer(server_config(app, cfg, host, port), cfg.server.shutdown_budget)
+    stopping.append(server)
     server.run(sockets=[sock])
     return 0

@@ -89,7 +89,7 @@ class Pipeline:
             "publisher": {"backend": "pubsub", "timeout": publisher_timeout},
             "records": {"backend": "sqlite", "path": str(self.tmp_path / f"{name}-decisions.db")},
             "lease": dict(LEASE),
-            "server": {"shutdown_grace": "15s"},
+            "server": {"shutdown_budget": "15s"},
             "routes": [route_config(self.push_sub_id, self.dest)],
         }
         cfg.update(top)

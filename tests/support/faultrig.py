@@ -354,7 +354,7 @@ class Rig:
             "publisher": {"backend": "pubsub", "timeout": self.publisher_timeout},
             "records": {"backend": "sqlite", "path": str(self.tmp_path / f"{name}-decisions.db")},
             "lease": dict(self.lease),
-            "server": {"shutdown_grace": "15s"},
+            "server": {"shutdown_budget": "15s"},
             "routes": [
                 {
                     "name": ROUTE,

@@ -97,14 +97,19 @@ class PubsubAdmin:
         return topic_id
 
     def pull_subscription(
-        self, topic_id: str, prefix: str = "pull", ordered: bool = False, message_filter: str = ""
+        self,
+        topic_id: str,
+        prefix: str = "pull",
+        ordered: bool = False,
+        message_filter: str = "",
+        ack_deadline: int = 30,
     ) -> str:
         sub_id = unique(prefix)
         self.subscriber.create_subscription(
             request={
                 "name": self.subscription_path(sub_id),
                 "topic": self.topic_path(topic_id),
-                "ack_deadline_seconds": 30,
+                "ack_deadline_seconds": ack_deadline,
                 "enable_message_ordering": ordered,
                 "filter": message_filter,  # a subscription filter on attributes (empty: every message)
             }

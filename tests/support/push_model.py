@@ -6,7 +6,7 @@ scratch directory, an injected clock) and sends it new messages and redeliveries
 keys whose publishes land, fail or stall (`StallingPublisher`) and whose store calls may be
 held before or after their write (`SlowStore`), lets them go on, moves the clock, and shuts
 the server down as uvicorn does on SIGTERM: requests still running are given
-`server.shutdown_grace`, then cancelled, then the lifespan closes the engine, then
+the requests' share of `server.shutdown_budget`, then cancelled, then the lifespan closes the engine, then
 `asyncio.run` cancels what is left. Each stalled publish resumes during the grace, once the
 close has begun, when the publisher's close flushes it, or never. After each shutdown the
 server is started again on the same files (a new instance).
@@ -20,7 +20,7 @@ After every shutdown it checks, on the closed files and the captured log:
 - every acked forward reached the destination, and every acked suppression or duplicate
   names content that did;
 - no content is published twice in a row for a key, except a publish that landed after its
-  request was abandoned by the shutdown (the README's exception under `shutdown_grace`);
+  request was abandoned by the shutdown (the exception docs/decisions.md names under `shutdown_budget`);
 - no key is left leased once every caller got its answer (the store file re-opened);
 - nothing was closed under a decision still using it (no `lease_release_failed`,
   `commit_failed`, records dropped or deferred, `decisions_abandoned`).
@@ -72,6 +72,8 @@ ROUTE = "reports"
 KEYS = ("a", "b")
 CONTENTS = (0, 1, 2)
 GRACE = 0.05
+#: the whole stop: the engine's close gets what is left of it after the requests' share (filter.core.stopping)
+BUDGET = 0.4
 #: Log events that mean something was closed under a decision still using it, or a record was lost.
 CLOSED_UNDER_WORK = frozenset(
     {
@@ -102,7 +104,7 @@ def config(scratch: Path) -> Config:
     return parse(
         {
             "routes": [{"name": ROUTE, "destination": "phase3", "key": ["payload.k"]}],
-            "server": {"shutdown_grace": GRACE},
+            "server": {"shutdown_budget": BUDGET},
             # the decisions a shutdown cancels are given the store's budget to release their leases
             # (no store call here waits on a timeout: a budget a loaded machine cannot miss)
             "store_errors": {"timeout": "0.5s", "budget": "1s"},

@@ -3,7 +3,7 @@
 `ServedPush` runs `filter.push.app.create_app` with its lifespan (the one `serve` gives it),
 over the embedded SQLite store and records in a directory, and answers requests through
 httpx's ASGI transport: each request is one task, as under uvicorn. `shutdown()` does what
-uvicorn does on SIGTERM (wait `server.shutdown_grace` for the requests, cancel the ones still
+uvicorn does on SIGTERM (wait the requests' share of `server.shutdown_budget`, cancel the ones still
 running, run the lifespan's shutdown) and then what `asyncio.run` does to the tasks still left
 (cancel them again).
 

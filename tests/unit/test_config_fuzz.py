@@ -127,7 +127,7 @@ def configs(good: bool) -> st.SearchStrategy[dict[str, Any]]:
                 timeout=v(one("1s", "2s"), BAD_DURATIONS), budget=v(one("3s", "5s"), BAD_DURATIONS)
             ),
             "server": section(
-                max_body=v(one("10MiB", "512KiB", 4096), st.integers(-1, 2**40)), shutdown_grace=durations
+                max_body=v(one("10MiB", "512KiB", 4096), st.integers(-1, 2**40)), shutdown_budget=durations
             ),
             "auth": section(
                 audience=v(one("https://f.run.app"), one("")),

@@ -432,6 +432,33 @@ def test_bigquery_table_is_partitioned_by_time_and_clustered_by_route_and_decisi
     assert expr(table["schema"]) == '${file("${path.module}/decisions_schema.json")}'
 
 
+def test_the_optional_decision_line_sink_sends_every_decision_line_to_a_dataset_its_writer_may_write() -> None:
+    """What a SIGKILL or OOM kill can cost the batched rows, the lines (written before each
+    answer, kept by Cloud Logging) cannot: the sink takes every `decision` line of the service."""
+    found = resources()
+    gated = [key for key in found if key[1] in ("decision_lines", "decision_lines_writer")]
+    assert sorted(gated) == [
+        ("google_bigquery_dataset", "decision_lines"),
+        ("google_bigquery_dataset_iam_member", "decision_lines_writer"),
+        ("google_logging_project_sink", "decision_lines"),
+    ]
+    for key in gated:
+        assert expr(found[key]["count"]) == "${var.decision_log_sink?1:0}", key
+    sink = found[("google_logging_project_sink", "decision_lines")]
+    assert expr(sink["filter"]) == expr('${local.log_source} AND jsonPayload.message="decision"')
+    assert "google_bigquery_dataset.decision_lines[0].dataset_id" in expr(sink["destination"])
+    assert sink["unique_writer_identity"] is True
+    assert only(sink["bigquery_options"])["use_partitioned_tables"] is True
+    writer = found[("google_bigquery_dataset_iam_member", "decision_lines_writer")]
+    assert (writer["role"], expr(writer["member"])) == (
+        "roles/bigquery.dataEditor",
+        "${google_logging_project_sink.decision_lines[0].writer_identity}",
+    )
+    assert variables(MODULE)["decision_log_sink"]["default"] is False
+    module = _blocks(INFRA, "module")[0]["pubsub_filter"]
+    assert expr(module["decision_log_sink"]) == "${var.decision_log_sink}"
+
+
 def test_decisions_schema_json_has_the_decision_columns() -> None:
     schema = json.loads(SCHEMA_JSON.read_text(encoding="utf-8"))
     assert [(c["name"], c["type"], c.get("mode", "NULLABLE")) for c in schema] == DECISION_COLUMNS

@@ -34,13 +34,15 @@ from tests.support.fakes import SwitchStore
 from tests.support.served import WATCHDOG, Answer, Downstream, ServedPush, StallingPublisher, stored_states
 
 GRACE = 0.02
+#: the whole stop: the engine's close gets what is left of it after the requests' share (filter.core.stopping)
+BUDGET = 0.4
 
 
 def config(tmp_path: Path) -> Config:
     return parse(
         {
             "routes": [{"name": "reports", "destination": "phase3", "key": ["payload.k"]}],
-            "server": {"shutdown_grace": GRACE},
+            "server": {"shutdown_budget": BUDGET},
             # a closed store is retried for the whole budget: keep it short
             "store_errors": {"timeout": "0.01s", "budget": "0.02s"},
             "store": {"backend": "sqlite", "path": str(tmp_path / "state.db")},

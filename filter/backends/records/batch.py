@@ -254,7 +254,7 @@ class BatchingRecorder:
         Rows recorded while `close()` runs are still written; rows recorded after it
         returns are dropped. Sink errors are logged and counted, never raised. With
         `deadline` (seconds), whatever is not written by then is dropped and counted, so
-        a hung sink cannot hold up shutdown past the grace period.
+        a hung sink cannot hold up shutdown past its share of the stop.
         """
         if self._stopping or self._closed:
             return

@@ -61,6 +61,11 @@ output "decisions_table" {
   value       = local.records_backend == "bigquery" ? "${local.records_project}.${google_bigquery_table.decisions[0].dataset_id}.${google_bigquery_table.decisions[0].table_id}" : null
 }
 
+output "decision_lines_dataset" {
+  description = "BigQuery dataset the decision-line log sink writes to, as project.dataset (null unless decision_log_sink)."
+  value       = var.decision_log_sink ? "${var.project}.${google_bigquery_dataset.decision_lines[0].dataset_id}" : null
+}
+
 output "config_secret" {
   description = "Secret Manager secret holding the config, and the version the service mounts."
   value = {

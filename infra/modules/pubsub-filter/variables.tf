@@ -293,3 +293,15 @@ variable "store_unavailable_threshold" {
   type        = number
   default     = 5
 }
+
+variable "decision_log_sink" {
+  description = "Also route every decision log line to BigQuery with a Cloud Logging sink (a dataset of its own). Cloud Logging has each line once the process wrote it, before its answer: a SIGKILL or out-of-memory kill, which can lose the decision rows still batched for BigQuery (at most records.flush_interval of them), loses none of these."
+  type        = bool
+  default     = false
+}
+
+variable "decision_log_dataset" {
+  description = "The dataset the decision-line sink writes to (created in var.project and var.region). Null: <name>_decision_lines, with dashes as underscores."
+  type        = string
+  default     = null
+}
