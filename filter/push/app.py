@@ -17,7 +17,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from filter.core.answer import answer_for
 from filter.core.counters import counts
@@ -95,36 +95,6 @@ class _Disconnected(Exception):
     pass
 
 
-class _BodyTimer:
-    """The body's time limit, armed only when the body has not arrived at once.
-
-    A timer per request (`asyncio.timeout`) costs more than the rest of a suppressed request's
-    HTTP handling. Under uvicorn a body already received is handed over without suspending, so
-    the first read is not timed: a client that sent its body at once has met the limit. A read
-    that suspends is raced against the deadline (counted from the start of the read)."""
-
-    __slots__ = ("expired", "handle", "task")
-
-    def __init__(self) -> None:
-        self.expired = False
-        self.handle: asyncio.TimerHandle | None = None
-        self.task: asyncio.Task[Any] | None = None
-
-    def arm(self, timeout: float) -> None:
-        loop = asyncio.get_running_loop()
-        self.task = asyncio.current_task()
-        self.handle = loop.call_later(timeout, self._expire)
-
-    def _expire(self) -> None:
-        self.expired = True
-        if self.task is not None:
-            self.task.cancel()
-
-    def disarm(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-
-
 async def _body(receive: Receive, limit: int, declared: str | None, within: float) -> bytes:
     """The request body, at most `limit` bytes (`_TooLarge`), within `within` seconds
     (`TimeoutError`); `_Disconnected` when the client left."""
@@ -133,11 +103,10 @@ async def _body(receive: Receive, limit: int, declared: str | None, within: floa
         size = bounded_int(declared, digits_of(limit))
         if size is None or size > limit:
             raise _TooLarge
-    message = await _first(receive, within)
     chunks, size = [], 0
-    timer = None
-    try:
+    async with asyncio.timeout(within):
         while True:
+            message = await receive()
             if message["type"] == "http.disconnect":
                 raise _Disconnected
             chunk = message.get("body", b"")
@@ -147,72 +116,6 @@ async def _body(receive: Receive, limit: int, declared: str | None, within: floa
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
-            if timer is None:
-                timer = _BodyTimer()
-                timer.arm(within)
-            try:
-                message = await receive()
-            except asyncio.CancelledError:
-                if timer.expired and timer.task is not None and timer.task.uncancel() == 0:
-                    raise TimeoutError from None
-                raise
-    finally:
-        if timer is not None:
-            timer.disarm()
-
-
-async def _first(receive: Receive, within: float) -> Message:
-    """The first body message: at once when it is there, else within `within` seconds."""
-    pending = receive()
-    if not asyncio.iscoroutine(pending):  # another server's awaitable: raced as a whole
-        async with asyncio.timeout(within):
-            return await pending
-    try:
-        step = pending.send(None)
-    except StopIteration as done:  # it was there: no timer, no suspension
-        return done.value  # type: ignore[no-any-return]
-    # it was not: finish the read it started, under the deadline
-    timer = _BodyTimer()
-    timer.arm(within)
-    try:
-        return await _Resumed(pending, step)  # type: ignore[no-any-return]
-    except asyncio.CancelledError:
-        if timer.expired and timer.task is not None and timer.task.uncancel() == 0:
-            raise TimeoutError from None
-        raise
-    finally:
-        timer.disarm()
-
-
-class _Resumed:
-    """Awaits a coroutine that has already been stepped once (and yielded `step`), as if it had
-    been awaited from the start: what it yields goes to the task, what the task sends or throws
-    goes to it."""
-
-    __slots__ = ("coro", "step")
-
-    def __init__(self, coro: Any, step: Any) -> None:
-        self.coro = coro
-        self.step = step
-
-    def __await__(self) -> Any:
-        coro, step = self.coro, self.step
-        while True:
-            try:
-                sent = yield step
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:  # handed to the read, which decides
-                try:
-                    step = coro.throw(exc)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    step = coro.send(sent)
-                except StopIteration as done:
-                    return done.value
 
 
 def _cancelled_answer() -> Answer:
