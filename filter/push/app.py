@@ -165,7 +165,7 @@ class _PushHandler:
     """`POST /push/{route}`: the request's few headers, its caller checked, its body read, its
     message decided by the engine, and the decision answered (`answer_for`)."""
 
-    __slots__ = ("authenticator", "bare", "body_timeout", "engine", "max_body", "tracing", "wanted")
+    __slots__ = ("authenticator", "body_timeout", "engine", "max_body", "no_metadata", "read_headers", "tracing")
 
     def __init__(self, engine: Engine, authenticator: Any, body_timeout: float) -> None:
         self.engine = engine
@@ -174,9 +174,9 @@ class _PushHandler:
         self.body_timeout = body_timeout
         tel = telemetry_of(engine)
         self.tracing = tel is not None and tel.tracing
-        self.wanted = _READ_HEADERS if authenticator is None else _READ_WITH_AUTH
+        self.read_headers = _READ_HEADERS if authenticator is None else _READ_WITH_AUTH
         # routes whose subscription pushes the data without metadata: a body there is never an envelope
-        self.bare = frozenset(r.name for r in engine.config.routes if r.push_format == "unwrapped_no_metadata")
+        self.no_metadata = frozenset(r.name for r in engine.config.routes if r.push_format == "unwrapped_no_metadata")
 
     async def __call__(self, route: str, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -187,7 +187,7 @@ class _PushHandler:
 
     async def answer(self, route: str, scope: Scope, receive: Receive) -> Answer:
         engine = self.engine
-        headers = _headers(scope["headers"], self.wanted)
+        headers = _headers(scope["headers"], self.read_headers)
         if self.authenticator is not None:
             refused = await self._refused(route, headers.get(b"authorization"))
             if refused is not None:
@@ -206,7 +206,7 @@ class _PushHandler:
         except (_TooLarge, TimeoutError, _Disconnected) as exc:
             return await self._unread(route, exc, trace)
         try:
-            msg = parse_push(body, scope["headers"], MESSAGE_ID in headers, route in self.bare)
+            msg = parse_push(body, scope["headers"], MESSAGE_ID in headers, route in self.no_metadata)
         except EnvelopeError as exc:
             rec = await engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
             return _json({"decision": "rejected", "reason": rec.reason}, 400)
