@@ -186,7 +186,10 @@ def with_config(sp: argparse.ArgumentParser) -> None:
     sp.add_argument("--config", "-c", metavar="F", help=f"config file (default: ${CONFIG_ENV}, then ./filter.yaml)")
 
 
-def _add_worker_commands(sub: Any) -> None:  # what add_subparsers returns (argparse's type is private)
+# Each `_add_*` adds one command to `sub`, what add_subparsers returns (argparse's type for it is private).
+
+
+def _add_pull(sub: Any) -> None:
     sp = sub.add_parser("pull", help="run the streaming-pull worker (beside a workload) until SIGTERM")
     with_config(sp)
     sp.add_argument(
@@ -201,6 +204,8 @@ def _add_worker_commands(sub: Any) -> None:  # what add_subparsers returns (argp
     )
     sp.set_defaults(func=cmd_pull)
 
+
+def _add_replay(sub: Any) -> None:
     sp = sub.add_parser(
         "replay",
         help="republish what a dead-letter subscription holds (or run it through the filter)",
@@ -250,6 +255,8 @@ def _add_worker_commands(sub: Any) -> None:  # what add_subparsers returns (argp
     sp.add_argument("--verbose", "-v", action="store_true", help="log every replayed message to stderr")
     sp.set_defaults(func=cmd_replay)
 
+
+def _add_provision(sub: Any) -> None:
     sp = sub.add_parser(
         "provision",
         help="create the topics and subscriptions the config needs (idempotent)",
@@ -281,14 +288,7 @@ def _add_worker_commands(sub: Any) -> None:  # what add_subparsers returns (argp
     sp.set_defaults(func=cmd_provision)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="pubsub-filter",
-        description="Forward a Pub/Sub message downstream only when its content changed.",
-    )
-    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
+def _add_serve(sub: Any) -> None:
     sp = sub.add_parser("serve", help="run the push endpoint (Cloud Run)")
     with_config(sp)
     sp.add_argument(
@@ -300,6 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--port", type=int, default=None, metavar="P", help="port to listen on (default: $PORT, then 8080)")
     sp.set_defaults(func=cmd_serve)
 
+
+def _add_check(sub: Any) -> None:
     sp = sub.add_parser("check", help="validate a config file; exit 1 with every problem listed")
     sp.add_argument(
         "file", nargs="?", metavar="F", help="the config file (default: --config, $PUBSUB_FILTER_CONFIG, ./filter.yaml)"
@@ -307,6 +309,8 @@ def build_parser() -> argparse.ArgumentParser:
     with_config(sp)
     sp.set_defaults(func=cmd_check)
 
+
+def _add_fingerprint(sub: Any) -> None:
     sp = sub.add_parser(
         "fingerprint",
         help="print the payload fingerprint of a message's data for a route (a file, - for stdin, or a push envelope)",
@@ -324,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(func=cmd_fingerprint)
 
+
+def _add_explain(sub: Any) -> None:
     sp = sub.add_parser("explain", help="what the filter would decide for a payload, and why (no side effects)")
     with_config(sp)
     sp.add_argument("--route", "-r", required=True, metavar="NAME", help="the route whose rules and state apply")
@@ -340,6 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(func=cmd_explain)
 
+
+def _add_skip_rate(sub: Any) -> None:
     sp = sub.add_parser("skip-rate", help="decisions and skip rate per route, hour or day")
     with_config(sp)
     sp.add_argument("--since", default="24h", metavar="WHEN", help="how far back (e.g. 1h, 24h, 7d; default 24h)")
@@ -368,6 +376,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sp.set_defaults(func=cmd_skip_rate)
 
+
+def _add_tune(sub: Any) -> None:
     sp = sub.add_parser("tune", help="which fields churn, and what another selection would have skipped")
     with_config(sp)
     sp.add_argument("--route", required=True, metavar="R", help="the route to look at")
@@ -392,7 +402,28 @@ def build_parser() -> argparse.ArgumentParser:
         "--log", metavar="FILE|-", help="read decision log lines from FILE (- for stdin) instead of the records backend"
     )
     sp.set_defaults(func=cmd_tune)
-    _add_worker_commands(sub)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="pubsub-filter",
+        description="Forward a Pub/Sub message downstream only when its content changed.",
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    # in the order `--help` lists them
+    for add in (
+        _add_serve,
+        _add_check,
+        _add_fingerprint,
+        _add_explain,
+        _add_skip_rate,
+        _add_tune,
+        _add_pull,
+        _add_replay,
+        _add_provision,
+    ):
+        add(sub)
     return p
 
 

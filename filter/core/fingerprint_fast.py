@@ -38,7 +38,7 @@ def typed_canonical(route: Route) -> tuple[_Fast, _TypedRowsOf] | None:
 
     * fields are `object`-typed, so values decode exactly as the generic decoder decodes
       them (same float hook: integral floats become ints); an absent field is UNSET and
-      is omitted when encoded, a JSON null is None and is written `null`, as before;
+      is omitted when encoded, a JSON null is None and is written `null`, as the generic path writes it;
     * row key fields are required: a row without one fails to decode, and the generic
       path (which orders such rows by their encoded text) takes the message;
     * anything the structs do not accept (rows that are not objects, `rows` missing or
@@ -56,6 +56,24 @@ def typed_canonical(route: Route) -> tuple[_Fast, _TypedRowsOf] | None:
     The payload returned holds only the top-level fields the route's key and bypass paths
     read: they are the only readers of the payload (`RouteRules.key_of`, `bypassed`).
     """
+    shape = _shape(route)
+    if shape is None:
+        return None
+    rows_name, fields, top_names = shape
+    # Python attribute names are generated (f0, f1, ...): JSON names need not be identifiers.
+    row_attrs = {name: f"f{i}" for i, name in enumerate(fields)}
+    top_attrs = {name: f"t{i}" for i, name in enumerate(top_names)}
+    return _fast_paths(
+        _decoder(route.row_key, rows_name, row_attrs, top_attrs),
+        tuple(row_attrs[k] for k in route.row_key),
+        tuple(row_attrs.items()),
+        tuple(top_attrs.items()),
+    )
+
+
+def _shape(route: Route) -> tuple[str, list[str], list[str]] | None:
+    """The rows' field name, the included row fields and the top-level fields the key and
+    bypass paths read, sorted; None when the route is not of the shape `typed_canonical` takes."""
     if route.rows is None or len(route.rows.parts) != 1 or not route.include:
         return None
     rows_name = route.rows.parts[0]
@@ -66,21 +84,21 @@ def typed_canonical(route: Route) -> tuple[_Fast, _TypedRowsOf] | None:
     readers = [p for p in (*route.key, *(c.field for c in route.bypass)) if p.root == "payload"]
     if any(not p.parts or p.parts[0] == rows_name for p in readers):
         return None
-    top_names = sorted({p.parts[0] for p in readers})
+    return rows_name, fields, sorted({p.parts[0] for p in readers})
 
-    # Python attribute names are generated (f0, f1, ...): JSON names need not be identifiers.
-    row_attrs = {name: f"f{i}" for i, name in enumerate(fields)}
+
+def _decoder(
+    row_key: list[str], rows_name: str, row_attrs: dict[str, str], top_attrs: dict[str, str]
+) -> Callable[[bytes], Any]:
+    """A decoder of the document into structs of only the included row fields (the row key's
+    required) and the top-level fields read: the others are skipped in C."""
     row_type = msgspec.defstruct(
         "Row",
-        [
-            (attr, object) if name in route.row_key else (attr, object, msgspec.UNSET)
-            for name, attr in row_attrs.items()
-        ],
+        [(attr, object) if name in row_key else (attr, object, msgspec.UNSET) for name, attr in row_attrs.items()],
         rename={attr: name for name, attr in row_attrs.items()},
         kw_only=True,  # required key fields may come after optional ones: keep the sorted order
         gc=False,  # decoded JSON cannot form reference cycles
     )
-    top_attrs = {name: f"t{i}" for i, name in enumerate(top_names)}
     top_type = msgspec.defstruct(
         "Top",
         [("rows", list[row_type], msgspec.UNSET)]  # type: ignore[valid-type]
@@ -88,15 +106,24 @@ def typed_canonical(route: Route) -> tuple[_Fast, _TypedRowsOf] | None:
         rename={"rows": rows_name, **{attr: name for name, attr in top_attrs.items()}},
         gc=False,
     )
-    decode = msgspec.json.Decoder(top_type, float_hook=canonical_number).decode
-    key_attrs = tuple(row_attrs[k] for k in route.row_key)
+    return msgspec.json.Decoder(top_type, float_hook=canonical_number).decode
+
+
+def _fast_paths(
+    decode: Callable[[bytes], Any],
+    key_attrs: tuple[str, ...],
+    row_get: tuple[tuple[str, str], ...],
+    top_get: tuple[tuple[str, str], ...],
+) -> tuple[_Fast, _TypedRowsOf]:
+    """`fast` (the payload the key reads, and the fingerprint) and `typed_rows` (the same rows
+    for the row digests), over the structs `_decoder` makes. Closures, not methods: `fast` is
+    on every message's path, and a closure's variables are read for less than attributes."""
     key_of = attrgetter(*key_attrs) if key_attrs else None
     ordered = ordered_rows(
         key_of,
         (lambda r: (getattr(r, key_attrs[0]),)) if len(key_attrs) == 1 else key_of,  # type: ignore[arg-type]
         encode_declared,
     )
-    top_get = tuple(top_attrs.items())
     # The last message's rows in arrival order, for `typed_rows` on the same bytes: a forward
     # on a route with row state digests the rows the fingerprint just decoded, instead of
     # decoding the document again. One entry, replaced as a whole (safe across threads); a
@@ -128,25 +155,8 @@ def typed_canonical(route: Route) -> tuple[_Fast, _TypedRowsOf] | None:
             last = (data, arrival)
         return payload, digest
 
-    row_get = tuple(row_attrs.items())
-    unset = msgspec.UNSET
-
-    def as_dict(r: Any) -> dict[str, Any]:
-        return {name: v for name, attr in row_get if (v := getattr(r, attr)) is not unset}
-
-    key_json: Callable[[Any], bytes]
-    keys: Callable[[list[Any]], list[tuple[Any, ...]]]
-    if len(key_attrs) == 1:
-        only = attrgetter(key_attrs[0])
-        key_json = lambda r: encode_sorted((only(r),))  # noqa: E731
-        keys = lambda rows: list(zip(map(only, rows)))  # noqa: E731
-    elif key_attrs:
-        several = attrgetter(*key_attrs)
-        key_json = lambda r: encode_sorted(several(r))  # noqa: E731
-        keys = lambda rows: list(map(several, rows))  # noqa: E731
-    else:
-        key_json = lambda r: b"[]"  # noqa: E731
-        keys = lambda rows: [()] * len(rows)  # noqa: E731
+    as_dict = _as_dict(row_get)
+    key_json, keys = _key_readers(key_attrs)
 
     def typed_rows(data: bytes) -> TypedRows | None:
         # Exactly the rows `fast` hashes: the same checks, the same decode.
@@ -161,3 +171,26 @@ def typed_canonical(route: Route) -> tuple[_Fast, _TypedRowsOf] | None:
         return TypedRows(top.rows, key_json, encode_declared, as_dict, keys)
 
     return fast, typed_rows
+
+
+def _as_dict(row_get: tuple[tuple[str, str], ...]) -> Callable[[Any], dict[str, Any]]:
+    """A typed row as the generic path's selected dict: its fields present, by JSON name."""
+    unset = msgspec.UNSET
+
+    def as_dict(r: Any) -> dict[str, Any]:
+        return {name: v for name, attr in row_get if (v := getattr(r, attr)) is not unset}
+
+    return as_dict
+
+
+def _key_readers(
+    key_attrs: tuple[str, ...],
+) -> tuple[Callable[[Any], bytes], Callable[[list[Any]], list[tuple[Any, ...]]]]:
+    """A typed row's key as JSON, and every row's key values as tuples in one pass (`TypedRows`)."""
+    if len(key_attrs) == 1:
+        only = attrgetter(key_attrs[0])
+        return (lambda r: encode_sorted((only(r),))), (lambda rows: list(zip(map(only, rows))))
+    if key_attrs:
+        several = attrgetter(*key_attrs)
+        return (lambda r: encode_sorted(several(r))), (lambda rows: list(map(several, rows)))
+    return (lambda r: b"[]"), (lambda rows: [()] * len(rows))

@@ -5,7 +5,8 @@ lease is taken. Under `on_missing_key: forward` (the default) it is forwarded as
 recorded `fail_open`, as a message is when the store cannot answer: a producer that renames a
 key field must not stop every downstream phase. Its redelivery is forwarded again (nothing
 recorded it); the forward carries the filter's attributes, so a consumer can drop a second
-copy by `filter_source_message_id`. Under `reject`, the message is rejected as before (400).
+copy by `filter_source_message_id`. Under `reject`, `MissingField` is raised again: the message
+is rejected (400), the unreadable path its reason.
 """
 
 from __future__ import annotations

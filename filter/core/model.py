@@ -224,7 +224,7 @@ class DecisionRecord(msgspec.Struct, frozen=True):
     def as_dict(self) -> dict[str, Any]:
         """The fields of the decision log line: the columns but `trace` (the engine names it
         under Cloud Logging's trace field) and `extra` (its keys are spread into the line)."""
-        # a comprehension over getattr: measured as fast as the literal dict it replaced
+        # the line's fields named once, in `DECISION_COLUMNS`; as fast as a literal dict (measured)
         out = {name: getattr(self, name) for name in _LINE_FIELDS}
         out["decision"] = str(self.decision)
         out.update(self.extra)

@@ -17,13 +17,13 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import Message, Receive, Scope, Send
+from starlette.types import Receive, Scope, Send
 
 from filter.core.answer import answer_for
 from filter.core.counters import counts
 from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError
-from filter.core.model import Cause
+from filter.core.model import Cause, DecisionRecord
 from filter.core.numerals import bounded_int, digits_of
 from filter.core.stopping import Stop
 from filter.observability.probes import backend_problems, health, metrics_routes, telemetry_of
@@ -40,7 +40,7 @@ class _TooLarge(Exception):
     pass
 
 
-def cut(name: str) -> str:
+def bounded_route_name(name: str) -> str:
     """A name a request made up, as its record and log lines keep it: at most `MAX_ROUTE_NAME` characters."""
     return name if len(name) <= MAX_ROUTE_NAME else name[:MAX_ROUTE_NAME] + "…"
 
@@ -96,36 +96,6 @@ class _Disconnected(Exception):
     pass
 
 
-class _BodyTimer:
-    """The body's time limit, armed only when the body has not arrived at once.
-
-    A timer per request (`asyncio.timeout`) costs more than the rest of a suppressed request's
-    HTTP handling. Under uvicorn a body already received is handed over without suspending, so
-    the first read is not timed: a client that sent its body at once has met the limit. A read
-    that suspends is raced against the deadline (counted from the start of the read)."""
-
-    __slots__ = ("expired", "handle", "task")
-
-    def __init__(self) -> None:
-        self.expired = False
-        self.handle: asyncio.TimerHandle | None = None
-        self.task: asyncio.Task[Any] | None = None
-
-    def arm(self, timeout: float) -> None:
-        loop = asyncio.get_running_loop()
-        self.task = asyncio.current_task()
-        self.handle = loop.call_later(timeout, self._expire)
-
-    def _expire(self) -> None:
-        self.expired = True
-        if self.task is not None:
-            self.task.cancel()
-
-    def disarm(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-
-
 async def _body(receive: Receive, limit: int, declared: str | None, within: float) -> bytes:
     """The request body, at most `limit` bytes (`_TooLarge`), within `within` seconds
     (`TimeoutError`); `_Disconnected` when the client left."""
@@ -134,11 +104,10 @@ async def _body(receive: Receive, limit: int, declared: str | None, within: floa
         size = bounded_int(declared, digits_of(limit))
         if size is None or size > limit:
             raise _TooLarge
-    message = await _first(receive, within)
     chunks, size = [], 0
-    timer = None
-    try:
+    async with asyncio.timeout(within):
         while True:
+            message = await receive()
             if message["type"] == "http.disconnect":
                 raise _Disconnected
             chunk = message.get("body", b"")
@@ -148,72 +117,6 @@ async def _body(receive: Receive, limit: int, declared: str | None, within: floa
             chunks.append(chunk)
             if not message.get("more_body", False):
                 return b"".join(chunks)
-            if timer is None:
-                timer = _BodyTimer()
-                timer.arm(within)
-            try:
-                message = await receive()
-            except asyncio.CancelledError:
-                if timer.expired and timer.task is not None and timer.task.uncancel() == 0:
-                    raise TimeoutError from None
-                raise
-    finally:
-        if timer is not None:
-            timer.disarm()
-
-
-async def _first(receive: Receive, within: float) -> Message:
-    """The first body message: at once when it is there, else within `within` seconds."""
-    pending = receive()
-    if not asyncio.iscoroutine(pending):  # another server's awaitable: raced as a whole
-        async with asyncio.timeout(within):
-            return await pending
-    try:
-        step = pending.send(None)
-    except StopIteration as done:  # it was there: no timer, no suspension
-        return done.value  # type: ignore[no-any-return]
-    # it was not: finish the read it started, under the deadline
-    timer = _BodyTimer()
-    timer.arm(within)
-    try:
-        return await _Resumed(pending, step)  # type: ignore[no-any-return]
-    except asyncio.CancelledError:
-        if timer.expired and timer.task is not None and timer.task.uncancel() == 0:
-            raise TimeoutError from None
-        raise
-    finally:
-        timer.disarm()
-
-
-class _Resumed:
-    """Awaits a coroutine that has already been stepped once (and yielded `step`), as if it had
-    been awaited from the start: what it yields goes to the task, what the task sends or throws
-    goes to it."""
-
-    __slots__ = ("coro", "step")
-
-    def __init__(self, coro: Any, step: Any) -> None:
-        self.coro = coro
-        self.step = step
-
-    def __await__(self) -> Any:
-        coro, step = self.coro, self.step
-        while True:
-            try:
-                sent = yield step
-            except GeneratorExit:
-                coro.close()
-                raise
-            except BaseException as exc:  # handed to the read, which decides
-                try:
-                    step = coro.throw(exc)
-                except StopIteration as done:
-                    return done.value
-            else:
-                try:
-                    step = coro.send(sent)
-                except StopIteration as done:
-                    return done.value
 
 
 def _cancelled_answer() -> Answer:
@@ -259,89 +162,115 @@ class PushApp:
         await self.probes(scope, receive, send)
 
 
-def create_app(
-    engine: Engine, authenticator: Any = None, lifespan: Any = None, body_timeout: float | None = None
-) -> PushApp:
-    max_body = engine.config.server.max_body
-    # A client that sends part of a body and stalls would otherwise hold a request (and its memory) open for good.
-    body_timeout = engine.config.server.body_timeout if body_timeout is None else body_timeout
-    tel = telemetry_of(engine)
-    tracing = tel is not None and tel.tracing
-    wanted = _READ_HEADERS if authenticator is None else _READ_WITH_AUTH
-    # routes whose subscription pushes the data without metadata: a body there is never an envelope
-    bare = frozenset(r.name for r in engine.config.routes if r.push_format == "unwrapped_no_metadata")
+class _PushHandler:
+    """`POST /push/{route}`: the request's few headers, its caller checked, its body read, its
+    message decided by the engine, and the decision answered (`answer_for`)."""
 
-    async def push(route: str, scope: Scope, receive: Receive, send: Send) -> None:
+    __slots__ = ("authenticator", "body_timeout", "engine", "max_body", "no_metadata", "read_headers", "tracing")
+
+    def __init__(self, engine: Engine, authenticator: Any, body_timeout: float) -> None:
+        self.engine = engine
+        self.authenticator = authenticator
+        self.max_body = engine.config.server.max_body
+        self.body_timeout = body_timeout
+        tel = telemetry_of(engine)
+        self.tracing = tel is not None and tel.tracing
+        self.read_headers = _READ_HEADERS if authenticator is None else _READ_WITH_AUTH
+        # routes whose subscription pushes the data without metadata: a body there is never an envelope
+        self.no_metadata = frozenset(r.name for r in engine.config.routes if r.push_format == "unwrapped_no_metadata")
+
+    async def __call__(self, route: str, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            answer = await answer_of(route, scope, receive)
+            answer = await self.answer(route, scope, receive)
         except asyncio.CancelledError:
-            answer = await _cancelled(engine, route)
+            answer = await _cancelled(self.engine, route)
         await _send(send, answer)
 
-    async def answer_of(route: str, scope: Scope, receive: Receive) -> Answer:
-        headers = _headers(scope["headers"], wanted)
-        if authenticator is not None:
-            from filter.push.auth import AuthError
-
-            try:
-                await authenticator.verify(headers.get(b"authorization"))
-            except AuthError as exc:
-                if exc.status == 503:  # Google's certificates out of reach: our outage, and Pub/Sub retries
-                    log.warning("push_auth_unavailable", route=route, reason=exc.reason)
-                    return _json({"error": exc.reason}, 503, _RETRY)
-                counts["auth_rejected"] += 1
-                log.warning("push_unauthorized", route=cut(route), status=exc.status, reason=exc.reason)
-                return _json({"error": exc.reason}, exc.status)
+    async def answer(self, route: str, scope: Scope, receive: Receive) -> Answer:
+        engine = self.engine
+        headers = _headers(scope["headers"], self.read_headers)
+        if self.authenticator is not None:
+            refused = await self._refused(route, headers.get(b"authorization"))
+            if refused is not None:
+                return refused
         trace = trace_of(headers)  # the log line's
-        parent = request_parent_of(headers) if tracing else None  # the decision's
+        parent = request_parent_of(headers) if self.tracing else None  # the decision's
         if trace:
             # Lifecycle lines (lease taken over, heartbeat failed...) then carry the request's trace too.
             structlog.contextvars.bind_contextvars(trace=trace)
         if route not in engine.rules:
-            route = cut(route)
+            route = bounded_route_name(route)
             rec = await engine.reject(route, None, f"unknown route {route!r}", trace=trace, cause=Cause.UNKNOWN_ROUTE)
             return _json({"decision": "rejected", "reason": rec.reason}, 404)
         try:
-            body = await _body(receive, max_body, headers.get(b"content-length"), body_timeout)
-        except _TooLarge:
-            rec = await engine.reject(route, None, f"body larger than {max_body} bytes", trace=trace)
-            return _json({"decision": "rejected", "reason": rec.reason}, 413)
-        except TimeoutError:
-            rec = await engine.reject(route, None, f"body not received in full within {body_timeout:g}s", trace=trace)
-            # the rest of the body may still arrive: it must not be read as the next request
-            return _json({"decision": "rejected", "reason": rec.reason}, 408, _CLOSE)
-        except _Disconnected:
+            body = await _body(receive, self.max_body, headers.get(b"content-length"), self.body_timeout)
+        except (_TooLarge, TimeoutError, _Disconnected) as exc:
+            return await self._unread(route, exc, trace)
+        try:
+            msg = parse_push(body, scope["headers"], MESSAGE_ID in headers, route in self.no_metadata)
+        except EnvelopeError as exc:
+            rec = await engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
+            return _json({"decision": "rejected", "reason": rec.reason}, 400)
+        if parent is None:
+            return _decided(await engine.handle(route, msg, trace))
+        token = REQUEST_PARENT.set(parent)  # the decision's parent: the push request's trace
+        try:
+            return _decided(await engine.handle(route, msg, trace))
+        finally:
+            REQUEST_PARENT.reset(token)
+
+    async def _refused(self, route: str, authorization: str | None) -> Answer | None:
+        """The answer to a caller the authenticator does not let in; None for one it does."""
+        from filter.push.auth import AuthError
+
+        try:
+            await self.authenticator.verify(authorization)
+        except AuthError as exc:
+            if exc.status == 503:  # Google's certificates out of reach: our outage, and Pub/Sub retries
+                log.warning("push_auth_unavailable", route=route, reason=exc.reason)
+                return _json({"error": exc.reason}, 503, _RETRY)
+            counts["auth_rejected"] += 1
+            log.warning("push_unauthorized", route=bounded_route_name(route), status=exc.status, reason=exc.reason)
+            return _json({"error": exc.reason}, exc.status)
+        return None
+
+    async def _unread(self, route: str, exc: Exception, trace: str | None) -> Answer:
+        """The answer to a body that was not read: too large, too slow, or its client gone."""
+        if isinstance(exc, _Disconnected):
             # Nobody is left to answer, and no decision was taken: Pub/Sub sends it again.
             counts["client_disconnected"] += 1
             log.info("push_client_disconnected", route=route)
             return 499, (), b""
-        try:
-            msg = parse_push(body, scope["headers"], MESSAGE_ID in headers, route in bare)
-        except EnvelopeError as exc:
-            rec = await engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
-            return _json({"decision": "rejected", "reason": rec.reason}, 400)
-        if parent is not None:
-            token = REQUEST_PARENT.set(parent)  # the decision's parent: the push request's trace
-            try:
-                rec = await engine.handle(route, msg, trace)
-            finally:
-                REQUEST_PARENT.reset(token)
-        else:
-            rec = await engine.handle(route, msg, trace)
-        answer = answer_for(rec)
-        out: dict[str, Any] = {
-            "decision": str(rec.decision),
-            "reason": rec.reason,
-            "message_id": rec.message_id,
-        }
-        if rec.key is not None:
-            out["key"] = rec.key
-            out["fingerprint"] = rec.fingerprint
-        if not rec.enforced:
-            out["enforced"] = False
-        if rec.published_id:
-            out["published_id"] = rec.published_id
-        return _json(out, answer.status, _RETRY if answer.retry_after else ())
+        if isinstance(exc, _TooLarge):
+            rec = await self.engine.reject(route, None, f"body larger than {self.max_body} bytes", trace=trace)
+            return _json({"decision": "rejected", "reason": rec.reason}, 413)
+        reason = f"body not received in full within {self.body_timeout:g}s"
+        rec = await self.engine.reject(route, None, reason, trace=trace)
+        # the rest of the body may still arrive: it must not be read as the next request
+        return _json({"decision": "rejected", "reason": rec.reason}, 408, _CLOSE)
+
+
+def _decided(rec: DecisionRecord) -> Answer:
+    """A decision's answer: its status and retry hint (`answer_for`), and the record's gist as JSON."""
+    answer = answer_for(rec)
+    out: dict[str, Any] = {
+        "decision": str(rec.decision),
+        "reason": rec.reason,
+        "message_id": rec.message_id,
+    }
+    if rec.key is not None:
+        out["key"] = rec.key
+        out["fingerprint"] = rec.fingerprint
+    if not rec.enforced:
+        out["enforced"] = False
+    if rec.published_id:
+        out["published_id"] = rec.published_id
+    return _json(out, answer.status, _RETRY if answer.retry_after else ())
+
+
+def _probes(engine: Engine, push: _PushHandler, lifespan: Any) -> Starlette:
+    """Everything but a direct `POST /push/{route}`: the probes, `/metrics`, the push endpoint
+    under a mounted root path, lifespan, and Starlette's 404 and 405 answers."""
 
     async def routed(scope: Scope, receive: Receive, send: Send) -> None:
         """The push endpoint as Starlette reaches it (a mounted root path): the same handler."""
@@ -362,7 +291,16 @@ def create_app(
         Route("/readyz", readyz, methods=["GET"]),
     ]
     routes += metrics_routes(engine)
-    return PushApp(push, Starlette(routes=routes, lifespan=lifespan))
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def create_app(
+    engine: Engine, authenticator: Any = None, lifespan: Any = None, body_timeout: float | None = None
+) -> PushApp:
+    # A client that sends part of a body and stalls would otherwise hold a request (and its memory) open for good.
+    body_timeout = engine.config.server.body_timeout if body_timeout is None else body_timeout
+    push = _PushHandler(engine, authenticator, body_timeout)
+    return PushApp(push, _probes(engine, push, lifespan))
 
 
 @contextlib.asynccontextmanager

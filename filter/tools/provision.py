@@ -101,24 +101,7 @@ def plan(
     existing_topic_of: Any,
 ) -> Plan:
     """Everything the config needs. `existing_topic_of(subscription path)` → its topic, or None."""
-    if not 5 <= max_delivery_attempts <= 100:
-        raise ProvisionError(
-            f"--max-delivery-attempts must be between 5 and 100 (Pub/Sub's limits), not {max_delivery_attempts}"
-        )
-    ack_deadline = round(cfg.lease.ack_deadline)
-    if not 10 <= ack_deadline <= 600:
-        raise ProvisionError(
-            f"lease.ack_deadline is {cfg.lease.ack_deadline:g}s; a subscription's ack deadline must be 10s to 600s"
-        )
-    unknown = sorted(set(source_topics) - {r.name for r in cfg.routes})
-    if unknown:
-        raise ProvisionError(f"--source-topic names unknown route(s): {', '.join(unknown)}")
-    missing = [r.name for r in cfg.routes if not r.subscription]
-    if missing:
-        raise ProvisionError(
-            f"route(s) {', '.join(missing)} have no `subscription`: set one per route in the config, "
-            "it names the subscription to create"
-        )
+    ack_deadline = _ack_deadline(cfg, max_delivery_attempts, source_topics)
     out = Plan(project)
     seen: set[str] = set()
 
@@ -136,20 +119,7 @@ def plan(
         sub_id = short_id(sub)
         sub_project = sub.split("/")[1]
         topic(pubsub_path(route.destination, "topic", project), f"destination of route {route.name!r}")
-        if route.name in source_topics:
-            source = pubsub_path(source_topics[route.name], "topic", sub_project)
-        else:
-            attached = existing_topic_of(sub)
-            derived = derive_source_topic(sub_id)
-            if attached:
-                source = attached
-            elif derived:
-                source = pubsub_path(derived, "topic", sub_project)
-            else:
-                raise ProvisionError(
-                    f"route {route.name!r}: cannot tell the source topic from subscription id {sub_id!r} "
-                    f"(no -sub suffix or sub- prefix to remove): pass --source-topic {route.name}=TOPIC"
-                )
+        source = _source_topic(route.name, sub, source_topics, existing_topic_of)
         topic(source, f"source of route {route.name!r}")
         dlq = pubsub_path(f"{sub_id}-dlq", "topic", sub_project)
         topic(dlq, f"dead letters of route {route.name!r}")
@@ -179,6 +149,50 @@ def plan(
             )
         )
     return out
+
+
+def _ack_deadline(cfg: Config, max_delivery_attempts: int, source_topics: dict[str, str]) -> int:
+    """The routes' subscriptions' ack deadline in whole seconds, once the options and the config
+    are ones Pub/Sub takes (`ProvisionError` otherwise, before anything is planned)."""
+    if not 5 <= max_delivery_attempts <= 100:
+        raise ProvisionError(
+            f"--max-delivery-attempts must be between 5 and 100 (Pub/Sub's limits), not {max_delivery_attempts}"
+        )
+    ack_deadline = round(cfg.lease.ack_deadline)
+    if not 10 <= ack_deadline <= 600:
+        raise ProvisionError(
+            f"lease.ack_deadline is {cfg.lease.ack_deadline:g}s; a subscription's ack deadline must be 10s to 600s"
+        )
+    unknown = sorted(set(source_topics) - {r.name for r in cfg.routes})
+    if unknown:
+        raise ProvisionError(f"--source-topic names unknown route(s): {', '.join(unknown)}")
+    missing = [r.name for r in cfg.routes if not r.subscription]
+    if missing:
+        raise ProvisionError(
+            f"route(s) {', '.join(missing)} have no `subscription`: set one per route in the config, "
+            "it names the subscription to create"
+        )
+    return ack_deadline
+
+
+def _source_topic(
+    route: str, sub: str, source_topics: dict[str, str], existing_topic_of: Callable[[str], str | None]
+) -> str:
+    """The topic feeding `route`'s subscription `sub`: `--source-topic`, else the topic `sub`
+    is attached to, else the subscription id without its affix (`derive_source_topic`)."""
+    sub_project = sub.split("/")[1]
+    if route in source_topics:
+        return pubsub_path(source_topics[route], "topic", sub_project)
+    attached = existing_topic_of(sub)
+    if attached:
+        return attached
+    derived = derive_source_topic(short_id(sub))
+    if derived:
+        return pubsub_path(derived, "topic", sub_project)
+    raise ProvisionError(
+        f"route {route!r}: cannot tell the source topic from subscription id {short_id(sub)!r} "
+        f"(no -sub suffix or sub- prefix to remove): pass --source-topic {route}=TOPIC"
+    )
 
 
 # --- applying it -----------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
-"""The push path reads a request body straight from ASGI: at once when it is there, raced
-against `server.body_timeout` only when it is not, and a shutdown's cancel is not a timeout."""
+"""The push path reads a request body straight from ASGI, within `server.max_body` and
+`server.body_timeout`, and a shutdown's cancel is not a timeout."""
 
 from __future__ import annotations
 
