@@ -320,8 +320,12 @@ class PullWorker:
         """In-flight messages, the streams, late acks and nacks, the engine, the library's threads, the client."""
         stop = self.stopping or Stop.begin(self.budget)
         self._refusing = True
+        # The streams settle while the messages in flight drain, so a drain that takes its whole
+        # share (a slow store under load) leaves them no less time; then once more, briefly, for
+        # what came while the drain ran.
+        settling = asyncio.create_task(self._settle_streams(stop, DRAIN))
         await self._drain(stop)
-        reached = await self._settle_streams(stop)
+        reached = await settling and await self._settle_streams(stop, PUBLISHER)
         with self._late_lock:
             self._closing = True
         for future in self._streams.values():
@@ -364,22 +368,25 @@ class PullWorker:
         if self._tasks:
             log.warning("in_flight_past_drain", count=len(self._tasks), budget_s=stop.budget)
 
-    async def _settle_streams(self, stop: Stop) -> bool:
+    async def _settle_streams(self, stop: Stop, share: float) -> bool:
         """Keep reading the streams, giving back what comes, until what Pub/Sub already sent on
         them has arrived: a round trip to Pub/Sub on the same channel, then as long again (the
         library confirms what it receives before it hands it over) with nothing new, within the
         drain's share. A stream cancelled with messages on their way loses them: Pub/Sub sends
         those again only once their ack deadline has passed (the emulator pushes a stream all it
-        has, whatever the flow control). Whether Pub/Sub answered."""
+        has, whatever the flow control). Within the stop's `share`, but never less than a
+        round trip and a quiet pause. Whether Pub/Sub answered."""
         if any(future.done() for future in self._streams.values()) or (self._hurry and self._hurry.is_set()):
             return True
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(max(stop.left(DRAIN), QUIET * 2)):
+            async with asyncio.timeout(max(stop.left(share), QUIET * 4)):
                 while True:
                     seen, started = self.arrived, time.monotonic()
                     for path in self.paths.values():
                         try:
-                            await asyncio.to_thread(self._probe, path, min(stop.left(DRAIN), QUIET * 10))
+                            await asyncio.to_thread(
+                                self._probe, path, max(QUIET * 2, min(stop.left(share), QUIET * 10))
+                            )
                         except Exception:  # unreachable: it cannot be sending either
                             return False
                     await asyncio.sleep(max(QUIET, time.monotonic() - started))
