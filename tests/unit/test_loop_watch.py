@@ -58,11 +58,11 @@ def test_a_coroutine_test_that_blocks_its_loop_fails_unless_marked(pytester: pyt
         CONTENTION = contention()
 
         async def test_blocks():
-            time.sleep(0.25 * CONTENTION)
+            time.sleep(0.25 * CONTENTION)  # holds the loop on purpose
 
         @pytest.mark.loop_may_block("on purpose")
         async def test_blocks_and_says_why():
-            time.sleep(0.25 * CONTENTION)
+            time.sleep(0.25 * CONTENTION)  # holds the loop on purpose
 
         async def test_yields():
             pass
@@ -158,6 +158,5 @@ def test_a_callback_that_only_waited_for_a_cpu_is_not_reported() -> None:
 
 @needs_schedstat
 def test_a_callback_asleep_on_the_loop_is_reported_though_it_also_waited_for_a_cpu() -> None:
-    # the thing under test: a blocking sleep on the loop, on a machine that also keeps it waiting
-    watched = run_kept_off_the_cpu(lambda: time.sleep(BLOCKED * 2))
+    watched = run_kept_off_the_cpu(lambda: time.sleep(BLOCKED * 2))  # holds the loop on purpose
     assert len(watched.found) == 1 and "waiting for a CPU" in watched.found[0], watched.reported
