@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -70,6 +71,27 @@ def split(took: float, readings: Sequence[Reading]) -> Held:
 def parse(schedstat: bytes) -> float:
     """Seconds waited for a CPU, from schedstat's `on-cpu-ns waiting-ns timeslices`."""
     return int(schedstat.split()[1]) / 1e9
+
+
+def waited_for_cpu() -> float:
+    """Seconds this thread has been runnable without a CPU so far; 0.0 where the system keeps no
+    schedstat (a `Stopwatch` then subtracts nothing)."""
+    try:
+        with open(SCHEDSTAT, "rb") as stats:
+            return parse(stats.read())
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+class Stopwatch:
+    """For a test that times a step on its loop itself: the wall time since it was made, less the
+    time this thread waited for a CPU meanwhile (what a busy machine took, not the step)."""
+
+    def __init__(self) -> None:
+        self._started, self._waited = time.perf_counter(), waited_for_cpu()
+
+    def held(self) -> float:
+        return (time.perf_counter() - self._started) - (waited_for_cpu() - self._waited)
 
 
 class WatchedLoop(asyncio.SelectorEventLoop):

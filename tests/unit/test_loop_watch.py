@@ -15,7 +15,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from tests.support.loopclock import SCHEDSTAT, Reading, WatchedLoop, split
+from tests.support.loopclock import SCHEDSTAT, Reading, Stopwatch, WatchedLoop, split
 from tests.support.loopwatch import BLOCKED, SlowCallbacks, contention, watching
 
 pytest_plugins = ["pytester"]
@@ -160,3 +160,22 @@ def test_a_callback_that_only_waited_for_a_cpu_is_not_reported() -> None:
 def test_a_callback_asleep_on_the_loop_is_reported_though_it_also_waited_for_a_cpu() -> None:
     watched = run_kept_off_the_cpu(lambda: time.sleep(BLOCKED * 2))  # holds the loop on purpose
     assert len(watched.found) == 1 and "waiting for a CPU" in watched.found[0], watched.reported
+
+
+@needs_schedstat
+def test_a_stopwatch_counts_what_a_step_ran_not_what_it_waited_for_a_cpu() -> None:
+    timed: list[tuple[float, float]] = []
+
+    def thread() -> None:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)  # Linux: this thread only
+        started, watch = time.perf_counter(), Stopwatch()
+        burn(BLOCKED / 4)
+        timed.append((time.perf_counter() - started, watch.held()))
+
+    with every_cpu_busy():
+        runner = threading.Thread(target=thread, name="kept-off-the-cpu")
+        runner.start()
+        runner.join(timeout=120)
+    [(wall, held)] = timed
+    assert wall >= BLOCKED, "precondition: the step took past the limit by the wall clock"
+    assert held < BLOCKED, (wall, held)
