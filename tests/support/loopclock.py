@@ -37,6 +37,7 @@ SAME_READING = 1e-9
 class Reading:
     clock: float  # what `loop.time()` returned
     waiting: float  # seconds the loop's thread had been runnable without a CPU, so far
+    running: float = 0.0  # seconds it had been on a CPU, so far
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Held:
 
     took: float
     waiting: float
+    running: float = 0.0  # of it, on a CPU (the rest of what it held: asleep in a call)
 
     @property
     def held(self) -> float:
@@ -62,7 +64,7 @@ def split(took: float, readings: Sequence[Reading]) -> Held:
     start = end.clock - took
     for reading in reversed(readings):
         if abs(reading.clock - start) <= SAME_READING:
-            return Held(took, min(took, max(0.0, end.waiting - reading.waiting)))
+            return Held(took, min(took, max(0.0, end.waiting - reading.waiting)), end.running - reading.running)
         if reading.clock < start:
             break
     return Held(took, 0.0)
@@ -71,6 +73,11 @@ def split(took: float, readings: Sequence[Reading]) -> Held:
 def parse(schedstat: bytes) -> float:
     """Seconds waited for a CPU, from schedstat's `on-cpu-ns waiting-ns timeslices`."""
     return int(schedstat.split()[1]) / 1e9
+
+
+def reading(clock: float, schedstat: bytes) -> Reading:
+    running, waiting = schedstat.split()[:2]
+    return Reading(clock, int(waiting) / 1e9, int(running) / 1e9)
 
 
 def waited_for_cpu() -> float:
@@ -135,7 +142,7 @@ class WatchedLoop(asyncio.SelectorEventLoop):
         now = super().time()
         fd = self._schedstat
         if fd is not None and threading.get_ident() == self._thread:
-            self.readings.append(Reading(now, parse(os.pread(fd, 64, 0))))
+            self.readings.append(reading(now, os.pread(fd, 64, 0)))
         return now
 
     def close(self) -> None:
