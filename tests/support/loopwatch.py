@@ -7,9 +7,13 @@ counted, only code that ran that long without yielding. Of that time, what the l
 spent runnable but waiting for a CPU is the machine's, not the code's: coroutine tests run on
 `tests.support.loopclock.WatchedLoop`, whose clock readings carry the thread's waiting time
 (Linux schedstat), and a report is a block only if what is left reaches `BLOCKED`. A callback
-asleep in a call it made (a lock waited out, a file, `time.sleep`) counts in full. Where the
-system keeps no schedstat, the limit grows instead by how many times over the CPUs are asked
-for (`contention`). What asyncio reports (`Executing <Handle ...> took 0.123 seconds` on the
+asleep in a call it made (a lock waited out, a file, `time.sleep`) counts in full, and so does
+what the thread's own counters cannot tell apart from that: the GIL held by another thread of
+the process that is itself waiting for a CPU, a write throttled by other processes' dirty pages.
+(At a load of 5-9 on 2 CPUs, test_telemetry's pushes were seen holding 0.1-0.24 s with under
+10 ms on a CPU; at a load of 2, never.) Where the system keeps no schedstat, the limit grows
+instead by how many times over the CPUs are asked for (`contention`). What asyncio reports
+(`Executing <Handle ...> took 0.123 seconds` on the
 `asyncio` logger) and holds is collected here, and the test fails at teardown naming each
 callback and how much of its time was spent waiting for a CPU. While a test is watched, what
 the suite made before it is frozen out of the garbage collector's passes (`watching`).
