@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import faulthandler
 import os
-from collections.abc import Generator, Iterator
+from collections.abc import Callable, Generator, Iterator
 from typing import TypeVar
 
 import pytest
 
 from tests.support.emulators import Emulator, EmulatorError, FirestoreEmulator, PubsubEmulator
+from tests.support.loopclock import WatchedLoop
 from tests.support.loopwatch import loop_watch, watch_coroutine_tests
 
 __all__ = ["loop_watch"]  # a fixture: every coroutine test uses it (`pytest_collection_modifyitems`)
@@ -88,6 +89,12 @@ def pytest_runtest_protocol(item: pytest.Item) -> Generator[None, object, object
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The loop is watched in every coroutine test (`tests.support.loopwatch`)."""
     watch_coroutine_tests(items)
+
+
+def pytest_asyncio_loop_factories(config: pytest.Config, item: pytest.Item) -> dict[str, Callable[[], WatchedLoop]]:
+    """Coroutine tests run on a loop whose clock readings say how long its thread waited for a
+    CPU, so the loop watch counts only what the code held (`tests.support.loopclock`)."""
+    return {"watched": WatchedLoop}
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

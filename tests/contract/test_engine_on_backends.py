@@ -17,6 +17,7 @@ from filter.core.engine import Engine
 from filter.core.model import Decision, Message
 from tests.contract.conftest import OpenStore
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
+from tests.support.polling import eventually
 
 ROUTE = "reports"
 KEY = "2025-01-10"
@@ -107,11 +108,9 @@ async def test_heartbeat_extends_a_slow_publish_and_the_commit_still_lands(store
     )
     slow = asyncio.create_task(e.handle(ROUTE, feed("out")))
     await pub.started.wait()
-    for _ in range(500):  # bounded wait until two extensions (each moves the version) have returned
-        if store.ops["extend"] >= 3:  # beats are sequential: the third started after the second returned
-            break
-        await asyncio.sleep(0.02)
-    assert store.ops["extend"] >= 3, "the heartbeat never extended the lease"
+    # until two extensions (each moves the version) have returned: beats are sequential, the third
+    # started after the second returned
+    await eventually(lambda: store.ops["extend"] >= 3, 10, "the heartbeat never extended the lease")
     gate.set()
     rec = await slow
     assert rec.decision is Decision.FORWARDED and rec.extra.get("heartbeats", 0) >= 2
@@ -188,12 +187,12 @@ async def test_two_engines_racing_one_key_never_publish_at_the_same_time(open_st
 
     async def deliver(e: Engine, msg: Message) -> Decision:
         """Handle until acked, as Pub/Sub redelivers after a 503; the final decision."""
-        for _ in range(200):
+
+        async def acked() -> Decision | None:
             rec = await e.handle(ROUTE, msg)
-            if rec.decision is not Decision.CONTENDED:
-                return rec.decision
-            await asyncio.sleep(0.005)
-        raise AssertionError(f"{msg.message_id} was contended 200 times")
+            return None if rec.decision is Decision.CONTENDED else rec.decision
+
+        return await eventually(acked, 30, f"{msg.message_id} was contended for 30 s", poll=0.005)
 
     outcomes: list[Decision] = []
     for r in range(rounds):

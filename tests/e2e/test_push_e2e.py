@@ -22,6 +22,7 @@ import pytest
 from filter.core.envelope import make_envelope
 from filter.core.model import ACKED
 from tests.support.payloads import injury_report
+from tests.support.polling import eventually
 from tests.support.pubsub_helpers import DelayProxy, Pulled
 from tests.support.serve import ServeProcess, wait_decisions
 
@@ -280,14 +281,13 @@ def wait_for_lease(pipeline: Pipeline, key: str, timeout: float = 15.0) -> None:
     async def poll() -> None:
         with pipeline.firestore.env():
             store = FirestoreStore(project=pipeline.project, collection=pipeline.collection)
-        deadline = time.monotonic() + timeout
+
+        async def leased() -> bool:  # polling another process's writes: nothing to await
+            state = await store.read(ROUTE, key)
+            return state is not None and state.lease is not None
+
         try:
-            for _ in itertools.count():  # polling another process's writes: nothing to await
-                state = await store.read(ROUTE, key)
-                if state is not None and state.lease is not None:
-                    return
-                assert time.monotonic() < deadline, f"no lease on {key!r} within {timeout:g}s"
-                await asyncio.sleep(0.02)
+            await eventually(leased, timeout, f"no lease on {key!r}", poll=0.02)
         finally:
             await store.close()
 

@@ -27,6 +27,7 @@ from filter.backends.records.bigquery import (
 from filter.core.config import BigqueryRecords
 from filter.core.model import Decision, DecisionRecord
 from tests.support.bqemu import BqEmulator, free_port
+from tests.support.polling import eventually
 
 pytestmark = pytest.mark.emulator
 
@@ -200,7 +201,7 @@ async def test_unreachable_bigquery_never_blocks_or_raises(
     tick_task = asyncio.create_task(ticker())
     for i in range(100):
         recorder.record(now_rec(i))  # one full batch: the writer takes it to the dead sink
-    await asyncio.sleep(0.05)
+    await eventually(lambda: recorder.pending == 0, 10, "the writer never took the batch")
     assert recorder.pending == 0 and recorder.written == 0
 
     before = ticks

@@ -76,6 +76,7 @@ from tests.support.faultrig import (
     tally,
     wait_until,
 )
+from tests.support.polling import eventually
 from tests.support.pubsub_helpers import Pulled, emulator_env
 from tests.support.serve import ServeProcess
 
@@ -479,14 +480,16 @@ async def late_holder(rig: Rig, firestore: FirestoreEmulator, pubsub_emulator: P
                 proxy.delay = 7.0
                 m1 = Message(Item(1, SLOW, 0).payload(), {}, "late-m1", publish_time=time.time())
                 late = asyncio.create_task(engine.handle(ROUTE, m1))
-                deadline = time.monotonic() + 20
-                while True:  # A's lease on the key, expired and never extended
-                    state = await reader.read(ROUTE, SLOW)
+                seen: list[Any] = [None]
+
+                async def expired() -> bool:  # A's lease on the key, expired and never extended
+                    state = seen[0] = await reader.read(ROUTE, SLOW)
                     if state is not None and state.lease is not None and state.lease.expires_at < time.time():
-                        break
-                    assert time.monotonic() < deadline, f"A's lease never expired: {state}"
+                        return True
                     assert not late.done(), late.result()
-                    await asyncio.sleep(0.05)
+                    return False
+
+                await eventually(expired, 20, lambda: f"A's lease never expired: {seen[0]}", poll=0.05)
                 resp = await push_to(rig, b, Item(2, SLOW, 1), "late-m2")
                 assert resp["decision"] == "forwarded", resp
                 rec = await asyncio.wait_for(late, 30)

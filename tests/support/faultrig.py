@@ -59,6 +59,7 @@ from filter.observability import logsetup
 from .balancer import RoundRobin
 from .emulators import FirestoreEmulator, PubsubEmulator
 from .net import free_port
+from .polling import wait_until
 from .pubsub_helpers import DelayProxy, PubsubAdmin, Pulled, unique
 from .serve import ServeProcess, write_config
 
@@ -72,18 +73,6 @@ MAX_DELIVERY_ATTEMPTS = 100
 FINAL = {str(d) for d in ACKED}
 CLAIMS = ("lease_acquired", "lease_taken_over")
 RESULTS = Path(__file__).resolve().parents[1] / "faults" / "results"
-
-
-def wait_until(condition: Callable[[], Any], timeout: float, what: Callable[[], str] | str, poll: float = 0.05) -> Any:
-    """Poll `condition` until it returns something truthy; fail with `what` after `timeout` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        got = condition()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout:g}s: {what() if callable(what) else what}")
-        time.sleep(poll)
 
 
 rfc3339 = format_time  # the product's own formatter: publish times in envelopes the rig builds

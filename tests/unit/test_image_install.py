@@ -37,6 +37,8 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from tests.support.polling import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 BUILD_CONTEXT = ("requirements.lock", "pyproject.toml", "README.md", "filter")
 LOCK = ROOT / "requirements.lock"
@@ -209,17 +211,16 @@ class Served:
         return self.log.read_text(encoding="utf-8", errors="replace")
 
     def wait_healthy(self, deadline: float) -> None:
-        while time.monotonic() < deadline:
+        def healthy() -> bool:
             if self.proc.poll() is not None:
                 pytest.fail(f"serve exited {self.proc.returncode} before it was healthy:\n{self.output()}")
             try:
                 status, _ = _get(f"{self.url}/healthz")
             except OSError:
-                status = 0
-            if status == 200:
-                return
-            time.sleep(0.05)
-        pytest.fail(f"/healthz did not answer 200 in time:\n{self.output()}")
+                return False
+            return status == 200
+
+        wait_until(healthy, deadline - time.monotonic(), lambda: f"/healthz did not answer 200:\n{self.output()}")
 
 
 @pytest.fixture

@@ -32,6 +32,7 @@ from filter.inprocess import Filter, FilterClosed, Forward, SyncFilter, api
 from filter.inprocess.handlers import on_payload
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
+from tests.support.polling import wait_until
 from tests.support.watchdog import WATCHDOG, decisions, leased, start, within
 
 ROUTE = "reports"
@@ -190,9 +191,7 @@ def test_close_waits_for_a_body_running_on_another_thread_whose_call_then_return
     processing = start(lambda: f.process(ROUTE, message("out", "m1"), body), name="process")
     assert entered.wait(WATCHDOG)
     closing = start(f.close, name="close")
-    deadline = time.monotonic() + WATCHDOG
-    while not getattr(f, "closing", False) and time.monotonic() < deadline:
-        time.sleep(0.001)  # until close() has begun (it now waits for the body)
+    wait_until(lambda: f.closing, WATCHDOG, "close() never began", poll=0.001)  # close() waits for the body
     proceed.set()
     outcome = processing().result()
     closing().result()

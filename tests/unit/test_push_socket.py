@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from filter.core.model import Decision
 from filter.push.app import create_app
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.net import free_port
+from tests.support.polling import eventually, wait_until
 from tests.support.serve import ServeProcess, write_config
 
 ROUTE = {"name": "reports", "destination": "phase3", "key": ["payload.game_date"]}
@@ -53,11 +53,12 @@ async def served(tmp_path: Path) -> AsyncIterator[Served]:
         )
     )
     task = asyncio.create_task(server.serve())
-    deadline = time.monotonic() + 10
-    while not server.started:
+
+    def started() -> bool:  # uvicorn says so by a flag only
         assert not task.done(), task.exception()
-        assert time.monotonic() < deadline, "uvicorn did not start within 10 s"
-        await asyncio.sleep(0.01)
+        return server.started
+
+    await eventually(started, 10, "uvicorn did not start")
     try:
         yield Served(engine, port)
     finally:
@@ -114,10 +115,11 @@ def test_a_client_that_disconnects_mid_body_logs_one_json_line_and_no_traceback(
     with ServeProcess(config, log) as proc:
         with socket.create_connection(("127.0.0.1", proc.port), timeout=5) as s:
             s.sendall(HALF_SENT)
-        deadline = time.monotonic() + 10
-        while not any(e.get("message") == "push_client_disconnected" for e in proc.events()):
-            assert time.monotonic() < deadline, f"no push_client_disconnected line:\n{proc.tail()}"
-            time.sleep(0.02)
+        wait_until(
+            lambda: any(e.get("message") == "push_client_disconnected" for e in proc.events()),
+            10,
+            lambda: f"no push_client_disconnected line:\n{proc.tail()}",
+        )
     # stopped: everything it wrote is in the log
     lines = [line for line in log.read_text().splitlines() if line.strip()]
     not_json = [line for line in lines if not line.startswith("{")]

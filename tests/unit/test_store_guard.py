@@ -59,7 +59,7 @@ class Inline(Flaky):
     suspends = False
 
     async def read(self, route: str, key: str) -> KeyState | None:
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # the thing under test: a call longer than the guard's timeout
         return await super().read(route, key)
 
 
