@@ -20,6 +20,7 @@ import contextlib
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import context as otel_context
@@ -206,8 +207,10 @@ class Telemetry:
             parent = message_parent(msg.attributes)
         if parent is not None and not parent.trace_flags.sampled and self.drops_unsampled_parents:
             # The sampler drops it (Cloud Run's front end leaves most requests unsampled): the
-            # span the SDK would make for it, without asking the SDK.
-            return _Current(_DroppedChild(parent, self._ids))
+            # span the SDK would make for it, without asking the SDK. No span is current here
+            # (the parent came from the request or the message), and none is made current:
+            # nothing reads a dropped span but a forward's `inject`, which is given it.
+            return _Dropped(_DroppedChild(parent, self._ids))
         # A request's or a message's parent goes to the SDK alone in its context, as a propagator extracts it.
         context = None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent), Context())
         subscription = short_name(msg.subscription)
@@ -284,7 +287,11 @@ class Telemetry:
     def inject(self, attributes: MutableMapping[str, str]) -> None:
         """Write the current trace context into outgoing message attributes, as the Pub/Sub
         client library does (`googclient_traceparent`), so a traced consumer continues it."""
-        if self.tracing and trace.get_current_span().get_span_context().is_valid:
+        if not self.tracing:
+            return
+        if (dropped := DROPPED_SPAN.get()) is not None:
+            W3C.inject(attributes, trace.set_span_in_context(dropped), ATTRIBUTES_SET)
+        elif trace.get_current_span().get_span_context().is_valid:
             W3C.inject(attributes, setter=ATTRIBUTES_SET)
 
 
@@ -310,6 +317,26 @@ class _DroppedChild(NonRecordingSpan):
                 trace_state=parent.trace_state,
             )
         return self.made
+
+
+#: The decision under way when it was dropped without the SDK (`Telemetry.decision`).
+DROPPED_SPAN: ContextVar[Span | None] = ContextVar("pubsub_filter_dropped_span", default=None)
+
+
+class _Dropped:
+    """A decision dropped without the SDK: its span, for a forward to pass its trace on."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+
+    def __enter__(self) -> Span:
+        self.token = DROPPED_SPAN.set(self.span)
+        return self.span
+
+    def __exit__(self, *_: object) -> None:
+        DROPPED_SPAN.reset(self.token)
 
 
 class _Current:
