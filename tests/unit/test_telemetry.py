@@ -32,7 +32,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Sampler, SamplingResult
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -495,6 +495,16 @@ async def test_as_served_a_decision_under_an_unsampled_parent_does_not_ask_the_s
         await rig.engine.store.close()
 
 
+async def test_a_dropped_decision_leaves_no_trace_context_behind_it(default_sampling: Rig) -> None:
+    """Decided in this task: what the next publish outside a decision carries is as before it."""
+    unsampled = envelope(attributes={"googclient_traceparent": UNSAMPLED_PARENT})
+    await default_sampling.engine.handle("reports", parse_envelope(unsampled))
+    outgoing: dict[str, str] = {}
+    default_sampling.telemetry.inject(outgoing)
+    assert outgoing == {}
+    assert "googclient_traceparent" in default_sampling.publisher.published[0].attributes
+
+
 async def test_under_always_on_a_decision_under_an_unsampled_parent_is_recorded(tmp_path: Path) -> None:
     env = {"OTEL_TRACES_SAMPLER": "always_on"}
     rig = Rig(tmp_path, sampler=sampler(env), drops_unsampled_parents=drops_unsampled_parents(env))
@@ -599,9 +609,11 @@ async def rigs(tmp_path: Path) -> AsyncIterator[list[Rig]]:
 
 
 def build(rigs: list[Rig], tmp_path: Path, sampling: Sampler, ids: random.Random | None = None) -> Rig:
+    """A rig as `from_config` sets one up for `sampling`: a parent-based sampler's decisions under
+    an unsampled parent are dropped without asking the SDK (`drops_unsampled_parents`)."""
     where = tmp_path / str(len(rigs))
     where.mkdir()
-    rigs.append(Rig(where, sampler=sampling, ids=ids))
+    rigs.append(Rig(where, sampler=sampling, ids=ids, drops_unsampled_parents=isinstance(sampling, ParentBased)))
     return rigs[-1]
 
 
