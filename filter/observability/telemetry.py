@@ -197,9 +197,10 @@ class Telemetry:
     # --- the decision -------------------------------------------------------------------
 
     def decision(self, route: str, msg: Message) -> contextlib.AbstractContextManager[Span | None]:
-        """The span of one decision, current while it runs (None when nothing exports spans).
-        Its parent: the push request's trace (`tracing.REQUEST_PARENT`), else what the surface
-        made current, else the context a traced publisher left in the message's attributes."""
+        """The span of one decision, current while it runs (None when nothing exports spans;
+        one dropped without the SDK is `DROPPED_SPAN` instead). Its parent: the push request's
+        trace (`tracing.REQUEST_PARENT`), else what the surface made current, else the context
+        a traced publisher left in the message's attributes."""
         if not self.tracing:
             return contextlib.nullcontext()
         parent = REQUEST_PARENT.get()
@@ -207,8 +208,8 @@ class Telemetry:
             parent = message_parent(msg.attributes)
         if parent is not None and not parent.trace_flags.sampled and self.drops_unsampled_parents:
             # The sampler drops it (Cloud Run's front end leaves most requests unsampled): the
-            # span the SDK would make for it, without asking the SDK. No span is current here
-            # (the parent came from the request or the message), and none is made current:
+            # span the SDK would make for it, without asking the SDK. It is not made current
+            # (the push app, and a decision whose parent is its message's, have none current):
             # nothing reads a dropped span but a forward's `inject`, which is given it.
             return _Dropped(_DroppedChild(parent, self._ids))
         # A request's or a message's parent goes to the SDK alone in its context, as a propagator extracts it.
