@@ -20,8 +20,10 @@ import contextlib
 import os
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from contextvars import ContextVar
 from typing import Any
 
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -30,7 +32,8 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.trace import NonRecordingSpan, Span, SpanKind, Status, StatusCode
+from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
+from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from filter.core.model import Decision, DecisionRecord, Message
 from filter.observability.latency import Latencies, LatencyHistogram, WithLatencies
@@ -41,6 +44,7 @@ from filter.observability.tracing import (
     REQUEST_PARENT,
     SYSTEM,
     W3C,
+    drops_unsampled_parents,
     message_parent,
     sampler,
     short_name,
@@ -96,9 +100,15 @@ class Telemetry:
         tracer_provider: TracerProvider | None = None,
         prometheus: PrometheusText | None = None,
         latencies: Latencies | None = None,
+        *,
+        drops_unsampled_parents: bool = False,
     ) -> None:
         self.meter_provider = meter_provider
         self.tracer_provider = tracer_provider
+        #: the tracer provider's sampler drops a decision whose remote parent is not sampled
+        #: (`tracing.drops_unsampled_parents`): such a decision asks the SDK for no span at all.
+        self.drops_unsampled_parents = drops_unsampled_parents
+        self._ids = tracer_provider.id_generator if tracer_provider is not None else RandomIdGenerator()
         self.prometheus = prometheus
         self.metrics = meter_provider is not None
         self.tracing = tracer_provider is not None
@@ -187,29 +197,30 @@ class Telemetry:
     # --- the decision -------------------------------------------------------------------
 
     def decision(self, route: str, msg: Message) -> contextlib.AbstractContextManager[Span | None]:
-        """The span of one decision, current while it runs (None when nothing exports spans).
-        Its parent: the push request's trace (`tracing.REQUEST_PARENT`), else what the surface
-        made current, else the context a traced publisher left in the message's attributes."""
-        return self._span(route, msg) if self.tracing else contextlib.nullcontext()
-
-    @contextlib.contextmanager
-    def _span(self, route: str, msg: Message) -> Iterator[Span | None]:
+        """The span of one decision, current while it runs (None when nothing exports spans;
+        one dropped without the SDK is `DROPPED_SPAN` instead). Its parent: the push request's
+        trace (`tracing.REQUEST_PARENT`), else what the surface made current, else the context
+        a traced publisher left in the message's attributes."""
+        if not self.tracing:
+            return contextlib.nullcontext()
         parent = REQUEST_PARENT.get()
         if parent is None and not trace.get_current_span().get_span_context().is_valid:
             parent = message_parent(msg.attributes)
+        if parent is not None and not parent.trace_flags.sampled and self.drops_unsampled_parents:
+            # The sampler drops it (Cloud Run's front end leaves most requests unsampled): the
+            # span the SDK would make for it, without asking the SDK. It is not made current
+            # (the push app, and a decision whose parent is its message's, have none current):
+            # nothing reads a dropped span but a forward's `inject`, which is given it.
+            return _Dropped(_DroppedChild(parent, self._ids))
         # A request's or a message's parent goes to the SDK alone in its context, as a propagator extracts it.
         context = None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent), Context())
         subscription = short_name(msg.subscription)
         route = self.route_label(route)
         span = self.tracer.start_span(f"{subscription or route} process", context, SpanKind.CONSUMER)
-        if span.is_recording():  # a dropped decision builds no attributes
-            span.set_attributes(_decision_attributes(route, msg, subscription))
-        box = PUBLISH_SPAN.set([None])
-        try:
-            with trace.use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
-                yield span
-        finally:
-            PUBLISH_SPAN.reset(box)
+        if not span.is_recording():  # a dropped decision builds no attributes, and has nothing to end
+            return _Current(span)
+        span.set_attributes(_decision_attributes(route, msg, subscription))
+        return _recorded(span)
 
     def decided(self, rec: DecisionRecord) -> None:
         """Count a finished decision (every one, rejected included) and describe it on its span."""
@@ -277,8 +288,85 @@ class Telemetry:
     def inject(self, attributes: MutableMapping[str, str]) -> None:
         """Write the current trace context into outgoing message attributes, as the Pub/Sub
         client library does (`googclient_traceparent`), so a traced consumer continues it."""
-        if self.tracing and trace.get_current_span().get_span_context().is_valid:
+        if not self.tracing:
+            return
+        if (dropped := DROPPED_SPAN.get()) is not None:
+            W3C.inject(attributes, trace.set_span_in_context(dropped), ATTRIBUTES_SET)
+        elif trace.get_current_span().get_span_context().is_valid:
             W3C.inject(attributes, setter=ATTRIBUTES_SET)
+
+
+class _DroppedChild(NonRecordingSpan):
+    """The span the SDK's tracer makes for a child its sampler drops: the parent's trace and
+    trace state, a span id of its own, not sampled (the random-trace-id flag kept). Its context
+    is made when first asked for (a forward passes it on), not on every decision."""
+
+    def __init__(self, parent: SpanContext, ids: IdGenerator) -> None:
+        super().__init__(parent)
+        self.parent = parent
+        self.ids = ids
+        self.made: SpanContext | None = None
+
+    def get_span_context(self) -> SpanContext:
+        if self.made is None:
+            parent = self.parent
+            self.made = SpanContext(
+                parent.trace_id,
+                self.ids.generate_span_id(),
+                is_remote=False,
+                trace_flags=TraceFlags(parent.trace_flags & TraceFlags.RANDOM_TRACE_ID),
+                trace_state=parent.trace_state,
+            )
+        return self.made
+
+
+#: The decision under way when it was dropped without the SDK (`Telemetry.decision`).
+DROPPED_SPAN: ContextVar[Span | None] = ContextVar("pubsub_filter_dropped_span", default=None)
+
+
+class _Dropped:
+    """A decision dropped without the SDK: its span, for a forward to pass its trace on."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+
+    def __enter__(self) -> Span:
+        self.token = DROPPED_SPAN.set(self.span)
+        return self.span
+
+    def __exit__(self, *_: object) -> None:
+        DROPPED_SPAN.reset(self.token)
+
+
+class _Current:
+    """A span that records nothing, current while a decision runs: `trace.use_span` without
+    what it adds for a recording span (the exception recorded, the status, the end), and
+    without its generator's cost on every request."""
+
+    __slots__ = ("span", "token")
+
+    def __init__(self, span: Span) -> None:
+        self.span = span
+
+    def __enter__(self) -> Span:
+        self.token = otel_context.attach(trace.set_span_in_context(self.span))
+        return self.span
+
+    def __exit__(self, *_: object) -> None:
+        otel_context.detach(self.token)
+
+
+@contextlib.contextmanager
+def _recorded(span: Span) -> Iterator[Span | None]:
+    """A recorded decision's span, current while it runs, with the box its publish span goes in."""
+    box = PUBLISH_SPAN.set([None])
+    try:
+        with trace.use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
+            yield span
+    finally:
+        PUBLISH_SPAN.reset(box)
 
 
 def _decision_attributes(route: str, msg: Message, subscription: str | None) -> dict[str, Any]:
@@ -322,4 +410,5 @@ def from_config(metrics: bool, traces: bool, env: Mapping[str, str] | None = Non
     if traces and otlp_endpoint("traces", env):
         tracer_provider = TracerProvider(resource=resource, sampler=sampler(env))
         tracer_provider.add_span_processor(otlp_span_processor(env))
-    return Telemetry(meter_provider, tracer_provider, prometheus, latencies)
+    drops = drops_unsampled_parents(env)
+    return Telemetry(meter_provider, tracer_provider, prometheus, latencies, drops_unsampled_parents=drops)

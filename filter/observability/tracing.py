@@ -9,10 +9,9 @@ from collections.abc import Callable, Mapping, MutableMapping
 from contextvars import ContextVar
 
 from opentelemetry import trace
-from opentelemetry.propagators.cloud_trace_propagator import CloudTraceFormatPropagator
-from opentelemetry.propagators.textmap import Getter, Setter, TextMapPropagator
+from opentelemetry.propagators.textmap import Getter, Setter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased
-from opentelemetry.trace import Span, SpanContext
+from opentelemetry.trace import Span, SpanContext, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from filter.core.ports import Failure
@@ -25,13 +24,10 @@ MESSAGE_TRACEPARENT = ATTRIBUTE_PREFIX + "traceparent"
 W3C = TraceContextTextMapPropagator()
 #: The headers `request_parent_of` reads (the push app collects them in its one pass).
 REQUEST_HEADERS = (b"traceparent", b"tracestate", b"x-cloud-trace-context")
-# The Cloud Trace propagator ends in int() of the options, which raises past 4,300 digits: a
-# header it could not read names no parent (its trace id is still logged, `trace_of`).
-_CLOUD_READABLE = re.compile(r"[0-9a-f]{32}/\d{1,20}(;o=\d{1,20})?")
-_REQUEST_PROPAGATORS: tuple[tuple[str, TextMapPropagator], ...] = (
-    ("traceparent", W3C),
-    ("x-cloud-trace-context", CloudTraceFormatPropagator()),
-)
+#: `X-Cloud-Trace-Context` as the Cloud Trace propagator reads it, up to 20 digits a number (its
+#: int() of the options raises past 4,300): a header it could not read names no parent (its
+#: trace id is still logged, `trace_of`).
+_CLOUD_READABLE = re.compile(r"([0-9a-f]{32})/(\d{1,20})(?:;o=(\d{1,20}))?")
 
 
 class _AttributeGetter(Getter[Mapping[str, str]]):
@@ -61,15 +57,28 @@ REQUEST_PARENT: ContextVar[SpanContext | None] = ContextVar("pubsub_filter_reque
 def request_parent_of(headers: Mapping[bytes, str]) -> SpanContext | None:
     """The parent a push request names (`headers`: the push app's `headers_of`): W3C
     `traceparent` (and `tracestate`), else `X-Cloud-Trace-Context`; None when neither is valid."""
-    carrier = {name.decode("latin-1"): value for name, value in headers.items()}
-    for header, propagator in _REQUEST_PROPAGATORS:
-        value = carrier.get(header)
-        if value is None or (propagator is not W3C and not _CLOUD_READABLE.fullmatch(value)):
-            continue
-        parent = trace.get_current_span(propagator.extract(carrier)).get_span_context()
+    value = headers.get(b"traceparent")
+    if value is not None:
+        carrier = {name.decode("latin-1"): v for name, v in headers.items()}
+        parent = trace.get_current_span(W3C.extract(carrier)).get_span_context()
         if parent.is_valid:
             return parent
-    return None
+    value = headers.get(b"x-cloud-trace-context")
+    return None if value is None else cloud_parent(value)
+
+
+def cloud_parent(value: str) -> SpanContext | None:
+    """`X-Cloud-Trace-Context` read as OpenTelemetry's `CloudTraceFormatPropagator` reads it (a
+    test holds the two equal), without the context the propagator wraps the parent in and the
+    caller unwraps: every request Cloud Run forwards has the header, most of them unsampled, and
+    the propagator's way was most of what exporting spans added to such a request (T in
+    bench/README.md)."""
+    m = _CLOUD_READABLE.fullmatch(value)
+    if m is None:
+        return None
+    trace_id, span_id, options = m.groups()
+    parent = SpanContext(int(trace_id, 16), int(span_id), is_remote=True, trace_flags=TraceFlags(int(options or 0)))
+    return parent if parent.is_valid else None
 
 
 #: The log line's trace: the id `X-Cloud-Trace-Context` starts with, else `traceparent`'s.
@@ -118,12 +127,24 @@ _SAMPLERS: dict[str, Callable[[float], Sampler]] = {
 }
 
 
+def _sampler_name(env: Mapping[str, str]) -> str:
+    return (env.get("OTEL_TRACES_SAMPLER") or "").strip().lower() or DEFAULT_SAMPLER
+
+
+def drops_unsampled_parents(env: Mapping[str, str]) -> bool:
+    """Whether the sampler `env` names drops every decision whose remote parent is not sampled
+    (Cloud Run's front end sends most requests so): the parent-based samplers, whose rule for
+    that parent is `ALWAYS_OFF`, and `always_off`. Such a decision needs no span of its own."""
+    name = _sampler_name(env)
+    return name.startswith("parentbased_") or name == "always_off"
+
+
 def sampler(env: Mapping[str, str]) -> Sampler:
     """The SDK's sampler for `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG`, read from `env`
     (the SDK reads only `os.environ`). A value the SDK would warn about and replace is an error
     here: the operator asked for something."""
     chosen = (env.get("OTEL_TRACES_SAMPLER") or "").strip().lower()
-    name = chosen or DEFAULT_SAMPLER
+    name = _sampler_name(env)
     if name not in _SAMPLERS:
         raise Failure(f"OTEL_TRACES_SAMPLER={name!r} is not one of {', '.join(_SAMPLERS)}")
     arg = (env.get("OTEL_TRACES_SAMPLER_ARG") or "").strip()

@@ -22,13 +22,17 @@ from typing import Any
 import httpx
 import pytest
 import structlog
+from hypothesis import given
+from hypothesis import strategies as st
 from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.propagators.cloud_trace_propagator import CloudTraceFormatPropagator
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Sampler
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -42,7 +46,7 @@ from filter.core.ports import StoreUnavailable
 from filter.observability import logsetup
 from filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
 from filter.observability.telemetry import NO_TELEMETRY, PrometheusText, Telemetry, from_config
-from filter.observability.tracing import sampler
+from filter.observability.tracing import cloud_parent, drops_unsampled_parents, sampler
 from filter.push.app import create_app
 from filter.runtime.operational import Failure
 from tests.support.clock import ManualClock, ManualSleep
@@ -82,6 +86,7 @@ class Rig:
         traces: bool = True,
         sampler: Sampler | None = None,
         ids: random.Random | None = None,
+        drops_unsampled_parents: bool = False,
     ) -> None:
         self.spans = InMemorySpanExporter()
         self.prometheus = PrometheusText() if metrics else None
@@ -90,7 +95,7 @@ class Rig:
         if traces:
             tracer = TracerProvider(sampler=sampler or ALWAYS_ON, id_generator=SeededIds(ids) if ids else None)
             tracer.add_span_processor(SimpleSpanProcessor(self.spans))
-        self.telemetry = Telemetry(meters, tracer, self.prometheus)
+        self.telemetry = Telemetry(meters, tracer, self.prometheus, drops_unsampled_parents=drops_unsampled_parents)
         cfg = parse(CONFIG)
         store = GuardedStore(SqliteStore(tmp_path / "state.db"), cfg.store_errors, inline=True)
         self.publisher = MemoryPublisher()
@@ -393,11 +398,15 @@ async def test_heartbeats_are_events_on_the_publish_span(tmp_path: Path) -> None
 
 UNSAMPLED_PARENT = f"00-{TRACE_ID}-{PARENT_SPAN}-00"
 SAMPLED_PARENT = f"00-{TRACE_ID}-{PARENT_SPAN}-01"
+CLOUD_UNSAMPLED = {"X-Cloud-Trace-Context": f"{TRACE_ID}/{int(PARENT_SPAN, 16)};o=0"}
 
 
-@pytest.fixture
-async def default_sampling(tmp_path: Path) -> AsyncIterator[Rig]:
-    r = Rig(tmp_path, sampler=sampler({}))
+@pytest.fixture(params=[True, False], ids=["as-served", "every-decision-through-the-sdk"])
+async def default_sampling(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Rig]:
+    """The default sampler as `from_config` sets it up (a decision under an unsampled parent asks
+    the SDK for nothing, `drops_unsampled_parents`), and the same with the SDK asked every time:
+    what a test shows holds for both."""
+    r = Rig(tmp_path, sampler=sampler({}), drops_unsampled_parents=request.param)
     yield r
     await r.client.aclose()
     await r.engine.store.close()
@@ -428,6 +437,84 @@ async def test_by_default_a_decision_whose_push_request_is_not_sampled_records_n
     r = await default_sampling.push(envelope(), traceparent=UNSAMPLED_PARENT)
     assert r.json()["decision"] == "forwarded"
     assert default_sampling.finished() == []
+
+
+class CountingSampler(Sampler):
+    """A sampler that counts what it is asked, and answers as the one it wraps."""
+
+    def __init__(self, inner: Sampler) -> None:
+        self.inner = inner
+        self.asked = 0
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+        self.asked += 1
+        return self.inner.should_sample(*args, **kwargs)
+
+    def get_description(self) -> str:
+        return self.inner.get_description()
+
+
+@pytest.mark.parametrize(
+    ("env", "drops"),
+    [
+        ({}, True),
+        ({"OTEL_TRACES_SAMPLER": "parentbased_always_on"}, True),
+        ({"OTEL_TRACES_SAMPLER": "parentbased_always_off"}, True),
+        ({"OTEL_TRACES_SAMPLER": "PARENTBASED_TRACEIDRATIO", "OTEL_TRACES_SAMPLER_ARG": "1"}, True),
+        ({"OTEL_TRACES_SAMPLER": "always_off"}, True),
+        ({"OTEL_TRACES_SAMPLER": "always_on"}, False),
+        ({"OTEL_TRACES_SAMPLER": "traceidratio"}, False),
+    ],
+)
+def test_the_samplers_that_drop_every_child_of_an_unsampled_parent_are_known_as_such(
+    env: dict[str, str], drops: bool
+) -> None:
+    assert drops_unsampled_parents(env) is drops
+    served = from_config(False, True, {**env, "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://127.0.0.1:9/v1/traces"})
+    try:
+        assert served.drops_unsampled_parents is drops
+    finally:
+        served.shutdown()
+
+
+@pytest.mark.parametrize("headers", [CLOUD_UNSAMPLED, {"traceparent": UNSAMPLED_PARENT}], ids=["cloud", "w3c"])
+async def test_as_served_a_decision_under_an_unsampled_parent_does_not_ask_the_sampler(
+    tmp_path: Path, headers: dict[str, str]
+) -> None:
+    """Cloud Run's front end sends most requests with an unsampled parent: the default sampler
+    drops each, so the decision's span is made without the SDK's tracer (as it would make it)."""
+    counting = CountingSampler(sampler({}))
+    rig = Rig(tmp_path, sampler=counting, drops_unsampled_parents=True)
+    try:
+        assert (await rig.push(envelope(), **headers)).json()["decision"] == "forwarded"
+        assert counting.asked == 0 and rig.finished() == []
+        await rig.push(envelope("2025-01-11", message_id="2"), traceparent=SAMPLED_PARENT)
+        assert counting.asked > 0 and len(children_of(rig, rig.decision_span())) == 4
+    finally:
+        await rig.client.aclose()
+        await rig.engine.store.close()
+
+
+async def test_a_dropped_decision_leaves_no_trace_context_behind_it(default_sampling: Rig) -> None:
+    """Decided in this task: what the next publish outside a decision carries is as before it."""
+    unsampled = envelope(attributes={"googclient_traceparent": UNSAMPLED_PARENT})
+    await default_sampling.engine.handle("reports", parse_envelope(unsampled))
+    outgoing: dict[str, str] = {}
+    default_sampling.telemetry.inject(outgoing)
+    assert outgoing == {}
+    assert "googclient_traceparent" in default_sampling.publisher.published[0].attributes
+
+
+async def test_under_always_on_a_decision_under_an_unsampled_parent_is_recorded(tmp_path: Path) -> None:
+    env = {"OTEL_TRACES_SAMPLER": "always_on"}
+    rig = Rig(tmp_path, sampler=sampler(env), drops_unsampled_parents=drops_unsampled_parents(env))
+    try:
+        await rig.push(envelope(), **CLOUD_UNSAMPLED)
+        decision = rig.decision_span()
+        assert decision.parent is not None and format(decision.parent.span_id, "016x") == PARENT_SPAN
+    finally:
+        await rig.client.aclose()
+        await rig.engine.store.close()
 
 
 async def test_an_unsampled_forward_passes_its_trace_on_unsampled(default_sampling: Rig) -> None:
@@ -522,9 +609,11 @@ async def rigs(tmp_path: Path) -> AsyncIterator[list[Rig]]:
 
 
 def build(rigs: list[Rig], tmp_path: Path, sampling: Sampler, ids: random.Random | None = None) -> Rig:
+    """A rig as `from_config` sets one up for `sampling`: a parent-based sampler's decisions under
+    an unsampled parent are dropped without asking the SDK (`drops_unsampled_parents`)."""
     where = tmp_path / str(len(rigs))
     where.mkdir()
-    rigs.append(Rig(where, sampler=sampling, ids=ids))
+    rigs.append(Rig(where, sampler=sampling, ids=ids, drops_unsampled_parents=isinstance(sampling, ParentBased)))
     return rigs[-1]
 
 
@@ -608,7 +697,6 @@ async def test_a_decision_with_a_parent_follows_the_parent_whatever_the_ratio_fo
     assert decision.parent is not None and format(decision.parent.span_id, "016x") == PARENT_SPAN
 
 
-CLOUD_UNSAMPLED = {"X-Cloud-Trace-Context": f"{TRACE_ID}/{int(PARENT_SPAN, 16)};o=0"}
 CLOUD_SAMPLED = {"X-Cloud-Trace-Context": f"{TRACE_ID}/{int(PARENT_SPAN, 16)};o=1"}
 
 
@@ -850,3 +938,17 @@ def test_without_an_otlp_endpoint_no_spans_are_recorded() -> None:
 def test_otel_sdk_disabled_turns_everything_off() -> None:
     telemetry = from_config(metrics=True, traces=True, env={"OTEL_SDK_DISABLED": "true"})
     assert (telemetry.metrics, telemetry.tracing, telemetry.prometheus) == (False, False, None)
+
+
+@given(
+    st.one_of(
+        st.from_regex(r"[0-9a-f]{32}/[0-9]{1,22}(;o=[0-9]{1,22})?", fullmatch=True),
+        st.sampled_from(["0" * 32 + "/5;o=1", TRACE_ID + "/0;o=1", TRACE_ID + f"/{2**64};o=1", TRACE_ID + "/5;o=3"]),
+        st.text(max_size=60),
+    )
+)
+def test_cloud_runs_trace_header_is_read_as_the_cloud_trace_propagator_reads_it(header: str) -> None:
+    """Read without the propagator on the request path: the parent it would give, or none."""
+    extracted = trace.get_current_span(CloudTraceFormatPropagator().extract({"x-cloud-trace-context": header}))
+    expected = extracted.get_span_context()
+    assert cloud_parent(header) == (expected if expected.is_valid else None)

@@ -1,0 +1,136 @@
+"""The embedded default's records cost per commit, not per record: the decisions of one commit
+are answered by one report from the writer thread, and what is handed over while it commits
+goes into its next commit, in one piece. Still, each waiter's wait is its own: a cancelled
+waiter leaves the commit, and the others' answers, alone."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from filter.backends.records.batch import BatchingRecorder
+from filter.backends.records.inline import InlineSqliteRecorder
+from filter.backends.records.sqlite import SqliteSink
+from filter.core.model import Decision, DecisionRecord
+
+
+class _Kept:
+    """A `Sink` for the batching recorder behind: nothing reaches it in these tests."""
+
+    name = "kept"
+
+    def __init__(self) -> None:
+        self.rows: list[DecisionRecord] = []
+
+    async def write(self, rows: list[DecisionRecord]) -> None:
+        self.rows.extend(rows)
+
+    async def close(self) -> None:
+        pass
+
+
+def a_record(message_id: str) -> DecisionRecord:
+    return DecisionRecord(time=1.0, route="r", decision=Decision.SUPPRESSED, enforced=True, message_id=message_id)
+
+
+def stored(db_path: Path) -> list[str]:
+    db = sqlite3.connect(db_path)
+    try:
+        return sorted(m for (m,) in db.execute("SELECT message_id FROM decisions"))
+    finally:
+        db.close()
+
+
+@pytest.fixture
+async def recorder(tmp_path: Path) -> AsyncIterator[InlineSqliteRecorder]:
+    made = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(_Kept()))
+    yield made
+    await made.close()
+
+
+async def decided(recorder: InlineSqliteRecorder, message_id: str) -> None:
+    """As `Engine.handle` does after its decision: record, then wait for the commit."""
+    recorder.record(a_record(message_id))
+    committing = recorder.committing()
+    assert committing is not None
+    await committing
+
+
+async def test_the_decisions_of_one_commit_are_answered_by_one_report_from_the_writer(
+    recorder: InlineSqliteRecorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await decided(recorder, "first")  # the writer thread started
+    loop = asyncio.get_running_loop()
+    reports: list[Callable[..., Any]] = []
+    threadsafe = loop.call_soon_threadsafe
+
+    def counted(callback: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        reports.append(callback)
+        return threadsafe(callback, *args, **kwargs)
+
+    monkeypatch.setattr(loop, "call_soon_threadsafe", counted)
+    commits = recorder.commits
+    await asyncio.gather(*(decided(recorder, f"m{i}") for i in range(16)))
+    assert (recorder.commits - commits, len(reports)) == (1, 1)
+    assert stored(tmp_path / "d.db") == sorted(["first"] + [f"m{i}" for i in range(16)])
+
+
+async def test_the_steps_handed_over_while_the_writer_commits_share_its_next_commit(
+    recorder: InlineSqliteRecorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    insert = recorder.sink.insert_apart
+    writing, held = threading.Event(), threading.Event()
+    sizes: list[int] = []
+
+    def held_insert(rows: list[DecisionRecord]) -> Any:
+        sizes.append(len(rows))
+        writing.set()
+        held.wait(10)
+        return insert(rows)
+
+    monkeypatch.setattr(recorder.sink, "insert_apart", held_insert)
+    try:
+        first = asyncio.create_task(decided(recorder, "a"))
+        await asyncio.to_thread(writing.wait, 10)  # the writer holds "a"'s commit
+        later = [asyncio.create_task(decided(recorder, "b"))]
+        await asyncio.sleep(0)  # "b"'s step is handed over; "c" comes in a step of its own
+        later.append(asyncio.create_task(decided(recorder, "c")))
+        for _ in range(2):  # "c" recorded, then its step handed over, before the writer goes on
+            await asyncio.sleep(0)
+        held.set()
+        await asyncio.gather(first, *later)
+    finally:
+        held.set()
+    assert sizes == [1, 2]
+    assert stored(tmp_path / "d.db") == ["a", "b", "c"]
+
+
+async def test_a_cancelled_waiter_leaves_every_other_waiter_of_its_commit_answered(
+    recorder: InlineSqliteRecorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await decided(recorder, "first")
+    insert = recorder.sink.insert_apart
+    held = threading.Event()
+
+    def held_insert(rows: list[DecisionRecord]) -> Any:
+        held.wait(10)
+        return insert(rows)
+
+    monkeypatch.setattr(recorder.sink, "insert_apart", held_insert)
+    try:
+        waiters = [asyncio.create_task(decided(recorder, f"m{i}")) for i in range(8)]
+        await asyncio.sleep(0)  # all eight recorded and waiting, in one step
+        waiters[3].cancel()
+        await asyncio.sleep(0)
+        assert waiters[3].cancelled()  # its own wait ends at once, the commit goes on
+        held.set()
+        await asyncio.gather(*(w for i, w in enumerate(waiters) if i != 3))
+    finally:
+        held.set()
+    assert stored(tmp_path / "d.db") == sorted(["first"] + [f"m{i}" for i in range(8)])
