@@ -614,7 +614,9 @@ def test_any_payload_in_a_valid_envelope_is_answered_with_a_2xx_or_4xx(app: Harn
     case()
     app.assert_healthy()
     assert CASES["payloads"] >= 2500
-    assert app.statuses[200] > 500 and app.statuses[400] > 500, app.statuses
+    # both answers are reached: a payload without its key is forwarded fail-open (200) on the routes
+    # that keep the default on_missing_key, so 400 (unreadable payloads, routes that reject) is rarer
+    assert app.statuses[200] > 500 and app.statuses[400] > 200, app.statuses
 
 
 def test_attributes_are_answered_with_a_2xx_or_4xx(app: Harness) -> None:
