@@ -20,7 +20,7 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -33,16 +33,9 @@ from starlette.routing import Route
 
 from filter.observability.probes import backend_problems, health, metrics_routes
 from filter.runtime.operational import Failure
+from filter.runtime.server import Server
 
 log = structlog.get_logger("pubsub_filter.pull")
-
-
-class _QuietServer(uvicorn.Server):
-    """uvicorn inside the worker's loop: the worker owns SIGTERM/SIGINT, not uvicorn."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
 
 
 def _json(body: dict[str, Any], status: int = 200) -> Response:
@@ -155,7 +148,8 @@ class HealthServer:
         except OSError as exc:
             raise Failure(f"cannot listen on {host}:{port} for health checks: {exc.strerror or exc}") from None
         self.port = self.sock.getsockname()[1]
-        self.server = _QuietServer(uvicorn.Config(app, lifespan="off", access_log=False, log_level="warning"))
+        # the worker owns SIGTERM/SIGINT, not this server
+        self.server = Server(uvicorn.Config(app, lifespan="off", access_log=False, log_level="warning"), budget=None)
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
