@@ -5,16 +5,14 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-import structlog
 import uvicorn
 
 from filter.core.config import Config
 from filter.core.stopping import DRAIN
-from filter.observability.logsetup import configure
 from filter.push.app import create_app, engine_lifespan
 from filter.runtime.operational import Failure
 from filter.runtime.server import Server
-from filter.runtime.wiring import make_engine, make_telemetry
+from filter.runtime.startup import start
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -50,8 +48,6 @@ def server_config(app: Any, cfg: Config, host: str, port: int) -> uvicorn.Config
 
 
 def _serve(cfg: Config, sock: socket.socket, host: str, port: int) -> int:
-    configure(project=cfg.project)
-    engine = make_engine(cfg, make_telemetry(cfg))
     authenticator = None
     if cfg.auth.audience:
         from filter.push.auth import PushAuthenticator
@@ -62,15 +58,7 @@ def _serve(cfg: Config, sock: socket.socket, host: str, port: int) -> int:
             issuers=tuple(cfg.auth.issuers),
             certs_url=cfg.auth.certs_url,
         )
-    structlog.get_logger("pubsub_filter").info(
-        "config_loaded",
-        routes=[r.name for r in cfg.routes],
-        store=cfg.store.backend,
-        publisher=cfg.publisher.backend,
-        records=cfg.records.backend,
-        auth=authenticator is not None,
-        port=port,
-    )
+    engine = start(cfg, auth=authenticator is not None, port=port)
     stopping: list[Server] = []  # the server, once made: the app is made before it
     app = create_app(engine, authenticator, lifespan=lambda _app: engine_lifespan(engine, lambda: stopping[0].stop))
     server = Server(server_config(app, cfg, host, port), budget=cfg.server.shutdown_budget)
