@@ -15,15 +15,14 @@ Anything else is a `FilterTypeError` (a `TypeError`), before any decision.
 
 from __future__ import annotations
 
-import calendar
-import datetime
 import uuid
 from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
-from filter.core.envelope import effective_publish_time, parse_envelope
+from filter.backends.pubsub_message import received_message
+from filter.core.envelope import parse_envelope
 from filter.core.errors import FilterTypeError
 from filter.core.model import Message
 
@@ -68,37 +67,6 @@ def is_envelope(value: object) -> bool:
 def is_received(value: object) -> bool:
     """A google-cloud-pubsub message, received or built: duck-typed on the fields both carry."""
     return all(hasattr(value, name) for name in ("data", "attributes", "message_id"))
-
-
-def received_message(received: Any) -> Message:
-    """A google-cloud-pubsub message (subscriber's or `PubsubMessage`) → `Message`, as pull builds it."""
-    attributes = {str(k): str(v) for k, v in dict(received.attributes).items()}
-    return Message(
-        data=bytes(received.data),
-        attributes=attributes,
-        message_id=str(received.message_id),
-        publish_time=effective_publish_time(attributes, _epoch(getattr(received, "publish_time", None))),
-        ordering_key=getattr(received, "ordering_key", None) or None,
-        delivery_attempt=getattr(received, "delivery_attempt", None),
-    )
-
-
-def _epoch(value: Any) -> float | None:
-    """A publish time as a client gives it (a datetime, nanoseconds kept; a protobuf Timestamp) → epoch seconds,
-    computed as pull computes it (`filter.backends.gcp.timestamp`): the same message, the same float."""
-    if value is None or isinstance(value, float | int):
-        return None if value is None else float(value)
-    if isinstance(value, datetime.datetime):
-        seconds = calendar.timegm(value.utctimetuple())
-        nanos = getattr(value, "nanosecond", None)
-        if nanos is None:
-            nanos = value.microsecond * 1000
-        return float(seconds + nanos / 1e9) if nanos else float(seconds)
-    if hasattr(value, "seconds") and hasattr(value, "nanos"):
-        if not value.seconds and not value.nanos:
-            return None  # an unset protobuf Timestamp
-        return float(value.seconds + value.nanos / 1e9) if value.nanos else float(value.seconds)
-    raise FilterTypeError(f"publish_time {type(value).__name__} is not a datetime, a Timestamp or epoch seconds")
 
 
 def to_message(

@@ -1,12 +1,14 @@
-"""What every long-running surface answers on its probe port: readiness of the engine's
-backends, and Prometheus text for `/metrics`. Shared by push and the pull worker's health
-port, so neither surface imports the other."""
+"""What every long-running surface answers on its probe port (`probe_routes`): `/healthz`,
+`/readyz` over the engine's backends, and Prometheus text for `/metrics`. Shared by push and
+the pull worker's health port, so neither surface imports the other."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
+import msgspec
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
@@ -16,6 +18,54 @@ from filter.observability.telemetry import PrometheusText, Telemetry
 
 if TYPE_CHECKING:
     from filter.core.engine import Engine
+
+
+def _nothing() -> Mapping[str, Any]:
+    return {}
+
+
+def _alive() -> Mapping[str, Any] | None:
+    return None
+
+
+def probe_routes(
+    engine: Engine,
+    *,
+    fields: Callable[[], Mapping[str, Any]] = _nothing,
+    failure: Callable[[], Mapping[str, Any] | None] = _alive,
+    not_ready: Callable[[], Mapping[str, str]] = _nothing,
+) -> list[Route]:
+    """`GET /healthz`, `GET /readyz` and (when the engine's metrics are on) `GET /metrics`, for
+    `serve` and the pull worker's health port alike. What a surface knows beyond its engine is
+    asked for on each probe; the push endpoint gives none of it, the pull worker all three:
+
+    - `fields`: what `/healthz`'s body adds after the engine's (pull: `handled`);
+    - `failure`: why the surface is no longer alive, or None: then `/healthz` is 503 with
+      status `failed` and these fields after `fields` (pull: the `error`, and the `streams`
+      that ended). The push endpoint is alive while it answers, so its `/healthz` is always 200;
+    - `not_ready`: why the surface cannot take messages now, listed before its backends'
+      problems (pull: streams not open yet, stalled routes); any problem makes `/readyz` 503.
+    """
+
+    async def healthz(_: Request) -> Response:
+        failed = failure()
+        if failed is not None:
+            return _json(health(engine, "failed", **fields(), **failed), 503)
+        return _json(health(engine, **fields()))
+
+    async def readyz(_: Request) -> Response:
+        problems = dict(not_ready())
+        problems.update(await backend_problems(engine))
+        if problems:
+            return _json({"status": "unavailable", **problems}, 503)
+        return _json({"status": "ready"})
+
+    routes = [Route("/healthz", healthz, methods=["GET"]), Route("/readyz", readyz, methods=["GET"])]
+    return routes + metrics_routes(engine)
+
+
+def _json(body: dict[str, Any], status: int = 200) -> Response:
+    return Response(msgspec.json.encode(body), status, media_type="application/json")
 
 
 def health(engine: Engine, status: str = "ok", **more: Any) -> dict[str, Any]:

@@ -14,9 +14,9 @@ from google.auth.exceptions import DefaultCredentialsError
 from filter.backends.gcp import NO_CREDENTIALS, resolve_project
 from filter.core.config import Config, Route
 from filter.core.errors import FilterError
-from filter.observability.logsetup import configure
 from filter.pull.worker import PullWorker
-from filter.runtime.wiring import make_engine, make_telemetry, project_of
+from filter.runtime.startup import start
+from filter.runtime.wiring import project_of
 
 log = structlog.get_logger("pubsub_filter.pull")
 
@@ -46,7 +46,6 @@ def select_routes(cfg: Config, names: Sequence[str] | None) -> list[Route]:
 
 def run(cfg: Config, route_names: Sequence[str] | None = None, health_port: int | None = None) -> int:
     """`pubsub-filter pull`: pull the routes' subscriptions until SIGTERM/SIGINT."""
-    configure(project=cfg.project)
     try:
         routes = select_routes(cfg, route_names)
     except PullSetupError as exc:
@@ -54,19 +53,16 @@ def run(cfg: Config, route_names: Sequence[str] | None = None, health_port: int 
         return 2
     project = resolve_project(project_of(cfg))
     try:
-        engine = make_engine(cfg, make_telemetry(cfg))
         subscriber = pubsub_v1.SubscriberClient()
     except DefaultCredentialsError as exc:
         print(f"pubsub-filter pull: {NO_CREDENTIALS} ({exc})", file=sys.stderr)
         return 1
-    structlog.get_logger("pubsub_filter").info(
-        "config_loaded",
-        routes=[r.name for r in routes],
-        store=cfg.store.backend,
-        publisher=cfg.publisher.backend,
-        records=cfg.records.backend,
-        surface="pull",
-    )
+    try:
+        engine = start(cfg, routes, surface="pull")
+    except DefaultCredentialsError as exc:
+        subscriber.close()
+        print(f"pubsub-filter pull: {NO_CREDENTIALS} ({exc})", file=sys.stderr)
+        return 1
     started = time.monotonic()
 
     async def main() -> int:

@@ -20,33 +20,18 @@ import contextlib
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-import msgspec
 import structlog
 import uvicorn
 from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
 
-from filter.observability.probes import backend_problems, health, metrics_routes
+from filter.observability.probes import probe_routes
 from filter.runtime.operational import Failure
+from filter.runtime.server import Server
 
 log = structlog.get_logger("pubsub_filter.pull")
-
-
-class _QuietServer(uvicorn.Server):
-    """uvicorn inside the worker's loop: the worker owns SIGTERM/SIGINT, not uvicorn."""
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        yield
-
-
-def _json(body: dict[str, Any], status: int = 200) -> Response:
-    return Response(msgspec.json.encode(body), status, media_type="application/json")
 
 
 def stream_failures(streams: Mapping[str, concurrent.futures.Future[Any]]) -> dict[str, str]:
@@ -155,7 +140,8 @@ class HealthServer:
         except OSError as exc:
             raise Failure(f"cannot listen on {host}:{port} for health checks: {exc.strerror or exc}") from None
         self.port = self.sock.getsockname()[1]
-        self.server = _QuietServer(uvicorn.Config(app, lifespan="off", access_log=False, log_level="warning"))
+        # the worker owns SIGTERM/SIGINT, not this server
+        self.server = Server(uvicorn.Config(app, lifespan="off", access_log=False, log_level="warning"), budget=None)
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -171,28 +157,25 @@ class HealthServer:
 
 def health_app(worker: Any) -> Starlette:
     """Probes over a `PullWorker` (its engine, streams and watchdog)."""
-    engine = worker.engine
 
-    async def healthz(_: Request) -> Response:
+    def failure() -> dict[str, Any] | None:
         # The streams are looked at here too: a stream's end reaches `worker.failure` from a
         # client thread, and this answer must not wait for that.
         streams = worker.stream_failures()
-        if worker.failure is not None or streams:
-            error = str(worker.failure) if worker.failure is not None else next(iter(streams.values()))
-            return _json(health(engine, "failed", handled=worker.handled, error=error, streams=streams), 503)
-        return _json(health(engine, handled=worker.handled))
+        if worker.failure is None and not streams:
+            return None
+        error = str(worker.failure) if worker.failure is not None else next(iter(streams.values()))
+        return {"error": error, "streams": streams}
 
-    async def readyz(_: Request) -> Response:
+    def not_ready() -> dict[str, str]:
         problems: dict[str, str] = {}
         if not worker.ready.is_set():
             problems["streams"] = "not open yet"
         for route, error in worker.watchdog.stalled.items():
             problems[f"route {route}"] = error
-        problems.update(await backend_problems(engine))
-        if problems:
-            return _json({"status": "unavailable", **problems}, 503)
-        return _json({"status": "ready"})
+        return problems
 
-    routes = [Route("/healthz", healthz, methods=["GET"]), Route("/readyz", readyz, methods=["GET"])]
-    routes += metrics_routes(engine)
-    return Starlette(routes=routes)
+    def fields() -> dict[str, Any]:
+        return {"handled": worker.handled}
+
+    return Starlette(routes=probe_routes(worker.engine, fields=fields, failure=failure, not_ready=not_ready))

@@ -49,12 +49,13 @@ from filter.backends.gcp import (
     modify_ack_deadline,
     pubsub_path,
 )
+from filter.backends.pubsub_message import received_message
 from filter.core.answer import answer_for
 from filter.core.config import PullConfig, Route
 from filter.core.engine import Engine
 from filter.core.stopping import CLOSE, DRAIN, PUBLISHER, RECORDS, Stop
 from filter.pull.health import ConsumerDeaths, HealthServer, Watchdog, health_app, stream_failures
-from filter.pull.messages import flow_control, to_message
+from filter.pull.messages import flow_control
 from filter.pull.noise import shutdown_noise_filtered
 from filter.runtime import backstop
 
@@ -273,7 +274,7 @@ class PullWorker:
         self._tasks.add(task)
         self.watchdog.saw_message(route)
         try:
-            rec = await self.engine.handle(route, to_message(received, path))
+            rec = await self.engine.handle(route, received_message(received, path))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # never ack what was not decided; never let it kill the worker

@@ -15,7 +15,6 @@ import msgspec
 import structlog
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
@@ -26,7 +25,7 @@ from filter.core.envelope import EnvelopeError
 from filter.core.model import Cause, DecisionRecord
 from filter.core.numerals import bounded_int, digits_of
 from filter.core.stopping import Stop
-from filter.observability.probes import backend_problems, health, metrics_routes, telemetry_of
+from filter.observability.probes import probe_routes, telemetry_of
 from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, request_parent_of, trace_of
 from filter.push.unwrapped import MESSAGE_ID, parse_push
 
@@ -67,10 +66,6 @@ async def _send(send: Send, answer: Answer) -> None:
         raw.append(_JSON_TYPE)
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
-
-
-def _json_response(body: dict[str, Any], status: int = 200) -> Response:
-    return Response(msgspec.json.encode(body), status, media_type="application/json")
 
 
 # the message id: a push with payload unwrapping and its metadata (`filter.push.unwrapped`)
@@ -276,21 +271,7 @@ def _probes(engine: Engine, push: _PushHandler, lifespan: Any) -> Starlette:
         """The push endpoint as Starlette reaches it (a mounted root path): the same handler."""
         await push(scope["path_params"]["route"], scope, receive, send)
 
-    async def healthz(_: Request) -> Response:
-        return _json_response(health(engine))
-
-    async def readyz(_: Request) -> Response:
-        problems = await backend_problems(engine)
-        if problems:
-            return _json_response({"status": "unavailable", **problems}, 503)
-        return _json_response({"status": "ready"})
-
-    routes = [
-        Route("/push/{route}", routed, methods=["POST"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/readyz", readyz, methods=["GET"]),
-    ]
-    routes += metrics_routes(engine)
+    routes = [Route("/push/{route}", routed, methods=["POST"]), *probe_routes(engine)]
     return Starlette(routes=routes, lifespan=lifespan)
 
 

@@ -16,11 +16,11 @@ from google.api_core import exceptions as gexc
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_incrementing
 
 from filter.backends.gcp import TRANSIENT, acknowledge, modify_ack_deadline
+from filter.backends.pubsub_message import received_message
 from filter.core.answer import answer_for
 from filter.core.config import Config
-from filter.core.envelope import effective_publish_time
 from filter.core.errors import FilterError
-from filter.core.model import Decision, Message
+from filter.core.model import Decision
 from filter.core.ports import PublishFailed
 from filter.replay.deadletter import DeadLetter, ReplayFailure
 from filter.replay.options import ReplayOptions
@@ -232,14 +232,7 @@ class Replayer:
 
     async def _through_filter(self, item: DeadLetter) -> None:
         route = self.targets.route_for(item)
-        attributes = item.replay_attributes()
-        msg = Message(
-            data=item.data,
-            attributes=attributes,
-            message_id=item.message_id,
-            publish_time=effective_publish_time(attributes, item.publish_time),
-            ordering_key=item.ordering_key or None,
-        )
+        msg = received_message(item, attributes=item.replay_attributes())
         rec = await self.engine.handle(route, msg)
         if not answer_for(rec).ack:
             raise ReplayFailure(f"{rec.decision}: {rec.reason}")

@@ -318,8 +318,8 @@ def filter_config(tmp_path: Path, project: str, subscription: str, destination: 
 def decide_now(config_path: Path, host: str, admin: PubsubAdmin, sub: str, ids: list[str]) -> list[str]:
     """A working instance decides `ids` as they arrive on `sub` (engine from the config, as pull would);
     anything else it nacks (that part of the route is still failing)."""
+    from filter.backends.pubsub_message import received_message
     from filter.core.config import load
-    from filter.pull.worker import to_message
     from filter.runtime.wiring import make_engine
 
     path = admin.subscription_path(sub)
@@ -343,7 +343,7 @@ def decide_now(config_path: Path, host: str, admin: PubsubAdmin, sub: str, ids: 
                         )
                         continue
                     wanted.discard(m.message_id)
-                    msg = to_message(_Flat(m, r.delivery_attempt), path)
+                    msg = received_message(_Flat(m, r.delivery_attempt), path)
                     decisions.append(str((await engine.handle(ROUTE, msg)).decision))
                     await asyncio.to_thread(
                         admin.subscriber.acknowledge, request={"subscription": path, "ack_ids": [r.ack_id]}
@@ -358,7 +358,7 @@ def decide_now(config_path: Path, host: str, admin: PubsubAdmin, sub: str, ids: 
 
 
 class _Flat:
-    """A synchronously pulled message in the shape of a streaming-pull one (what `to_message` reads)."""
+    """A synchronously pulled message in the shape of a streaming-pull one (what `received_message` reads)."""
 
     def __init__(self, m: Any, delivery_attempt: int):
         self.data, self.attributes, self.message_id = m.data, m.attributes, m.message_id

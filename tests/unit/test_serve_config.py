@@ -9,7 +9,8 @@ import pytest
 
 from filter.core.config import ConfigError, parse
 from filter.core.stopping import DRAIN
-from filter.push.serve import _GracefulServer, server_config
+from filter.push.serve import server_config
+from filter.runtime.server import Server
 
 ROUTES = [{"name": "reports", "destination": "phase3", "key": ["payload.k"]}]
 
@@ -36,9 +37,9 @@ def test_shutdown_grace_is_refused_with_the_name_of_the_one_budget_that_replaces
         config(shutdown_grace="10s")
 
 
-def graceful_server() -> _GracefulServer:
+def graceful_server() -> Server:
     # no backstop: it would end the test process once the budget has passed
-    return _GracefulServer(server_config(object(), config(), "127.0.0.1", 8080), 8.0, backstop=lambda _stop: None)
+    return Server(server_config(object(), config(), "127.0.0.1", 8080), budget=8.0, backstop=lambda _stop: None)
 
 
 def test_a_sigterm_drains_the_server_and_is_not_raised_again_so_the_process_exits_0() -> None:
@@ -63,3 +64,18 @@ def test_a_ctrl_c_drains_the_server_and_still_ends_the_process_as_a_ctrl_c() -> 
             assert server.should_exit
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_server_without_a_budget_leaves_the_signals_to_its_caller() -> None:
+    """The pull worker's probes: the worker's handlers stay, and a SIGTERM does not stop the server."""
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda sig, _frame: seen.append(sig))
+    try:
+        server = Server(server_config(object(), config(), "127.0.0.1", 8080), budget=None)
+        with server.capture_signals():
+            signal.raise_signal(signal.SIGTERM)
+            assert not server.should_exit
+        assert seen == [signal.SIGTERM]
+        assert server.stop is None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
