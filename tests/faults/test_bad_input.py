@@ -29,7 +29,6 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -43,9 +42,9 @@ from filter.core.envelope import ATTR_ORIGINAL_TIME, make_envelope
 from filter.core.fingerprint import PayloadError
 from filter.core.model import ACKED
 from filter.core.routes import RouteRules
-from filter.observability import logsetup
 from filter.push.app import create_app
 from tests.support.fakes import MemoryPublisher
+from tests.support.jsonlogs import JsonLines, production_logs
 
 pytestmark = pytest.mark.faults
 
@@ -210,50 +209,15 @@ class Harness:
         await self.store.close()
 
 
-class LogLines:
-    """A log stream that keeps nothing but checks every line is one JSON object (Cloud Logging's format)."""
-
-    def __init__(self) -> None:
-        self.lines = 0
-        self.bad: list[str] = []
-
-    def write(self, text: str) -> int:
-        for line in text.split("\n"):
-            if not line:
-                continue
-            self.lines += 1
-            try:
-                if not isinstance(msgspec.json.decode(line), dict):
-                    raise ValueError("not an object")
-            except (msgspec.DecodeError, ValueError):
-                self.bad.append(line[:300])
-        return len(text)
-
-    def flush(self) -> None:
-        pass
-
-
 @pytest.fixture
-def logs() -> Iterator[LogLines]:
-    """The app logs as in production (JSON lines, level info) into a `LogLines`; set-up restored after."""
-    saved, stream, processors = structlog.get_config(), logsetup._OUT.stream, list(logsetup._PROCESSORS)
-    handler = logsetup._STDLIB_HANDLER
-    formatter = handler.formatter if handler is not None else None
-    sink = LogLines()
-    logsetup.configure(level="info", fmt="json", project="p", stream=sink, cache=False)  # type: ignore[arg-type]
-    try:
+def logs() -> Iterator[JsonLines]:
+    """The app logs as in production (JSON lines, level info), each line checked; set-up restored after."""
+    with production_logs() as sink:
         yield sink
-    finally:
-        logsetup._PROCESSORS[:] = processors
-        structlog.configure(**saved)
-        logsetup._OUT.stream = stream
-        if handler is not None:
-            handler.setFormatter(formatter)
-    assert not sink.bad, f"log lines that are not JSON objects: {sink.bad[:3]}"
 
 
 @pytest.fixture
-def app(tmp_path: Path, logs: LogLines) -> Iterator[Harness]:
+def app(tmp_path: Path, logs: JsonLines) -> Iterator[Harness]:
     with asyncio.Runner() as runner:
         h = Harness(runner, tmp_path)
         try:

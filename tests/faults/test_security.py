@@ -20,7 +20,6 @@ from typing import Any
 
 import httpx
 import pytest
-import structlog
 
 from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
@@ -28,10 +27,10 @@ from filter.core.config import parse
 from filter.core.engine import Engine
 from filter.core.envelope import make_envelope
 from filter.core.model import Decision
-from filter.observability import logsetup
 from filter.push.app import create_app
 from filter.push.auth import PushAuthenticator
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
+from tests.support.jsonlogs import logs_into
 from tests.support.oidc import LocalGoogleCerts, SigningKey, google_claims
 
 pytestmark = pytest.mark.faults
@@ -198,21 +197,10 @@ def log_output(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) 
     """Everything logsetup writes, at debug level, in `fmt`; the previous structlog set-up restored after."""
     for name in ("LOG_FORMAT", "LOG_LEVEL"):
         monkeypatch.delenv(name, raising=False)
-    saved, stream, processors = structlog.get_config(), logsetup._OUT.stream, list(logsetup._PROCESSORS)
-    handler = logsetup._STDLIB_HANDLER
-    formatter = handler.formatter if handler is not None else None
-    structlog.reset_defaults()  # loggers logsetup cached stay cached: they write through _OUT and _PROCESSORS
     out = io.StringIO()
-    logsetup.configure(level="debug", fmt=request.param, project="p", stream=out, cache=False)
     out.fmt = request.param  # type: ignore[attr-defined]
-    try:
+    with logs_into(out, "debug", request.param, reset=True):
         yield out
-    finally:
-        logsetup._PROCESSORS[:] = processors
-        structlog.configure(**saved)
-        logsetup._OUT.stream = stream
-        if handler is not None:
-            handler.setFormatter(formatter)
 
 
 def base64_forms(secret: bytes) -> set[str]:

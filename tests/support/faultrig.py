@@ -47,17 +47,16 @@ from typing import Any
 
 import httpx
 import pytest
-import structlog
 
 from filter.backends.stores.firestore import from_document
 from filter.core.envelope import make_envelope
 from filter.core.model import ACKED, KeyState
 from filter.core.ports import StoreUnavailable
 from filter.core.times import format_time
-from filter.observability import logsetup
 
 from .balancer import RoundRobin
 from .emulators import FirestoreEmulator, PubsubEmulator
+from .jsonlogs import logs_into
 from .net import free_port
 from .polling import wait_until
 from .pubsub_helpers import DelayProxy, PubsubAdmin, Pulled, unique
@@ -647,19 +646,9 @@ class LogLines(io.StringIO):
 @contextlib.contextmanager
 def json_logs() -> Iterator[LogLines]:
     """This process's structlog output as JSON lines in a buffer; the previous set-up put back after."""
-    saved, stream, processors = structlog.get_config(), logsetup._OUT.stream, list(logsetup._PROCESSORS)
-    handler = logsetup._STDLIB_HANDLER
-    formatter = handler.formatter if handler is not None else None
     sink = LogLines()
-    logsetup.configure(level="info", fmt="json", project="p", stream=sink, cache=False)
-    try:
+    with logs_into(sink):
         yield sink
-    finally:
-        logsetup._PROCESSORS[:] = processors
-        structlog.configure(**saved)
-        logsetup._OUT.stream = stream
-        if handler is not None:
-            handler.setFormatter(formatter)
 
 
 # --- figures --------------------------------------------------------------------------------

@@ -48,17 +48,28 @@ class JsonLines:
 
 
 @contextlib.contextmanager
-def production_logs(level: str = "info") -> Iterator[JsonLines]:
-    saved, stream, processors = structlog.get_config(), logsetup._OUT.stream, list(logsetup._PROCESSORS)
+def logs_into(stream: Any, level: str = "info", fmt: str = "json", reset: bool = False) -> Iterator[None]:
+    """`logsetup` configured as the CLI configures it, writing into `stream`; the structlog set-up,
+    the stream and the stdlib formatter before are put back after. `reset`: from structlog's
+    defaults (loggers logsetup cached stay cached: they write through `_OUT` and `_PROCESSORS`)."""
+    saved, before, processors = structlog.get_config(), logsetup._OUT.stream, list(logsetup._PROCESSORS)
     handler = logsetup._STDLIB_HANDLER
     formatter = handler.formatter if handler is not None else None
-    sink = JsonLines()
-    logsetup.configure(level=level, fmt="json", project="p", stream=sink, cache=False)  # type: ignore[arg-type]
+    if reset:
+        structlog.reset_defaults()
+    logsetup.configure(level=level, fmt=fmt, project="p", stream=stream, cache=False)
     try:
-        yield sink
+        yield
     finally:
         logsetup._PROCESSORS[:] = processors
         structlog.configure(**saved)
-        logsetup._OUT.stream = stream
+        logsetup._OUT.stream = before
         if handler is not None:
             handler.setFormatter(formatter)
+
+
+@contextlib.contextmanager
+def production_logs(level: str = "info") -> Iterator[JsonLines]:
+    sink = JsonLines()
+    with logs_into(sink, level):
+        yield sink
