@@ -7,34 +7,15 @@ after every step). Failures found here stay as named tests in test_engine_model_
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.config import Config, StoreErrors
-from filter.core.ports import StateStore
-from tests.support.clock import ManualClock
-from tests.support.engine_model import STEPS, TOLERATED, EngineMachine
-from tests.support.fakes import SwitchStore
+from tests.support.engine_model import STEPS, TOLERATED
+from tests.support.engine_sqlite import SqliteMachine
 
 #: ~22,000 steps a run (the issue asks for at least 20,000 on SQLite): about 70 s here.
 EXAMPLES = 400
 STEPS_PER_EXAMPLE = 60
-
-
-def sqlite_store(cfg: Config, clock: ManualClock, scratch: Path) -> tuple[StateStore, SwitchStore]:
-    # Purging on the model's clock, every simulated minute: expired keys really disappear mid-history.
-    faults = SwitchStore(SqliteStore(scratch / "state.db", purge_every=60, clock=clock.now), raw=True)
-    # Faults beneath the guard, as a real backend's are; a budget of 1 ms so an outage costs no wall time.
-    return GuardedStore(faults, StoreErrors(timeout=0.001, budget=0.001), inline=True), faults
-
-
-class SqliteMachine(EngineMachine):
-    backend = "sqlite"
-    make_store = staticmethod(sqlite_store)
 
 
 def test_engine_agrees_with_the_reference_model_on_sqlite() -> None:

@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.support.engine_model import WINDOW
-from tests.unit.test_engine_model import SqliteMachine
+from tests.support.engine_sqlite import SqliteMachine
 
 
 @pytest.fixture

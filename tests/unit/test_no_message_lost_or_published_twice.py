@@ -24,8 +24,8 @@ from filter.core.envelope import ATTR_ORIGINAL_TIME, make_envelope, parse_envelo
 from filter.core.model import Decision, KeyState, Message
 from filter.runtime.wiring import make_store
 from tests.support.clock import ManualClock
+from tests.support.decision_world import DownStore, World, report
 from tests.support.fakes import MemoryPublisher, MemoryRecorder, SwitchStore
-from tests.unit.test_decisions import DownStore, World, report
 
 
 @pytest.fixture
