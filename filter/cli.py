@@ -316,33 +316,30 @@ def _add_fingerprint(sub: Any) -> None:
         help="print the payload fingerprint of a message's data for a route (a file, - for stdin, or a push envelope)",
     )
     with_config(sp)
-    sp.add_argument("--route", "-r", required=True, metavar="NAME", help="the route whose rules apply")
+    _message_arguments(sp, "the route whose rules apply")
+    sp.add_argument("--verbose", "-v", action="store_true", help="also print the key and message fingerprint")
+    sp.set_defaults(func=cmd_fingerprint)
+
+
+def _message_arguments(sp: Any, route_help: str) -> None:
+    """The message a command looks at, as `fingerprint` and `explain` take it: route, attributes, data."""
+    sp.add_argument("--route", "-r", required=True, metavar="NAME", help=route_help)
     sp.add_argument(
         "--attribute", "-a", action="append", default=[], type=_attribute, metavar="NAME=VALUE", help=ATTRIBUTE_HELP
     )
-    sp.add_argument("--verbose", "-v", action="store_true", help="also print the key and message fingerprint")
     sp.add_argument(
         "payload",
         metavar="PAYLOAD",
         help="the message data: a file, - for stdin, or a Pub/Sub push envelope (its message.data is used)",
     )
-    sp.set_defaults(func=cmd_fingerprint)
 
 
 def _add_explain(sub: Any) -> None:
     sp = sub.add_parser("explain", help="what the filter would decide for a payload, and why (no side effects)")
     with_config(sp)
-    sp.add_argument("--route", "-r", required=True, metavar="NAME", help="the route whose rules and state apply")
-    sp.add_argument(
-        "--attribute", "-a", action="append", default=[], type=_attribute, metavar="NAME=VALUE", help=ATTRIBUTE_HELP
-    )
+    _message_arguments(sp, "the route whose rules and state apply")
     sp.add_argument(
         "--format", choices=["text", "json"], default="text", metavar="text|json", help="text (default) or json"
-    )
-    sp.add_argument(
-        "payload",
-        metavar="PAYLOAD",
-        help="the message data: a file, - for stdin, or a Pub/Sub push envelope (its message.data is used)",
     )
     sp.set_defaults(func=cmd_explain)
 
