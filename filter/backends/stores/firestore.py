@@ -373,7 +373,13 @@ class FirestoreStore(FirestoreCollection):
 
 
 async def close_client(client: Any) -> None:
-    """Close an `AsyncClient`'s channel, if its first call ever built one."""
+    """Close an `AsyncClient`'s channel, if its first call ever built one.
+
+    The client has no public way to close its gRPC channel (its `close()`, in 2.34, closes only
+    an HTTP session it does not use for Firestore's calls); left open, the channel's threads and
+    sockets outlive the store. So the channel the client built lazily is read, and forgotten,
+    through its one private attribute (allowed, with this reason, by test_no_private_library_access).
+    """
     api = getattr(client, "_firestore_api_internal", None)  # built lazily by the first call
     if api is not None:
         client._firestore_api_internal = None
