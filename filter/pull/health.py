@@ -63,7 +63,11 @@ CONSUMER_LOGGER = "google.api_core.bidi"
 class ConsumerDeaths(logging.Handler):
     """Calls `died(reason)` for each streaming consumer thread the client library reports dead,
     between `attach()` and `detach()`. The logger is the library's, shared by the process: any
-    such death counts (a worker cannot tell whose consumer thread it was)."""
+    such death counts (a worker cannot tell whose consumer thread it was).
+
+    Why a log handler: google-api-core's `BackgroundConsumer` thread ends on an unexpected error
+    with only an `exception` log record; the streaming-pull future is not resolved by it, and no
+    public callback reports it. The record is the one signal the library gives."""
 
     def __init__(self, died: Callable[[str], None]) -> None:
         super().__init__(logging.ERROR)

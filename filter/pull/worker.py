@@ -177,7 +177,10 @@ class PullWorker:
                 future = self.subscriber.subscribe(path, callback=self._callback(route.name, path), flow_control=flow)
                 self._streams[route.name] = future
                 future.add_done_callback(self._stream_done(route.name))
-            # `subscribe` starts each stream's threads before it returns: these are they.
+            # `subscribe` starts each stream's threads before it returns: these are they. The client
+            # names no handle to them (the future's `cancel()` does not wait for them, and nothing
+            # public joins them), yet the stop must wait for them before it closes the channel
+            # they read from: so they are told apart by diffing the threads around `subscribe`.
             self._stream_threads = [t for t in threading.enumerate() if t not in before]
             log.info(
                 "pulling",
