@@ -53,7 +53,7 @@ from filter.backends.pubsub_message import received_message
 from filter.core.answer import answer_for
 from filter.core.config import PullConfig, Route
 from filter.core.engine import Engine
-from filter.core.stopping import CLOSE, DRAIN, PUBLISHER, RECORDS, Stop
+from filter.core.stopping import CLOSE, DRAIN, PUBLISHER, RECORDS, RELEASE, Stop
 from filter.pull.health import ConsumerDeaths, HealthServer, Watchdog, health_app, stream_failures
 from filter.pull.messages import flow_control
 from filter.pull.noise import shutdown_noise_filtered
@@ -324,12 +324,11 @@ class PullWorker:
         """In-flight messages, the streams, late acks and nacks, the engine, the library's threads, the client."""
         stop = self.stopping or Stop.begin(self.budget)
         self._refusing = True
-        # The streams settle while the messages in flight drain, so a drain that takes its whole
-        # share (a slow store under load) leaves them no less time; then once more, briefly, for
-        # what came while the drain ran.
-        settling = asyncio.create_task(self._settle_streams(stop, DRAIN))
         await self._drain(stop)
-        reached = await settling and await self._settle_streams(stop, PUBLISHER)
+        # Only now can what the library holds past its flow control reach us (the messages in
+        # flight held every slot): the settle has until the cancels, not just the drain's share,
+        # and a drain that took its whole share still leaves it a round trip to Pub/Sub.
+        reached = await self._settle_streams(stop, RELEASE)
         with self._late_lock:
             self._closing = True
         for future in self._streams.values():
