@@ -432,13 +432,32 @@ def test_bigquery_table_is_partitioned_by_time_and_clustered_by_route_and_decisi
     assert expr(table["schema"]) == '${file("${path.module}/decisions_schema.json")}'
 
 
+def test_one_dataset_resource_holds_the_records_dataset_and_the_decision_lines_dataset_each_when_asked_for(
+    tmp_path: Path,
+) -> None:
+    dataset = resources()[("google_bigquery_dataset", "dataset")]
+    assert expr(dataset["for_each"]) == "${local.datasets}"
+    assert dataset["delete_contents_on_destroy"] is False
+    sqlite, bigquery = example_config(), example_config()
+    sqlite["records"] = {"backend": "sqlite"}
+    bigquery["records"] = {"backend": "bigquery", "dataset": "decisions_ds"}
+    assert evaluate(tmp_path, "keys(local.datasets)", config=sqlite) == []
+    assert evaluate(tmp_path, "keys(local.datasets)", config=sqlite, decision_log_sink=True) == ["decision_lines"]
+    assert evaluate(tmp_path, "keys(local.datasets)", config=bigquery) == ["records"]
+    both = evaluate(tmp_path, "local.datasets", config=bigquery, decision_log_sink=True, name="odds")
+    assert sorted(both) == ["decision_lines", "records"]
+    assert (both["records"]["dataset_id"], both["decision_lines"]["dataset_id"]) == (
+        "decisions_ds",
+        "odds_decision_lines",
+    )
+
+
 def test_the_optional_decision_line_sink_sends_every_decision_line_to_a_dataset_its_writer_may_write() -> None:
     """What a SIGKILL or OOM kill can cost the batched rows, the lines (written before each
     answer, kept by Cloud Logging) cannot: the sink takes every `decision` line of the service."""
     found = resources()
     gated = [key for key in found if key[1] in ("decision_lines", "decision_lines_writer")]
     assert sorted(gated) == [
-        ("google_bigquery_dataset", "decision_lines"),
         ("google_bigquery_dataset_iam_member", "decision_lines_writer"),
         ("google_logging_project_sink", "decision_lines"),
     ]
@@ -446,7 +465,7 @@ def test_the_optional_decision_line_sink_sends_every_decision_line_to_a_dataset_
         assert expr(found[key]["count"]) == "${var.decision_log_sink?1:0}", key
     sink = found[("google_logging_project_sink", "decision_lines")]
     assert expr(sink["filter"]) == expr('${local.log_source} AND jsonPayload.message="decision"')
-    assert "google_bigquery_dataset.decision_lines[0].dataset_id" in expr(sink["destination"])
+    assert 'google_bigquery_dataset.dataset["decision_lines"].dataset_id' in expr(sink["destination"])
     assert sink["unique_writer_identity"] is True
     assert only(sink["bigquery_options"])["use_partitioned_tables"] is True
     writer = found[("google_bigquery_dataset_iam_member", "decision_lines_writer")]

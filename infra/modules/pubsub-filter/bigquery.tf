@@ -3,14 +3,15 @@
 # so a skip-rate query over a few days reads a few partitions. The schema lives in
 # decisions_schema.json, which the Python side reads too.
 
-resource "google_bigquery_dataset" "records" {
-  count = local.records_backend == "bigquery" ? 1 : 0
+# Both datasets of the module are one resource (`local.datasets`, config.tf).
+resource "google_bigquery_dataset" "dataset" {
+  for_each = local.datasets
 
-  project       = local.records_project
-  dataset_id    = local.records_dataset
-  location      = local.records_location
-  friendly_name = "pubsub-filter decisions"
-  description   = "Decision records written by pubsub-filter (${var.name})."
+  project       = each.value.project
+  dataset_id    = each.value.dataset_id
+  location      = each.value.location
+  friendly_name = each.value.name
+  description   = each.value.description
   labels        = var.labels
 
   delete_contents_on_destroy = false
@@ -23,11 +24,22 @@ resource "google_bigquery_dataset" "records" {
   }
 }
 
+# Deployments made before the two were one resource keep their datasets (and their data).
+moved {
+  from = google_bigquery_dataset.records[0]
+  to   = google_bigquery_dataset.dataset["records"]
+}
+
+moved {
+  from = google_bigquery_dataset.decision_lines[0]
+  to   = google_bigquery_dataset.dataset["decision_lines"]
+}
+
 resource "google_bigquery_table" "decisions" {
   count = local.records_backend == "bigquery" ? 1 : 0
 
   project             = local.records_project
-  dataset_id          = google_bigquery_dataset.records[0].dataset_id
+  dataset_id          = google_bigquery_dataset.dataset["records"].dataset_id
   table_id            = local.records_table
   description         = "One row per pubsub-filter decision (route, decision, fingerprints, latency)."
   labels              = var.labels

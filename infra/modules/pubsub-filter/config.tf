@@ -36,6 +36,30 @@ locals {
   records_location                  = coalesce(try(local.config.records.location, null), var.region)
   records_partition_expiration_days = coalesce(try(local.config.records.partition_expiration_days, null), 90)
 
+  # The module's BigQuery datasets, one resource (bigquery.tf): the decisions table's when the
+  # records go to BigQuery, and the decision lines' when the optional sink is on (decision_sink.tf).
+  decision_lines_dataset = coalesce(var.decision_log_dataset, "${replace(var.name, "-", "_")}_decision_lines")
+  datasets = merge(
+    local.records_backend == "bigquery" ? {
+      records = {
+        project     = local.records_project
+        dataset_id  = local.records_dataset
+        location    = local.records_location
+        name        = "pubsub-filter decisions"
+        description = "Decision records written by pubsub-filter (${var.name})."
+      }
+    } : {},
+    var.decision_log_sink ? {
+      decision_lines = {
+        project     = var.project
+        dataset_id  = local.decision_lines_dataset
+        location    = var.region
+        name        = "pubsub-filter decision lines"
+        description = "Decision log lines of pubsub-filter (${var.name}), routed by a Cloud Logging sink."
+      }
+    } : {},
+  )
+
   publisher_project = coalesce(try(local.config.publisher.project, null), local.app_project)
 
   # Decisions whose lines the filter writes at debug, all or a share of them (the config's

@@ -56,7 +56,7 @@ resource "google_bigquery_dataset_iam_member" "run_writes_decisions" {
   count = local.records_backend == "bigquery" ? 1 : 0
 
   project    = local.records_project
-  dataset_id = google_bigquery_dataset.records[0].dataset_id
+  dataset_id = google_bigquery_dataset.dataset["records"].dataset_id
   role       = "roles/bigquery.dataEditor"
   member     = "serviceAccount:${local.run_sa_email}"
 }

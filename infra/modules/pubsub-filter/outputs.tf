@@ -63,7 +63,7 @@ output "decisions_table" {
 
 output "decision_lines_dataset" {
   description = "BigQuery dataset the decision-line log sink writes to, as project.dataset (null unless decision_log_sink)."
-  value       = var.decision_log_sink ? "${var.project}.${google_bigquery_dataset.decision_lines[0].dataset_id}" : null
+  value       = var.decision_log_sink ? "${var.project}.${google_bigquery_dataset.dataset["decision_lines"].dataset_id}" : null
 }
 
 output "config_secret" {
