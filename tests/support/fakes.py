@@ -11,7 +11,7 @@ import itertools
 import sqlite3
 from collections import Counter
 from collections.abc import Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from filter.core.model import Decision, DecisionRecord, KeyState
 from filter.core.ports import PublishFailed, StateStore, StoreUnavailable
@@ -125,6 +125,28 @@ class MemoryRecorder:
 
     async def close(self, deadline: float | None = None) -> None:
         self.closed = True
+
+
+class KeptSink:
+    """A records `Sink` (`filter.backends.records.batch`) that keeps every row it was given."""
+
+    name = "kept"
+
+    def __init__(self) -> None:
+        self.rows: list[DecisionRecord] = []
+
+    async def write(self, rows: list[DecisionRecord]) -> None:
+        self.rows.extend(rows)
+
+    async def close(self) -> None:
+        pass
+
+
+def suppressed_record(message_id: str, route: str = "r", **fields: Any) -> DecisionRecord:
+    """A decision record of a suppression, as the recorders take it."""
+    return DecisionRecord(
+        time=1.0, route=route, decision=Decision.SUPPRESSED, enforced=True, message_id=message_id, **fields
+    )
 
 
 class SwitchStore:

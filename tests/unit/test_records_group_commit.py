@@ -25,6 +25,7 @@ from filter.core.envelope import make_envelope, parse_envelope
 from filter.core.model import Decision, DecisionRecord
 from filter.push.app import create_app
 from filter.runtime.wiring import make_engine
+from tests.support.fakes import KeptSink, suppressed_record
 
 ROOT = Path(__file__).resolve().parents[2]
 ROUTE = "injury-report"
@@ -135,7 +136,7 @@ async def test_once_requests_arrive_together_the_records_of_one_step_share_one_c
 
 
 async def test_a_record_is_written_by_the_writer_thread_never_on_the_event_loops(tmp_path: Path) -> None:
-    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(Kept()))
+    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(KeptSink()))
     insert_apart = recorder.sink.insert_apart
     writers: set[int] = set()
 
@@ -145,7 +146,7 @@ async def test_a_record_is_written_by_the_writer_thread_never_on_the_event_loops
 
     recorder.sink.insert_apart = watched  # type: ignore[method-assign]
     try:
-        recorder.record(a_record("a"))
+        recorder.record(suppressed_record("a", route=ROUTE))
         assert stored(tmp_path / "d.db") == []  # not written on the loop's thread
         committing = recorder.committing()
         assert committing is not None
@@ -158,10 +159,10 @@ async def test_a_record_is_written_by_the_writer_thread_never_on_the_event_loops
 
 
 async def test_the_records_of_one_step_share_one_commit(tmp_path: Path) -> None:
-    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(Kept()))
+    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(KeptSink()))
     try:
         for message_id in ("a", "b", "c"):
-            recorder.record(a_record(message_id))
+            recorder.record(suppressed_record(message_id, route=ROUTE))
         committing = recorder.committing()
         assert committing is not None
         await committing
@@ -266,31 +267,10 @@ async def test_a_failed_commit_answers_as_before_and_hands_every_row_to_the_fall
         await close(engine)
 
 
-class Kept:
-    """A `Sink` that keeps what it was given."""
-
-    name = "kept"
-
-    def __init__(self) -> None:
-        self.rows: list[DecisionRecord] = []
-
-    async def write(self, rows: list[DecisionRecord]) -> None:
-        self.rows.extend(rows)
-
-    async def close(self) -> None:
-        pass
-
-
-def a_record(message_id: str, **fields: Any) -> DecisionRecord:
-    return DecisionRecord(
-        time=1.0, route=ROUTE, decision=Decision.SUPPRESSED, enforced=True, message_id=message_id, **fields
-    )
-
-
 async def recorded_in_company(recorder: InlineSqliteRecorder) -> None:
     """Two records in one step: from the next step on, its records share one commit from the first."""
-    recorder.record(a_record("company-1"))
-    recorder.record(a_record("company-2"))
+    recorder.record(suppressed_record("company-1", route=ROUTE))
+    recorder.record(suppressed_record("company-2", route=ROUTE))
     committing = recorder.committing()
     assert committing is not None
     await committing
@@ -299,13 +279,13 @@ async def recorded_in_company(recorder: InlineSqliteRecorder) -> None:
 async def test_a_record_that_cannot_be_stored_costs_only_itself_not_the_records_it_shared_a_commit_with(
     tmp_path: Path,
 ) -> None:
-    kept = Kept()
+    kept = KeptSink()
     recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(kept))
     try:
         await recorded_in_company(recorder)
         commits, written = recorder.commits, recorder.written
-        unbindable = a_record("bad", reason=object())  # no such value reaches a record today
-        for rec in (a_record("a"), unbindable, a_record("b")):
+        unbindable = suppressed_record("bad", route=ROUTE, reason=object())  # no such value reaches a record today
+        for rec in (suppressed_record("a", route=ROUTE), unbindable, suppressed_record("b", route=ROUTE)):
             recorder.record(rec)
         committing = recorder.committing()
         assert committing is not None
@@ -319,10 +299,10 @@ async def test_a_record_that_cannot_be_stored_costs_only_itself_not_the_records_
 
 
 async def test_a_waiter_cancelled_does_not_cancel_the_commit_the_others_wait_for(tmp_path: Path) -> None:
-    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(Kept()))
+    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(KeptSink()))
 
     async def decided(message_id: str) -> None:  # as `Engine.handle` does after `_finish`
-        recorder.record(a_record(message_id))
+        recorder.record(suppressed_record(message_id, route=ROUTE))
         committing = recorder.committing()
         assert committing is not None
         await committing
@@ -340,9 +320,9 @@ async def test_a_waiter_cancelled_does_not_cancel_the_commit_the_others_wait_for
 
 
 def test_a_record_made_outside_an_event_loop_is_written_at_once(tmp_path: Path) -> None:
-    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(Kept()))
+    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(KeptSink()))
     try:
-        recorder.record(a_record("a"))
+        recorder.record(suppressed_record("a", route=ROUTE))
         assert recorder.committing() is None
         assert stored(tmp_path / "d.db") == [("a", "suppressed")]
     finally:
@@ -350,9 +330,9 @@ def test_a_record_made_outside_an_event_loop_is_written_at_once(tmp_path: Path) 
 
 
 async def test_close_writes_the_records_whose_commit_has_not_run_yet(tmp_path: Path) -> None:
-    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(Kept()))
+    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(KeptSink()))
     await recorded_in_company(recorder)
-    recorder.record(a_record("a"))
+    recorder.record(suppressed_record("a", route=ROUTE))
     assert recorder.committing() is not None  # its step's commit is still to run
     await recorder.close()
     assert stored(tmp_path / "d.db")[0] == ("a", "suppressed")
@@ -443,9 +423,9 @@ async def test_a_second_cancel_while_waiting_for_the_records_commit_goes_through
 
 
 async def test_a_record_made_after_close_is_counted_dropped_and_waits_for_nothing(tmp_path: Path) -> None:
-    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(Kept()))
-    recorder.record(a_record("a"))
+    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(KeptSink()))
+    recorder.record(suppressed_record("a", route=ROUTE))
     await recorder.close()
-    recorder.record(a_record("late"))
+    recorder.record(suppressed_record("late", route=ROUTE))
     assert recorder.committing() is None
     assert (recorder.fallback.dropped, stored(tmp_path / "d.db")) == (1, [("a", "suppressed")])

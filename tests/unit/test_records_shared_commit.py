@@ -17,26 +17,8 @@ import pytest
 from filter.backends.records.batch import BatchingRecorder
 from filter.backends.records.inline import InlineSqliteRecorder
 from filter.backends.records.sqlite import SqliteSink
-from filter.core.model import Decision, DecisionRecord
-
-
-class _Kept:
-    """A `Sink` for the batching recorder behind: nothing reaches it in these tests."""
-
-    name = "kept"
-
-    def __init__(self) -> None:
-        self.rows: list[DecisionRecord] = []
-
-    async def write(self, rows: list[DecisionRecord]) -> None:
-        self.rows.extend(rows)
-
-    async def close(self) -> None:
-        pass
-
-
-def a_record(message_id: str) -> DecisionRecord:
-    return DecisionRecord(time=1.0, route="r", decision=Decision.SUPPRESSED, enforced=True, message_id=message_id)
+from filter.core.model import DecisionRecord
+from tests.support.fakes import KeptSink, suppressed_record
 
 
 def stored(db_path: Path) -> list[str]:
@@ -49,14 +31,14 @@ def stored(db_path: Path) -> list[str]:
 
 @pytest.fixture
 async def recorder(tmp_path: Path) -> AsyncIterator[InlineSqliteRecorder]:
-    made = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(_Kept()))
+    made = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(KeptSink()))
     yield made
     await made.close()
 
 
 async def decided(recorder: InlineSqliteRecorder, message_id: str) -> None:
     """As `Engine.handle` does after its decision: record, then wait for the commit."""
-    recorder.record(a_record(message_id))
+    recorder.record(suppressed_record(message_id))
     committing = recorder.committing()
     assert committing is not None
     await committing
