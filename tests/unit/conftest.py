@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.support.oidc import LocalGoogleCerts
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,3 +20,10 @@ def quick_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("PUBSUB_FILTER_CONFIG", raising=False)
     return tmp_path / "filter.yaml"
+
+
+@pytest.fixture
+def certs() -> Iterator[LocalGoogleCerts]:
+    """Google's certificate endpoint, served locally, signing the push tokens a test makes."""
+    with LocalGoogleCerts() as served:
+        yield served

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +18,10 @@ from filter.core.config import parse
 from filter.core.engine import Engine
 from filter.core.envelope import make_envelope
 from filter.push.app import create_app
-from filter.push.auth import PushAuthenticator
-from tests.support.fakes import MemoryPublisher, MemoryRecorder
+from tests.support.fakes import MemoryRecorder
 from tests.support.oidc import LocalGoogleCerts, google_claims
+from tests.support.push_client import AUDIENCE, PUSHER, authenticator, engine_on_sqlite, push_client
 
-AUDIENCE = "https://filter.example.run.app"
-PUSHER = "pusher@p.iam.gserviceaccount.com"
 CONFIG: dict[str, Any] = {
     "server": {"max_body": 4096},
     "routes": [
@@ -33,17 +31,12 @@ CONFIG: dict[str, Any] = {
 
 
 def engine_for(tmp_path: Path, **overrides: Any) -> Engine:
-    cfg = parse({**CONFIG, **overrides})
-    store = GuardedStore(SqliteStore(tmp_path / "state.db"), cfg.store_errors)
-    return Engine(cfg, store, MemoryPublisher(), MemoryRecorder())
+    return engine_on_sqlite(tmp_path, {**CONFIG, **overrides})
 
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    engine = engine_for(tmp_path)
-    transport = httpx.ASGITransport(app=create_app(engine))
-    async with httpx.AsyncClient(transport=transport, base_url="http://filter") as c:
-        c.engine = engine  # type: ignore[attr-defined]
+    async with push_client(engine_for(tmp_path)) as c:
         yield c
 
 
@@ -251,16 +244,8 @@ async def test_readyz_answers_503_when_the_publisher_is_closed(client: httpx.Asy
 
 
 @pytest.fixture
-def certs() -> Iterator[LocalGoogleCerts]:
-    with LocalGoogleCerts() as c:
-        yield c
-
-
-@pytest.fixture
 async def guarded(tmp_path: Path, certs: LocalGoogleCerts) -> AsyncIterator[httpx.AsyncClient]:
-    auth = PushAuthenticator(audience=AUDIENCE, service_account=PUSHER, certs_url=certs.url)
-    app = create_app(engine_for(tmp_path), auth)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://filter") as c:
+    async with push_client(engine_for(tmp_path), authenticator(certs)) as c:
         yield c
 
 

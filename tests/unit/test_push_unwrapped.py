@@ -6,27 +6,21 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
 from filter.core.attributes import ATTR_SOURCE_ID
 from filter.core.config import ConfigError, parse
 from filter.core.engine import Engine
 from filter.core.envelope import make_envelope
-from filter.push.app import create_app
-from filter.push.auth import PushAuthenticator
-from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.oidc import LocalGoogleCerts, google_claims
+from tests.support.push_client import AUDIENCE, PUSHER, authenticator, engine_on_sqlite, push_client
 
 SUB = "projects/p/subscriptions/raw-reports"
-AUDIENCE = "https://filter.example.run.app"
-PUSHER = "pusher@p.iam.gserviceaccount.com"
 ROUTES: list[dict[str, Any]] = [
     {"name": "reports", "destination": "phase3", "key": ["payload.game_date"], "subscription": "raw-reports"},
     {"name": "by-attr", "destination": "phase3", "key": ["attributes.entity"], "push_format": "unwrapped"},
@@ -40,16 +34,12 @@ ROUTES: list[dict[str, Any]] = [
 
 
 def engine_for(tmp_path: Path) -> Engine:
-    cfg = parse({"routes": ROUTES})
-    store = GuardedStore(SqliteStore(tmp_path / "state.db"), cfg.store_errors)
-    return Engine(cfg, store, MemoryPublisher(), MemoryRecorder())
+    return engine_on_sqlite(tmp_path, {"routes": ROUTES})
 
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
-    engine = engine_for(tmp_path)
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(engine)), base_url="http://f") as c:
-        c.engine = engine  # type: ignore[attr-defined]
+    async with push_client(engine_for(tmp_path)) as c:
         yield c
 
 
@@ -224,17 +214,8 @@ async def test_a_push_without_metadata_on_a_wrapped_route_is_still_rejected(clie
 
 
 @pytest.fixture
-def certs() -> Iterator[LocalGoogleCerts]:
-    with LocalGoogleCerts() as c:
-        yield c
-
-
-@pytest.fixture
 async def guarded(tmp_path: Path, certs: LocalGoogleCerts) -> AsyncIterator[httpx.AsyncClient]:
-    auth = PushAuthenticator(audience=AUDIENCE, service_account=PUSHER, certs_url=certs.url)
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=create_app(engine_for(tmp_path), auth)), base_url="http://f"
-    ) as c:
+    async with push_client(engine_for(tmp_path), authenticator(certs)) as c:
         yield c
 
 
