@@ -17,6 +17,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -76,11 +77,8 @@ class Served:
 
 @pytest.fixture
 def served(pubsub_emulator: PubsubEmulator, tmp_path: Path) -> Iterator[Served]:
-    s = Served(pubsub_emulator, tmp_path)
-    try:
+    with closing(Served(pubsub_emulator, tmp_path)) as s:
         yield s
-    finally:
-        s.close()
 
 
 def post(proc: ServeProcess, body: bytes) -> httpx.Response | Exception:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
 import pytest
@@ -101,11 +102,8 @@ class Deploy:
 
 @pytest.fixture
 def deploy(pubsub_emulator: PubsubEmulator, firestore: FirestoreEmulator, tmp_path: Path) -> Iterator[Deploy]:
-    d = Deploy(pubsub_emulator, firestore, tmp_path)
-    try:
+    with closing(Deploy(pubsub_emulator, firestore, tmp_path)) as d:
         yield d
-    finally:
-        d.close()
 
 
 def test_a_rolling_deploy_hands_every_message_on_at_once_and_exactly_once(

@@ -13,6 +13,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -135,11 +136,8 @@ class World:
 
 @pytest.fixture
 def world(pubsub_emulator: PubsubEmulator, tmp_path: Path) -> Iterator[World]:
-    w = World(pubsub_emulator, tmp_path)
-    try:
+    with closing(World(pubsub_emulator, tmp_path)) as w:
         yield w
-    finally:
-        w.close()
 
 
 def decisions_for(proc: PullProcess, message_id: str) -> list[dict[str, Any]]:

@@ -9,6 +9,7 @@ import asyncio
 import json
 import time
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
@@ -87,11 +88,8 @@ class Rig:
 
 @pytest.fixture
 def rig(pubsub_emulator: PubsubEmulator, tmp_path: Path) -> Iterator[Rig]:
-    r = Rig(pubsub_emulator, tmp_path)
-    try:
+    with closing(Rig(pubsub_emulator, tmp_path)) as r:
         yield r
-    finally:
-        r.close()
 
 
 def log_lines(proc: PullProcess) -> list[str]:
