@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
 #: The attribute a forward carries for each `changed_attributes` field that changed: this, then the name.
@@ -26,7 +27,10 @@ class Amount:
         """`move` (|new - last|, never negative) is within this amount of `last`."""
         if self.relative:
             # no division: exact in integers, and a percentage of 0 allows no move at all
-            return move * 100 <= self.value * abs(last)
+            try:
+                return move * 100 <= self.value * abs(last)
+            except OverflowError:  # an integer past a double's range, times a fractional percentage
+                return move * 100 <= Fraction(self.value) * abs(last)
         return move <= self.value
 
     def __str__(self) -> str:

@@ -1,0 +1,59 @@
+"""A tolerance's amount against any number a producer can send: JSON integers decode exactly,
+so a value past a double's range meets a fractional percentage. It is compared exactly and
+decided, never raised out of the decision (a 5xx on every later message of the key)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import httpx
+import pytest
+
+from filter.core.envelope import make_envelope
+from filter.core.tolerance_amount import Amount
+from tests.support.push_client import engine_on_sqlite, push_client
+
+ROUTE = {
+    "name": "totals",
+    "destination": "phase3",
+    "key": ["payload.game_id"],
+    "tolerance": {"total": "2.5%"},
+    "changed_attributes": ["total"],
+}
+
+
+@pytest.mark.parametrize(
+    ("move", "last", "within"),
+    [
+        (10**398, 10**400, True),  # 1 % of it
+        (10**399, 10**400, False),  # 10 %
+        (25 * 10**397, 10**400, True),  # 2.5 % exactly
+        (25 * 10**397 + 1, 10**400, False),
+        (1, 40, True),
+        (1.5, 40, False),
+    ],
+    ids=["1%", "10%", "2.5%", "just past 2.5%", "small within", "small beyond"],
+)
+def test_a_fractional_percentage_of_an_integer_past_a_doubles_range_is_exact(
+    move: int | float, last: int, within: bool
+) -> None:
+    assert Amount(2.5, relative=True).allows(move, last) is within
+
+
+def body(total: int, message_id: str) -> bytes:
+    data = json.dumps({"game_id": "g1", "total": total}).encode()
+    return make_envelope(data, message_id)
+
+
+async def test_a_reference_past_a_doubles_range_leaves_every_later_message_of_its_key_decided(tmp_path: Path) -> None:
+    async with push_client(engine_on_sqlite(tmp_path, {"routes": [ROUTE]})) as client:
+        answers: list[httpx.Response] = []
+        for n, total in enumerate([10**400, 5, 500, 500]):
+            answers.append(await client.post("/push/totals", content=body(total, str(n))))
+    assert [(r.status_code, r.json()["decision"]) for r in answers] == [
+        (200, "forwarded"),
+        (200, "forwarded"),
+        (200, "forwarded"),
+        (200, "suppressed"),
+    ]
