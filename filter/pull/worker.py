@@ -53,7 +53,7 @@ from filter.backends.pubsub_message import received_message
 from filter.core.answer import answer_for
 from filter.core.config import PullConfig, Route
 from filter.core.engine import Engine
-from filter.core.stopping import CLOSE, DRAIN, PUBLISHER, RECORDS, RELEASE, Stop
+from filter.core.stopping import CLOSE, DRAIN, RECORDS, RELEASE, Stop
 from filter.pull.health import ConsumerDeaths, HealthServer, Watchdog, health_app, stream_failures
 from filter.pull.messages import flow_control
 from filter.pull.noise import shutdown_noise_filtered
@@ -325,21 +325,16 @@ class PullWorker:
         stop = self.stopping or Stop.begin(self.budget)
         self._refusing = True
         await self._drain(stop)
-        # Only now can what the library holds past its flow control reach us (the messages in
-        # flight held every slot): the settle has until the cancels, not just the drain's share,
-        # and a drain that took its whole share still leaves it a round trip to Pub/Sub.
-        reached = await self._settle_streams(stop, RELEASE)
-        with self._late_lock:
-            self._closing = True
-        for future in self._streams.values():
-            future.cancel()  # stop pulling; the client nacks what it had not handed to us yet
-        # the library's own shutdown hands over what it had read (nacked with the late ones),
-        # and nacks what it had not; a stream that cannot reach Pub/Sub ends only with its channel
-        stuck = await asyncio.to_thread(self._join_streams, min(STREAMS_TIMEOUT, stop.left(PUBLISHER)))
-        await asyncio.to_thread(self._send_late, stop)
         if self._hurry is not None and self._hurry.is_set():  # the messages in flight get no more time
-            stop = Stop(time.monotonic() - stop.budget * DRAIN, stop.budget)
-        await self.engine.close(stop)  # cancels what still runs: its lease released, its message nacked
+            stop = Stop(min(stop.started, time.monotonic() - stop.budget * DRAIN), stop.budget)
+        # The streams settle while the engine closes: what they still bring is given back without
+        # the engine, and the decisions past the drain get the engine's shares of the stop (the
+        # publisher's flush, then the cancels and their releases) rather than what the settle left.
+        streams = asyncio.create_task(self._close_streams(stop))
+        try:
+            await self.engine.close(stop)  # cancels what still runs: its lease released, its message nacked
+        finally:
+            reached, stuck = await streams
         await asyncio.sleep(0)  # let the last done-callbacks run
         await asyncio.to_thread(self._send_late, stop)
         if reached and not stuck and not self.watchdog.stalled:
@@ -355,6 +350,23 @@ class PullWorker:
                 log.warning("stream_threads_did_not_stop", threads=lingering)
         if self.health is not None:
             await self.health.stop()
+
+    async def _close_streams(self, stop: Stop) -> tuple[bool, bool]:
+        """Settle the streams, then cancel them and send what came late: (whether Pub/Sub
+        answered the settle, whether a stream did not stop in time)."""
+        # Only now can what the library holds past its flow control reach us (the messages in
+        # flight held every slot): the settle has until the cancels, not just the drain's share,
+        # and a drain that took its whole share still leaves it a round trip to Pub/Sub.
+        reached = await self._settle_streams(stop, RELEASE)
+        with self._late_lock:
+            self._closing = True
+        for future in self._streams.values():
+            future.cancel()  # stop pulling; the client nacks what it had not handed to us yet
+        # the library's own shutdown hands over what it had read (nacked with the late ones),
+        # and nacks what it had not; a stream that cannot reach Pub/Sub ends only with its channel
+        stuck = await asyncio.to_thread(self._join_streams, min(STREAMS_TIMEOUT, max(stop.left(RECORDS), QUIET)))
+        await asyncio.to_thread(self._send_late, stop)
+        return reached, stuck
 
     async def _drain(self, stop: Stop) -> None:
         """Wait for the messages in flight until the stop's share for them (or a second signal)."""
@@ -393,7 +405,7 @@ class PullWorker:
                         except Exception:  # unreachable: it cannot be sending either
                             return False
                     await asyncio.sleep(max(QUIET, time.monotonic() - started))
-                    if self.arrived == seen:
+                    if self.arrived == seen or (self._hurry is not None and self._hurry.is_set()):
                         return True
         return True
 
