@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from filter.core.config import Route
 from filter.core.model import Message
 from filter.core.pubsub_limits import (
     MAX_ATTRIBUTES,
@@ -21,6 +21,9 @@ from filter.core.pubsub_limits import (
 )
 from filter.core.times import format_time
 from filter.core.tolerance_amount import CHANGED_PREFIX
+
+if TYPE_CHECKING:  # the config's rules count a forward's attributes with `own_attribute_count`
+    from filter.core.config import Route
 
 ATTR_FINGERPRINT = "filter_fingerprint"
 ATTR_SOURCE_ID = "filter_source_message_id"
@@ -88,10 +91,15 @@ def forward_attributes(route: str, msg: Message, fingerprint: str, own: Mapping[
 
 
 def own_attributes_at_most(route: Route) -> int:
-    """How many attributes the filter may add to a forward on `route`: the fingerprint, source
-    message id, route, source publish time, fence, key (or its digest) and trace context; with
-    `rows_mode: changed` the five `filter_rows_*` ones too; and one flag per `changed_attributes` field."""
-    return 7 + (5 if route.rows_mode == "changed" else 0) + len(route.changed_attributes)
+    """How many attributes the filter may add to a forward on `route` (`own_attribute_count`)."""
+    return own_attribute_count(route.rows_mode == "changed", len(route.changed_attributes))
+
+
+def own_attribute_count(rows_changed: bool, flags: int) -> int:
+    """The fingerprint, source message id, route, source publish time, fence, key (or its
+    digest) and trace context; with `rows_mode: changed` the five `filter_rows_*` ones too; and
+    `flags`, one per `changed_attributes` field."""
+    return 7 + (5 if rows_changed else 0) + flags
 
 
 def _bytes(text: str) -> int:

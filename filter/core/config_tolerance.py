@@ -12,16 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from filter.core.attributes import own_attribute_count
+from filter.core.pubsub_limits import MAX_ATTRIBUTES, MAX_NAME_BYTES
 from filter.core.tolerance_amount import CHANGED_PREFIX
 
 Problem = tuple[tuple[Any, ...], str]
-
-# Pub/Sub's limits, as `filter.core.attributes` names them (that module imports the config: not from here)
-MAX_ATTRIBUTES = 100
-MAX_NAME_BYTES = 256
-
-#: The filter's own attributes on a forward at most, before the flags (`attributes.own_attributes_at_most`).
-_OWN_AT_MOST = 12
 
 
 def tolerance_rules(raw: dict[str, Any]) -> list[Problem]:
@@ -84,7 +79,7 @@ def _attribute_names(where: tuple[Any, ...], names: list[str], rows_changed: boo
                     f"{CHANGED_PREFIX}{name[:40]}... is {size} bytes: Pub/Sub takes names up to {MAX_NAME_BYTES}",
                 )
             )
-    own = _OWN_AT_MOST if rows_changed else _OWN_AT_MOST - 5
+    own = own_attribute_count(rows_changed, 0)
     if len(seen) + own > MAX_ATTRIBUTES:
         found.append(
             (
