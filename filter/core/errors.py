@@ -30,5 +30,4 @@ class ResultNotStored(FilterError, ValueError):
 
     Not raised to the caller: the body returned, so the forward is committed without its
     result (a redelivery returns `result` None, `cached` False) and the reason is logged, a
-    `result_not_kept` warning once a route per filter. Still exported, so that an `except`
-    clause written for the earlier behaviour keeps importing."""
+    `result_not_kept` warning once a route per filter. Exported as the name of that reason."""
