@@ -87,3 +87,10 @@ async def test_what_the_store_writes_reads_back_through_the_library_as_the_same_
     raw, state = await through_the_library(store)
     assert state == done == await store.read(ROUTE, KEY)
     assert raw["lease"] is None and raw["recent"] == [] and raw["rows"] is None
+
+
+async def test_a_closed_store_used_again_answers_on_a_new_channel(store: FirestoreStore) -> None:
+    """As the client library does: its channel is built again on the next call after a close."""
+    assert await store.claim(ROUTE, KEY, None, FULL) is not None
+    await store.close()
+    assert await store.read(ROUTE, KEY) == FULL

@@ -278,6 +278,7 @@ class FirestoreCollection:
         return self._wire
 
     async def close(self) -> None:
+        self._wire = None  # its channel closes now: a later call builds both again, as the client does
         await close_client(self._client)
 
 
