@@ -16,7 +16,7 @@ So the suppress path costs one document read and the forward path one read, one 
 and one commit (plus a heartbeat write per `lease.heartbeat` while a publish runs).
 `ops` counts every RPC by kind for tests and benches. The reads and writes are the library's
 `get()`, `create()` and `update()` as RPCs go, made with plain protobuf messages on the
-client's channel (`firestore_wire`: a third of the client CPU per call).
+client's channel (`firestore_wire`: about half the client CPU per call).
 
 Document id: sha256 hex of `route + "\\x00" + key` (ids have length and character
 limits); `route` and `key` are kept as fields for humans. Times are Firestore timestamps;
