@@ -43,6 +43,9 @@ from a pull subscription on its destination topic), the time spent deciding in t
 process, its store emulator and the Pub/Sub emulator per message (/proc, all threads),
 steadier than wall time on a shared machine. The order of the systems rotates between
 rounds; figures are medians over rounds, ratios are medians of per-round ratios.
+
+`--profile DIR` runs ours under cProfile (the event loop's thread only; not the publisher's or
+gRPC's threads), one `ours-PID.prof` per server: read them with `pstats`.
 """
 
 from __future__ import annotations
@@ -680,7 +683,16 @@ def serve_ours(window_ms: str, argv: list[str]) -> int:
     filter.backends.publishers.pubsub.MAX_LATENCY = float(window_ms) / 1000
     from filter.cli import main as filter_main
 
-    return filter_main(argv)
+    profile_dir = os.environ.get("BENCH_E2E_PROFILE")
+    if not profile_dir:
+        return filter_main(argv)
+    import cProfile  # the event loop's thread only: the publisher's and gRPC's threads are not in it
+
+    prof = cProfile.Profile()
+    try:
+        return prof.runcall(filter_main, argv)
+    finally:
+        prof.dump_stats(Path(profile_dir) / f"ours-{os.getpid()}.prof")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -721,9 +733,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", action="store_true", help="print the full summary as JSON too")
     ap.add_argument("--keep", type=Path, help="write logs, configs and records here (kept) instead of a temp dir")
+    ap.add_argument(
+        "--profile",
+        type=Path,
+        help="run ours under cProfile (the event loop's thread), one ours-PID.prof per server in this directory",
+    )
     harness.add_smoke(ap)
     args = ap.parse_args(argv)
     harness.smoke(args, messages=6, keys=2, rounds=1, rows=2, warmup=2, timeout=120.0, systems="ours", store="sqlite")
+    if args.profile:
+        args.profile.mkdir(parents=True, exist_ok=True)
+        os.environ["BENCH_E2E_PROFILE"] = str(args.profile.resolve())  # inherited by serve-ours
     if args.window is None:
         from filter.backends.publishers.pubsub import MAX_LATENCY
 
