@@ -36,6 +36,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, Sa
 from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
+from filter.backends import gcp
 from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import parse
@@ -815,7 +816,7 @@ async def test_an_unsampled_parent_on_one_message_changes_nothing_for_the_next(r
 
 @pytest.fixture
 def log_lines(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
-    for name in ("LOG_FORMAT", "LOG_LEVEL", "K_SERVICE", *logsetup._PROJECT_ENVS):
+    for name in ("LOG_FORMAT", "LOG_LEVEL", "K_SERVICE", *gcp.PROJECT_ENVS):
         monkeypatch.delenv(name, raising=False)
     saved, stream = structlog.get_config(), logsetup._OUT.stream
     out = io.StringIO()
