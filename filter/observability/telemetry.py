@@ -6,18 +6,20 @@ lease is taken over; the store and publisher are wrapped (`instrumented`), so th
 their child spans and the trace context on forwarded messages need no code in the engine.
 
 - Metrics: `GET /metrics` through the official Prometheus reader (`PrometheusText`), and
-  OTLP when the standard `OTEL_EXPORTER_OTLP_*` variables name an endpoint (`otlp`).
+  OTLP when the standard `OTEL_EXPORTER_OTLP_*` variables name an endpoint.
 - Spans follow OpenTelemetry's messaging conventions for `gcp_pubsub`, and are recorded only
   when something exports them (an OTLP endpoint, or a provider a test passes in): with
   nothing to export, the decision path does not pay for spans no one reads.
 - `OTEL_SDK_DISABLED=true`, or `telemetry.metrics` / `telemetry.traces` false in the config,
   turn either off. `NO_TELEMETRY` does nothing, cheaply.
+
+The providers, exporters and sampler are built from the config and the environment by
+`filter.runtime.otel.from_config`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections import Counter
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping
 from contextvars import ContextVar
@@ -29,30 +31,25 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.metrics import Counter as MetricCounter
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from filter.core.model import Decision, DecisionRecord, Message
-from filter.observability.latency import Latencies, LatencyHistogram, WithLatencies
-from filter.observability.otlp import otlp_endpoint, otlp_metric_exporter, otlp_span_processor
+from filter.observability.latency import Latencies, LatencyHistogram
 from filter.observability.tracing import (
     ATTRIBUTES_SET,
     PUBLISH_SPAN,
     REQUEST_PARENT,
     SYSTEM,
     W3C,
-    drops_unsampled_parents,
     message_parent,
-    sampler,
     short_name,
 )
 
 #: The one label every route name that is not configured shares (a request may name any).
 UNKNOWN_ROUTE = "(unknown)"
-SERVICE = "pubsub-filter"
 SCOPE = "pubsub_filter"
 #: Seconds. Decisions take from well under a millisecond (SQLite, suppressed) to a lease
 #: duration (a publish retried under a heartbeat): the default OTel buckets are in ms.
@@ -106,7 +103,7 @@ class Telemetry:
         self.meter_provider = meter_provider
         self.tracer_provider = tracer_provider
         #: the tracer provider's sampler drops a decision whose remote parent is not sampled
-        #: (`tracing.drops_unsampled_parents`): such a decision asks the SDK for no span at all.
+        #: (`filter.runtime.otel.drops_unsampled_parents`): such a decision asks the SDK for no span at all.
         self.drops_unsampled_parents = drops_unsampled_parents
         self._ids = tracer_provider.id_generator if tracer_provider is not None else RandomIdGenerator()
         self.prometheus = prometheus
@@ -390,25 +387,3 @@ def _decision_attributes(route: str, msg: Message, subscription: str | None) -> 
 
 
 NO_TELEMETRY = Telemetry()
-
-
-def from_config(metrics: bool, traces: bool, env: Mapping[str, str] | None = None) -> Telemetry:
-    """The process's telemetry: metrics for /metrics (and OTLP when an endpoint is set),
-    spans when an OTLP endpoint is set. `OTEL_SDK_DISABLED=true` turns everything off."""
-    env = os.environ if env is None else env
-    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return NO_TELEMETRY
-    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or SERVICE})
-    meter_provider = prometheus = latencies = None
-    if metrics:
-        prometheus, latencies = PrometheusText(), Latencies(SCOPE, resource)
-        readers: list[MetricReader] = [prometheus.reader]
-        if otlp_endpoint("metrics", env):
-            readers.append(PeriodicExportingMetricReader(WithLatencies(otlp_metric_exporter(env), latencies)))
-        meter_provider = MeterProvider(metric_readers=readers, resource=resource)
-    tracer_provider = None
-    if traces and otlp_endpoint("traces", env):
-        tracer_provider = TracerProvider(resource=resource, sampler=sampler(env))
-        tracer_provider.add_span_processor(otlp_span_processor(env))
-    drops = drops_unsampled_parents(env)
-    return Telemetry(meter_provider, tracer_provider, prometheus, latencies, drops_unsampled_parents=drops)

@@ -1,21 +1,18 @@
 """Trace context in and out, through OpenTelemetry's propagators: a push request's headers, a
-message's attributes (the way the Pub/Sub client library carries it), and the sampler the
-standard `OTEL_TRACES_SAMPLER` names."""
+message's attributes (the way the Pub/Sub client library carries it). The sampler is chosen
+where the process's telemetry is built (`filter.runtime.otel`)."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, MutableMapping
+from collections.abc import Mapping, MutableMapping
 from contextvars import ContextVar
 
 from opentelemetry import trace
 from opentelemetry.propagators.cloud_trace_propagator import CloudTraceFormatPropagator
 from opentelemetry.propagators.textmap import Getter, Setter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased
 from opentelemetry.trace import Span, SpanContext
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
-
-from filter.core.ports import Failure
 
 SYSTEM = "gcp_pubsub"
 #: The google-cloud-pubsub client's prefix for trace context in message attributes.
@@ -110,51 +107,3 @@ def message_parent(attributes: Mapping[str, str]) -> SpanContext | None:
 
 def short_name(path: str | None) -> str | None:
     return path.rsplit("/", 1)[-1] if path else path
-
-
-#: Without `OTEL_TRACES_SAMPLER`: a decision is traced when its parent (the push request's
-#: trace, the publisher's) is sampled, and 1 % of decisions that start a trace. Recording and
-#: exporting every decision doubles the suppress path's CPU (bench/README.md).
-DEFAULT_SAMPLER = "parentbased_traceidratio"
-DEFAULT_RATIO = 0.01
-
-_SAMPLERS: dict[str, Callable[[float], Sampler]] = {
-    "always_on": lambda _: ALWAYS_ON,
-    "always_off": lambda _: ALWAYS_OFF,
-    "traceidratio": TraceIdRatioBased,
-    "parentbased_always_on": lambda _: ParentBased(ALWAYS_ON),
-    "parentbased_always_off": lambda _: ParentBased(ALWAYS_OFF),
-    "parentbased_traceidratio": lambda ratio: ParentBased(TraceIdRatioBased(ratio)),
-}
-
-
-def _sampler_name(env: Mapping[str, str]) -> str:
-    return (env.get("OTEL_TRACES_SAMPLER") or "").strip().lower() or DEFAULT_SAMPLER
-
-
-def drops_unsampled_parents(env: Mapping[str, str]) -> bool:
-    """Whether the sampler `env` names drops every decision whose remote parent is not sampled
-    (Cloud Run's front end sends most requests so): the parent-based samplers, whose rule for
-    that parent is `ALWAYS_OFF`, and `always_off`. Such a decision needs no span of its own."""
-    name = _sampler_name(env)
-    return name.startswith("parentbased_") or name == "always_off"
-
-
-def sampler(env: Mapping[str, str]) -> Sampler:
-    """The SDK's sampler for `OTEL_TRACES_SAMPLER` / `OTEL_TRACES_SAMPLER_ARG`, read from `env`
-    (the SDK reads only `os.environ`). A value the SDK would warn about and replace is an error
-    here: the operator asked for something."""
-    chosen = (env.get("OTEL_TRACES_SAMPLER") or "").strip().lower()
-    name = _sampler_name(env)
-    if name not in _SAMPLERS:
-        raise Failure(f"OTEL_TRACES_SAMPLER={name!r} is not one of {', '.join(_SAMPLERS)}")
-    arg = (env.get("OTEL_TRACES_SAMPLER_ARG") or "").strip()
-    ratio = 1.0 if chosen else DEFAULT_RATIO  # 1.0: the SDK's ratio when a ratio sampler is named without one
-    if arg and name.endswith("traceidratio"):
-        try:
-            ratio = float(arg)
-        except ValueError:
-            ratio = -1.0
-        if not 0.0 <= ratio <= 1.0:
-            raise Failure(f"OTEL_TRACES_SAMPLER_ARG={arg!r} is not a ratio between 0 and 1")
-    return _SAMPLERS[name](ratio)

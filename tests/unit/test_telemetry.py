@@ -46,10 +46,11 @@ from filter.core.model import KeyState, Message
 from filter.core.ports import StoreUnavailable
 from filter.observability import logsetup
 from filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
-from filter.observability.telemetry import NO_TELEMETRY, PrometheusText, Telemetry, from_config
-from filter.observability.tracing import cloud_parent, drops_unsampled_parents, sampler
+from filter.observability.telemetry import NO_TELEMETRY, PrometheusText, Telemetry
+from filter.observability.tracing import cloud_parent
 from filter.push.app import create_app
 from filter.runtime.operational import Failure
+from filter.runtime.otel import drops_unsampled_parents, from_config, sampler
 from tests.support.clock import ManualClock, ManualSleep
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
