@@ -20,11 +20,9 @@ ATTRIBUTE_PREFIX = "googclient_"
 MESSAGE_TRACEPARENT = ATTRIBUTE_PREFIX + "traceparent"
 
 W3C = TraceContextTextMapPropagator()
-#: The headers `request_parent_of` reads (the push app collects them in its one pass).
-REQUEST_HEADERS = (b"traceparent", b"tracestate", b"x-cloud-trace-context")
 #: `X-Cloud-Trace-Context` as the Cloud Trace propagator reads it, up to 20 digits a number (its
 #: int() of the options raises past 4,300): a header it could not read names no parent (its
-#: trace id is still logged, `trace_of`).
+#: trace id is still logged, `filter.push.trace_headers.trace_of`).
 _CLOUD_READABLE = re.compile(r"([0-9a-f]{32})/(\d{1,20})(?:;o=(\d{1,20}))?")
 
 
@@ -55,19 +53,6 @@ PUBLISH_SPAN: ContextVar[list[Span | None] | None] = ContextVar("pubsub_filter_p
 REQUEST_PARENT: ContextVar[SpanContext | None] = ContextVar("pubsub_filter_request_parent", default=None)
 
 
-def request_parent_of(headers: Mapping[bytes, str]) -> SpanContext | None:
-    """The parent a push request names (`headers`: the push app's `headers_of`): W3C
-    `traceparent` (and `tracestate`), else `X-Cloud-Trace-Context`; None when neither is valid."""
-    value = headers.get(b"traceparent")
-    if value is not None:
-        carrier = {name.decode("latin-1"): v for name, v in headers.items()}
-        parent = trace.get_current_span(W3C.extract(carrier)).get_span_context()
-        if parent.is_valid:
-            return parent
-    value = headers.get(b"x-cloud-trace-context")
-    return None if value is None else cloud_parent(value)
-
-
 def cloud_parent(value: str) -> SpanContext | None:
     """`X-Cloud-Trace-Context` read by OpenTelemetry's `CloudTraceFormatPropagator`, once the
     header is one it can read (`_CLOUD_READABLE`). A reader of our own saved ~3 % of a request with
@@ -77,24 +62,6 @@ def cloud_parent(value: str) -> SpanContext | None:
         return None
     parent = trace.get_current_span(_CLOUD.extract({"x-cloud-trace-context": value})).get_span_context()
     return parent if parent.is_valid else None
-
-
-#: The log line's trace: the id `X-Cloud-Trace-Context` starts with, else `traceparent`'s.
-_LOG_TRACE = re.compile(r"^([0-9a-fA-F]{32})")
-_LOG_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-")
-
-
-def trace_of(headers: Mapping[bytes, str]) -> str | None:
-    """The trace a push request's log line names (`logging.googleapis.com/trace`). Laxer than
-    `request_parent_of`, and `X-Cloud-Trace-Context` first: Cloud Logging joins a request's
-    lines by it."""
-    header = headers.get(b"x-cloud-trace-context")
-    if header and (m := _LOG_TRACE.match(header)):
-        return m.group(1)
-    header = headers.get(b"traceparent")
-    if header and (m := _LOG_TRACEPARENT.match(header)):
-        return m.group(1)
-    return None
 
 
 def message_parent(attributes: Mapping[str, str]) -> SpanContext | None:
