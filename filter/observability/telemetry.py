@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from contextvars import ContextVar
 from typing import Any
 
@@ -42,9 +42,9 @@ from filter.observability.tracing import (
     ATTRIBUTES_SET,
     PUBLISH_SPAN,
     REQUEST_PARENT,
-    SYSTEM,
     W3C,
     message_parent,
+    messaging_attributes,
     short_name,
 )
 
@@ -208,14 +208,14 @@ class Telemetry:
             # span the SDK would make for it, without asking the SDK. It is not made current
             # (the push app, and a decision whose parent is its message's, have none current):
             # nothing reads a dropped span but a forward's `inject`, which is given it.
-            return _Dropped(_DroppedChild(parent, self._ids))
+            return _Current(_DroppedChild(parent, self._ids), DROPPED_SPAN.set, DROPPED_SPAN.reset)
         # A request's or a message's parent goes to the SDK alone in its context, as a propagator extracts it.
         context = None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent), Context())
         subscription = short_name(msg.subscription)
         route = self.route_label(route)
         span = self.tracer.start_span(f"{subscription or route} process", context, SpanKind.CONSUMER)
         if not span.is_recording():  # a dropped decision builds no attributes, and has nothing to end
-            return _Current(span)
+            return _Current(span, _in_context, otel_context.detach)
         span.set_attributes(_decision_attributes(route, msg, subscription))
         return _recorded(span)
 
@@ -321,38 +321,28 @@ class _DroppedChild(NonRecordingSpan):
 DROPPED_SPAN: ContextVar[Span | None] = ContextVar("pubsub_filter_dropped_span", default=None)
 
 
-class _Dropped:
-    """A decision dropped without the SDK: its span, for a forward to pass its trace on."""
-
-    __slots__ = ("span", "token")
-
-    def __init__(self, span: Span) -> None:
-        self.span = span
-
-    def __enter__(self) -> Span:
-        self.token = DROPPED_SPAN.set(self.span)
-        return self.span
-
-    def __exit__(self, *_: object) -> None:
-        DROPPED_SPAN.reset(self.token)
-
-
 class _Current:
-    """A span that records nothing, current while a decision runs: `trace.use_span` without
-    what it adds for a recording span (the exception recorded, the status, the end), and
-    without its generator's cost on every request."""
+    """A span that records nothing, current while a decision runs: `enter` puts it in place and
+    returns what `leave` takes back. The SDK's non-recording span goes in OpenTelemetry's context
+    (`trace.use_span` without what it adds for a recording span: the exception recorded, the
+    status, the end, and its generator's cost on every request); one dropped without the SDK
+    only in `DROPPED_SPAN`."""
 
-    __slots__ = ("span", "token")
+    __slots__ = ("enter", "leave", "span", "token")
 
-    def __init__(self, span: Span) -> None:
-        self.span = span
+    def __init__(self, span: Span, enter: Callable[[Span], Any], leave: Callable[[Any], object]) -> None:
+        self.span, self.enter, self.leave = span, enter, leave
 
     def __enter__(self) -> Span:
-        self.token = otel_context.attach(trace.set_span_in_context(self.span))
+        self.token = self.enter(self.span)
         return self.span
 
     def __exit__(self, *_: object) -> None:
-        otel_context.detach(self.token)
+        self.leave(self.token)
+
+
+def _in_context(span: Span) -> object:
+    return otel_context.attach(trace.set_span_in_context(span))
 
 
 @contextlib.contextmanager
@@ -368,19 +358,11 @@ def _recorded(span: Span) -> Iterator[Span | None]:
 
 def _decision_attributes(route: str, msg: Message, subscription: str | None) -> dict[str, Any]:
     """OpenTelemetry's messaging attributes for a `gcp_pubsub` consumer, and the route."""
-    attributes: dict[str, Any] = {
-        "messaging.system": SYSTEM,
-        "messaging.operation.name": "process",
-        "messaging.operation.type": "process",
-        "messaging.message.id": msg.message_id,
-        "messaging.message.body.size": len(msg.data),
-        "pubsub_filter.route": route,
-    }
+    attributes = messaging_attributes("process", subscription, len(msg.data), msg.ordering_key)
+    attributes["messaging.message.id"] = msg.message_id
+    attributes["pubsub_filter.route"] = route
     if subscription:
-        attributes["messaging.destination.name"] = subscription
         attributes["messaging.destination.subscription.name"] = subscription
-    if msg.ordering_key:
-        attributes["messaging.gcp_pubsub.message.ordering_key"] = msg.ordering_key
     if msg.delivery_attempt is not None:
         attributes["messaging.gcp_pubsub.message.delivery_attempt"] = msg.delivery_attempt
     return attributes

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, MutableMapping
 from contextvars import ContextVar
+from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.propagators.cloud_trace_propagator import CloudTraceFormatPropagator
@@ -70,6 +71,23 @@ def message_parent(attributes: Mapping[str, str]) -> SpanContext | None:
         return None
     parent = trace.get_current_span(W3C.extract(attributes, getter=ATTRIBUTES_GET)).get_span_context()
     return parent if parent.is_valid else None
+
+
+def messaging_attributes(
+    operation: str, destination: str | None, size: int, ordering_key: str | None
+) -> dict[str, Any]:
+    """OpenTelemetry's messaging attributes for one `gcp_pubsub` operation (`process`, `send`)."""
+    attributes: dict[str, Any] = {
+        "messaging.system": SYSTEM,
+        "messaging.operation.name": operation,
+        "messaging.operation.type": operation,
+        "messaging.message.body.size": size,
+    }
+    if destination:
+        attributes["messaging.destination.name"] = destination
+    if ordering_key:
+        attributes["messaging.gcp_pubsub.message.ordering_key"] = ordering_key
+    return attributes
 
 
 def short_name(path: str | None) -> str | None:
