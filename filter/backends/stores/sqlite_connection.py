@@ -30,7 +30,8 @@ T = TypeVar("T")
 
 class Locked(StoreUnavailable):
     """Another connection holds the file's lock (SQLITE_BUSY) and the statement waited as long as
-    it was allowed to: on the event loop, not at all."""
+    it was allowed to: on the event loop, not at all. From `Connection.now`, also: the connection
+    is in use by its thread. Either way the call changed nothing and may be made elsewhere."""
 
 
 def is_locked(exc: sqlite3.Error) -> bool:
