@@ -65,6 +65,7 @@ CHILD = r"""
 import asyncio, base64, json, os, sys, tempfile
 from filter.observability import logsetup
 from filter.observability import telemetry
+from filter.runtime import otel
 from filter.core.config import load
 from filter.core.envelope import make_envelope, parse_envelope
 from filter.push.app import create_app
@@ -78,7 +79,7 @@ data = base64.b64decode(push["data"])
 
 async def main():
     os.chdir(tempfile.mkdtemp())
-    tel = telemetry.NO_TELEMETRY if mode == "off" else telemetry.from_config(True, False, {})
+    tel = telemetry.NO_TELEMETRY if mode == "off" else otel.from_config(True, False, {})
     engine = make_engine(cfg, tel)
     envelopes = [make_envelope(data, f"n{i}", push.get("attributes")) for i in range(n + 1)]
     if path == "engine":

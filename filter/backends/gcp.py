@@ -10,6 +10,7 @@ from __future__ import annotations
 import calendar
 import logging
 import os
+import urllib.request
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -88,6 +89,26 @@ def resolve_project(project: str | None) -> str:
             ["no project for the Pub/Sub publisher: the default credentials name none; set `project:` in the config"],
         )
     return str(found)
+
+
+PROJECT_ENVS = ("GOOGLE_CLOUD_PROJECT", "GCLOUD_PROJECT", "GCP_PROJECT", "CLOUDSDK_CORE_PROJECT")
+_METADATA_PROJECT = "http://metadata.google.internal/computeMetadata/v1/project/project-id"
+
+
+def detect_project() -> str | None:
+    """The project for the log lines' trace names: the usual env vars, else (on Cloud Run, which
+    sets none of them) the metadata server, asked once with a short timeout."""
+    for name in PROJECT_ENVS:
+        if os.environ.get(name):
+            return os.environ[name]
+    if os.environ.get("K_SERVICE"):
+        req = urllib.request.Request(_METADATA_PROJECT, headers={"Metadata-Flavor": "Google"})
+        try:
+            with urllib.request.urlopen(req, timeout=1.0) as resp:
+                return resp.read().decode().strip() or None
+        except OSError:
+            return None
+    return None
 
 
 def quiet_default_credentials() -> tuple[Any, str | None]:

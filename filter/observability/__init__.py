@@ -1,1 +1,1 @@
-"""What an operator sees: JSON logs, OpenTelemetry metrics and traces, health and readiness probes."""
+"""What an operator sees: JSON logs, OpenTelemetry metrics and traces."""

@@ -9,16 +9,24 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 
 from filter.core.model import KeyState
 from filter.core.ports import Publisher, StateStore
 from filter.observability.telemetry import Telemetry
-from filter.observability.tracing import SYSTEM, short_name
+from filter.observability.tracing import messaging_attributes, short_name
 
 T = TypeVar("T")
+
+
+class _Backend(Protocol):
+    async def ping(self) -> None: ...
+    async def close(self) -> None: ...
+
+
+Inner = TypeVar("Inner", bound=_Backend)
 
 
 def _failed(span: Span | None, exc: BaseException) -> None:
@@ -27,10 +35,25 @@ def _failed(span: Span | None, exc: BaseException) -> None:
         span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
 
 
-class InstrumentedStore:
-    def __init__(self, inner: StateStore, telemetry: Telemetry) -> None:
-        self.inner = inner
+class _Instrumented(Generic[Inner]):
+    """A backend and the telemetry that measures it; probes and the close go straight through."""
+
+    def __init__(self, inner: Inner, telemetry: Telemetry) -> None:
+        self.inner: Inner = inner
         self.telemetry = telemetry
+
+    async def ping(self) -> None:
+        await self.inner.ping()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
+class InstrumentedStore(_Instrumented[StateStore]):
+    def _measured(self, operation: str, started: float, outcome: str) -> None:
+        if self.telemetry.metrics:
+            elapsed = time.perf_counter() - started
+            self.telemetry.latency["store"].record(elapsed, {"operation": operation, "outcome": outcome})
 
     async def _timed(self, operation: str, route: str, call: Callable[[], Awaitable[T]]) -> T:
         t = self.telemetry
@@ -47,8 +70,7 @@ class InstrumentedStore:
         finally:
             if span is not None:
                 span.end()
-            if t.metrics:
-                t.latency["store"].record(time.perf_counter() - started, {"operation": operation, "outcome": outcome})
+            self._measured(operation, started, outcome)
 
     async def read(self, route: str, key: str) -> KeyState | None:
         return await self._timed("read", route, lambda: self.inner.read(route, key))
@@ -63,19 +85,14 @@ class InstrumentedStore:
         try:
             extended = await self.inner.extend(route, key, held, expires_at)
         except Exception as exc:  # a cancelled heartbeat (its publish ended) is not measured
-            self._extended(started, "error")
+            self._measured("extend", started, "error")
             if t.metrics:
                 t.counters["heartbeat_failures"].add(1, {"route": route})
             t.heartbeat_event("heartbeat failed", error=f"{type(exc).__name__}: {exc}")
             raise
-        self._extended(started, "ok")
+        self._measured("extend", started, "ok")
         t.heartbeat_event("lease extended" if extended is not None else "lease lost")
         return extended
-
-    def _extended(self, started: float, outcome: str) -> None:
-        if self.telemetry.metrics:
-            elapsed = time.perf_counter() - started
-            self.telemetry.latency["store"].record(elapsed, {"operation": "extend", "outcome": outcome})
 
     async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
         committed = await self._timed("commit", route, lambda: self.inner.commit(route, key, held, new))
@@ -86,18 +103,8 @@ class InstrumentedStore:
     async def release(self, route: str, key: str, held: KeyState) -> None:
         await self._timed("release", route, lambda: self.inner.release(route, key, held))
 
-    async def ping(self) -> None:
-        await self.inner.ping()
 
-    async def close(self) -> None:
-        await self.inner.close()
-
-
-class InstrumentedPublisher:
-    def __init__(self, inner: Publisher, telemetry: Telemetry) -> None:
-        self.inner = inner
-        self.telemetry = telemetry
-
+class InstrumentedPublisher(_Instrumented[Publisher]):
     async def publish(
         self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None = None
     ) -> str:
@@ -105,15 +112,7 @@ class InstrumentedPublisher:
         topic = short_name(destination) or destination
         started = time.perf_counter()
         outcome = "error"
-        described: dict[str, str | int] = {
-            "messaging.system": SYSTEM,
-            "messaging.operation.name": "send",
-            "messaging.operation.type": "send",
-            "messaging.destination.name": topic,
-            "messaging.message.body.size": len(data),
-        }
-        if ordering_key:
-            described["messaging.gcp_pubsub.message.ordering_key"] = ordering_key
+        described = messaging_attributes("send", topic, len(data), ordering_key)
         try:
             with t.child(f"{topic} send", described, SpanKind.PRODUCER) as span:
                 t.publishing(span)
@@ -132,9 +131,3 @@ class InstrumentedPublisher:
                 t.latency["publish"].record(
                     time.perf_counter() - started, {"destination": destination, "outcome": outcome}
                 )
-
-    async def ping(self) -> None:
-        await self.inner.ping()
-
-    async def close(self) -> None:
-        await self.inner.close()

@@ -17,7 +17,6 @@ import os
 import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Callable, MutableMapping
 from typing import Any, TextIO, cast
 
@@ -26,6 +25,7 @@ import structlog
 from opentelemetry.trace import get_current_span
 
 from filter.core.times import format_time
+from filter.observability.stdlib_logs import route_stdlib
 
 _SEVERITY = {
     "debug": "DEBUG",
@@ -41,8 +41,6 @@ SPAN_FIELD = "logging.googleapis.com/spanId"
 LABELS_FIELD = "logging.googleapis.com/labels"
 COMPONENT = "pubsub-filter"
 _FORBIDDEN = ("authorization", "token", "payload", "data", "body")
-_PROJECT_ENVS = ("GOOGLE_CLOUD_PROJECT", "GCLOUD_PROJECT", "GCP_PROJECT", "CLOUDSDK_CORE_PROJECT")
-_METADATA_PROJECT = "http://metadata.google.internal/computeMetadata/v1/project/project-id"
 
 
 class _Output:
@@ -158,23 +156,6 @@ class _StdlibJson(logging.Formatter):
 
 #: The processor list structlog holds: edited in place, so that cached loggers follow `configure`.
 _PROCESSORS: list[structlog.types.Processor] = []
-_STDLIB_HANDLER: logging.Handler | None = None
-
-
-def detect_project() -> str | None:
-    """The project for trace names: the usual env vars, else (on Cloud Run, which sets
-    none of them) the metadata server, asked once with a short timeout."""
-    for name in _PROJECT_ENVS:
-        if os.environ.get(name):
-            return os.environ[name]
-    if os.environ.get("K_SERVICE"):
-        req = urllib.request.Request(_METADATA_PROJECT, headers={"Metadata-Flavor": "Google"})
-        try:
-            with urllib.request.urlopen(req, timeout=1.0) as resp:
-                return resp.read().decode().strip() or None
-        except OSError:
-            return None
-    return None
 
 
 def configure(
@@ -184,14 +165,15 @@ def configure(
     stream: TextIO | None = None,
     clock: Callable[[], float] = time.time,
     cache: bool = True,
+    find_project: Callable[[], str | None] = lambda: None,
 ) -> None:
     """`fmt`: json | console | auto (console on a terminal). Env: LOG_LEVEL, LOG_FORMAT.
 
-    `project` names traces `projects/PROJECT/traces/ID` (default: `detect_project()`);
+    `project` names traces `projects/PROJECT/traces/ID` (default: what `find_project` finds,
+    asked only for JSON lines: `filter.backends.gcp.detect_project` asks the metadata server);
     `clock` stamps lines that carry no numeric `time` of their own. `cache=False` keeps
     structlog from caching loggers, so that a test can put the previous set-up back.
     """
-    global _STDLIB_HANDLER
     level = (level or os.environ.get("LOG_LEVEL") or "info").lower()
     fmt = (fmt or os.environ.get("LOG_FORMAT") or "auto").lower()
     if fmt not in ("json", "console", "auto"):
@@ -201,7 +183,7 @@ def configure(
     if fmt == "auto":
         fmt = "console" if tty else "json"
     if fmt == "json":
-        project = project or detect_project()
+        project = project or find_project()
         processors: list[structlog.types.Processor] = [
             structlog.contextvars.merge_contextvars,
             _scrub,
@@ -228,34 +210,6 @@ def configure(
         logger_factory=structlog.WriteLoggerFactory(cast(TextIO, _OUT)),  # it only writes and flushes
         cache_logger_on_first_use=cache,
     )
-    # uvicorn and Google libraries use stdlib logging: keep their warnings, in the same stream and format.
-    root = logging.getLogger()
-    if _STDLIB_HANDLER is None and not root.handlers:
-        _STDLIB_HANDLER = logging.StreamHandler(_OUT)
-        root.addHandler(_STDLIB_HANDLER)
-        root.setLevel(logging.WARNING)
-    if _STDLIB_HANDLER is not None:
-        _STDLIB_HANDLER.setFormatter(
-            _StdlibJson() if fmt == "json" else logging.Formatter("%(levelname)s %(name)s: %(message)s")
-        )
-    # google-api-core cuts the "google" logger off from the root (propagate=False) unless it
-    # was configured first, and Python then prints its records as bare text (logging's
-    # last resort): the client library's "Background thread did not exit." at shutdown.
-    # A level of its own counts as configured, so it keeps propagating to our JSON handler.
-    google = logging.getLogger("google")
-    if google.level == logging.NOTSET:
-        google.setLevel(logging.WARNING)
-    google.propagate = True
-    # What else writes text: an exception that ends a thread (the Pub/Sub client's stream
-    # and dispatcher threads at shutdown) and warnings. Both go through logging instead.
-    logging.captureWarnings(True)
-    threading.excepthook = _thread_died
-
-
-def _thread_died(args: threading.ExceptHookArgs) -> None:
-    if args.exc_type is SystemExit or args.exc_value is None:
-        return
-    name = args.thread.name if args.thread is not None else "unknown"
-    logging.getLogger("pubsub_filter.threads").error(
-        "thread %s ended with an uncaught exception", name, exc_info=args.exc_value
-    )
+    # uvicorn, Google libraries, warnings and dying threads: the same stream, the same format
+    plain = logging.Formatter("%(levelname)s %(name)s: %(message)s")
+    route_stdlib(cast(TextIO, _OUT), _StdlibJson() if fmt == "json" else plain)

@@ -6,20 +6,22 @@ lease is taken over; the store and publisher are wrapped (`instrumented`), so th
 their child spans and the trace context on forwarded messages need no code in the engine.
 
 - Metrics: `GET /metrics` through the official Prometheus reader (`PrometheusText`), and
-  OTLP when the standard `OTEL_EXPORTER_OTLP_*` variables name an endpoint (`otlp`).
+  OTLP when the standard `OTEL_EXPORTER_OTLP_*` variables name an endpoint.
 - Spans follow OpenTelemetry's messaging conventions for `gcp_pubsub`, and are recorded only
   when something exports them (an OTLP endpoint, or a provider a test passes in): with
   nothing to export, the decision path does not pay for spans no one reads.
 - `OTEL_SDK_DISABLED=true`, or `telemetry.metrics` / `telemetry.traces` false in the config,
   turn either off. `NO_TELEMETRY` does nothing, cheaply.
+
+The providers, exporters and sampler are built from the config and the environment by
+`filter.runtime.otel.from_config`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from contextvars import ContextVar
 from typing import Any
 
@@ -29,30 +31,25 @@ from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Observation
 from opentelemetry.metrics import Counter as MetricCounter
 from opentelemetry.sdk.metrics import MeterProvider
-from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from filter.core.model import Decision, DecisionRecord, Message
-from filter.observability.latency import Latencies, LatencyHistogram, WithLatencies
-from filter.observability.otlp import otlp_endpoint, otlp_metric_exporter, otlp_span_processor
+from filter.observability.latency import Latencies, LatencyHistogram
 from filter.observability.tracing import (
     ATTRIBUTES_SET,
     PUBLISH_SPAN,
     REQUEST_PARENT,
-    SYSTEM,
     W3C,
-    drops_unsampled_parents,
     message_parent,
-    sampler,
+    messaging_attributes,
     short_name,
 )
 
 #: The one label every route name that is not configured shares (a request may name any).
 UNKNOWN_ROUTE = "(unknown)"
-SERVICE = "pubsub-filter"
 SCOPE = "pubsub_filter"
 #: Seconds. Decisions take from well under a millisecond (SQLite, suppressed) to a lease
 #: duration (a publish retried under a heartbeat): the default OTel buckets are in ms.
@@ -106,7 +103,7 @@ class Telemetry:
         self.meter_provider = meter_provider
         self.tracer_provider = tracer_provider
         #: the tracer provider's sampler drops a decision whose remote parent is not sampled
-        #: (`tracing.drops_unsampled_parents`): such a decision asks the SDK for no span at all.
+        #: (`filter.runtime.otel.drops_unsampled_parents`): such a decision asks the SDK for no span at all.
         self.drops_unsampled_parents = drops_unsampled_parents
         self._ids = tracer_provider.id_generator if tracer_provider is not None else RandomIdGenerator()
         self.prometheus = prometheus
@@ -211,14 +208,14 @@ class Telemetry:
             # span the SDK would make for it, without asking the SDK. It is not made current
             # (the push app, and a decision whose parent is its message's, have none current):
             # nothing reads a dropped span but a forward's `inject`, which is given it.
-            return _Dropped(_DroppedChild(parent, self._ids))
+            return _Current(_DroppedChild(parent, self._ids), DROPPED_SPAN.set, DROPPED_SPAN.reset)
         # A request's or a message's parent goes to the SDK alone in its context, as a propagator extracts it.
         context = None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent), Context())
         subscription = short_name(msg.subscription)
         route = self.route_label(route)
         span = self.tracer.start_span(f"{subscription or route} process", context, SpanKind.CONSUMER)
         if not span.is_recording():  # a dropped decision builds no attributes, and has nothing to end
-            return _Current(span)
+            return _Current(span, _in_context, otel_context.detach)
         span.set_attributes(_decision_attributes(route, msg, subscription))
         return _recorded(span)
 
@@ -324,38 +321,28 @@ class _DroppedChild(NonRecordingSpan):
 DROPPED_SPAN: ContextVar[Span | None] = ContextVar("pubsub_filter_dropped_span", default=None)
 
 
-class _Dropped:
-    """A decision dropped without the SDK: its span, for a forward to pass its trace on."""
-
-    __slots__ = ("span", "token")
-
-    def __init__(self, span: Span) -> None:
-        self.span = span
-
-    def __enter__(self) -> Span:
-        self.token = DROPPED_SPAN.set(self.span)
-        return self.span
-
-    def __exit__(self, *_: object) -> None:
-        DROPPED_SPAN.reset(self.token)
-
-
 class _Current:
-    """A span that records nothing, current while a decision runs: `trace.use_span` without
-    what it adds for a recording span (the exception recorded, the status, the end), and
-    without its generator's cost on every request."""
+    """A span that records nothing, current while a decision runs: `enter` puts it in place and
+    returns what `leave` takes back. The SDK's non-recording span goes in OpenTelemetry's context
+    (`trace.use_span` without what it adds for a recording span: the exception recorded, the
+    status, the end, and its generator's cost on every request); one dropped without the SDK
+    only in `DROPPED_SPAN`."""
 
-    __slots__ = ("span", "token")
+    __slots__ = ("enter", "leave", "span", "token")
 
-    def __init__(self, span: Span) -> None:
-        self.span = span
+    def __init__(self, span: Span, enter: Callable[[Span], Any], leave: Callable[[Any], object]) -> None:
+        self.span, self.enter, self.leave = span, enter, leave
 
     def __enter__(self) -> Span:
-        self.token = otel_context.attach(trace.set_span_in_context(self.span))
+        self.token = self.enter(self.span)
         return self.span
 
     def __exit__(self, *_: object) -> None:
-        otel_context.detach(self.token)
+        self.leave(self.token)
+
+
+def _in_context(span: Span) -> object:
+    return otel_context.attach(trace.set_span_in_context(span))
 
 
 @contextlib.contextmanager
@@ -371,44 +358,14 @@ def _recorded(span: Span) -> Iterator[Span | None]:
 
 def _decision_attributes(route: str, msg: Message, subscription: str | None) -> dict[str, Any]:
     """OpenTelemetry's messaging attributes for a `gcp_pubsub` consumer, and the route."""
-    attributes: dict[str, Any] = {
-        "messaging.system": SYSTEM,
-        "messaging.operation.name": "process",
-        "messaging.operation.type": "process",
-        "messaging.message.id": msg.message_id,
-        "messaging.message.body.size": len(msg.data),
-        "pubsub_filter.route": route,
-    }
+    attributes = messaging_attributes("process", subscription, len(msg.data), msg.ordering_key)
+    attributes["messaging.message.id"] = msg.message_id
+    attributes["pubsub_filter.route"] = route
     if subscription:
-        attributes["messaging.destination.name"] = subscription
         attributes["messaging.destination.subscription.name"] = subscription
-    if msg.ordering_key:
-        attributes["messaging.gcp_pubsub.message.ordering_key"] = msg.ordering_key
     if msg.delivery_attempt is not None:
         attributes["messaging.gcp_pubsub.message.delivery_attempt"] = msg.delivery_attempt
     return attributes
 
 
 NO_TELEMETRY = Telemetry()
-
-
-def from_config(metrics: bool, traces: bool, env: Mapping[str, str] | None = None) -> Telemetry:
-    """The process's telemetry: metrics for /metrics (and OTLP when an endpoint is set),
-    spans when an OTLP endpoint is set. `OTEL_SDK_DISABLED=true` turns everything off."""
-    env = os.environ if env is None else env
-    if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return NO_TELEMETRY
-    resource = Resource.create({"service.name": env.get("OTEL_SERVICE_NAME") or SERVICE})
-    meter_provider = prometheus = latencies = None
-    if metrics:
-        prometheus, latencies = PrometheusText(), Latencies(SCOPE, resource)
-        readers: list[MetricReader] = [prometheus.reader]
-        if otlp_endpoint("metrics", env):
-            readers.append(PeriodicExportingMetricReader(WithLatencies(otlp_metric_exporter(env), latencies)))
-        meter_provider = MeterProvider(metric_readers=readers, resource=resource)
-    tracer_provider = None
-    if traces and otlp_endpoint("traces", env):
-        tracer_provider = TracerProvider(resource=resource, sampler=sampler(env))
-        tracer_provider.add_span_processor(otlp_span_processor(env))
-    drops = drops_unsampled_parents(env)
-    return Telemetry(meter_provider, tracer_provider, prometheus, latencies, drops_unsampled_parents=drops)

@@ -27,8 +27,8 @@ import structlog
 import uvicorn
 from starlette.applications import Starlette
 
-from filter.observability.probes import probe_routes
 from filter.runtime.operational import Failure
+from filter.runtime.probes import probe_routes
 from filter.runtime.server import Server
 
 log = structlog.get_logger("pubsub_filter.pull")

@@ -25,9 +25,10 @@ from filter.core.envelope import EnvelopeError
 from filter.core.model import Cause, DecisionRecord
 from filter.core.numerals import bounded_int, digits_of
 from filter.core.stopping import Stop
-from filter.observability.probes import probe_routes, telemetry_of
-from filter.observability.tracing import REQUEST_HEADERS, REQUEST_PARENT, request_parent_of, trace_of
+from filter.observability.tracing import REQUEST_PARENT
+from filter.push.trace_headers import REQUEST_HEADERS, request_parent_of, trace_of
 from filter.push.unwrapped import MESSAGE_ID, parse_push
+from filter.runtime.probes import probe_routes, telemetry_of
 
 log = structlog.get_logger("pubsub_filter.push")
 

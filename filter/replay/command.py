@@ -15,7 +15,7 @@ from typing import Any
 import google.cloud.pubsub_v1 as pubsub_v1
 from google.auth.exceptions import DefaultCredentialsError
 
-from filter.backends.gcp import NO_CREDENTIALS
+from filter.backends.gcp import NO_CREDENTIALS, detect_project
 from filter.core.config import Config
 from filter.core.pubsub_names import PubsubNameError
 from filter.observability.logsetup import configure
@@ -53,7 +53,11 @@ def run(args: argparse.Namespace, probe: Callable[[Config | None], None] = lambd
         print(f"{PROG}: {exc}", file=sys.stderr)
         return Exit.USAGE
     # logging is set up for a run, not for a usage error (and never by a command that stops there)
-    configure(level=os.environ.get("LOG_LEVEL") or ("info" if args.verbose else "warning"), stream=sys.stderr)
+    configure(
+        level=os.environ.get("LOG_LEVEL") or ("info" if args.verbose else "warning"),
+        stream=sys.stderr,
+        find_project=detect_project,
+    )
     probe(cfg)
     try:
         subscriber = pubsub_v1.SubscriberClient()

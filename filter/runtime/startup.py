@@ -11,6 +11,7 @@ from typing import Any
 
 import structlog
 
+from filter.backends.gcp import detect_project
 from filter.core.config import Config, Route
 from filter.core.engine import Engine
 from filter.observability.logsetup import configure
@@ -23,7 +24,7 @@ def start(cfg: Config, routes: Sequence[Route] | None = None, **line: Any) -> En
     backends, and `line`, what the surface adds (serve: `auth`, `port`; pull: `surface`).
 
     The engine's errors (no credentials, a backend that cannot be built) are the caller's to say."""
-    configure(project=cfg.project)
+    configure(project=cfg.project, find_project=detect_project)
     engine = make_engine(cfg, make_telemetry(cfg))
     structlog.get_logger("pubsub_filter").info(
         "config_loaded",

@@ -102,6 +102,6 @@ def make_engine(cfg: Config, telemetry: Telemetry | None = None) -> Engine:
 
 
 def make_telemetry(cfg: Config) -> Telemetry:
-    from filter.observability.telemetry import from_config
+    from filter.runtime.otel import from_config
 
     return from_config(cfg.telemetry.metrics, cfg.telemetry.traces)

@@ -6,12 +6,13 @@ import gzip
 import io
 import json
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from filter.backends.records.log_lines import counts_from_log
+from filter.backends.records.log_lines import counts_from_log, rows_from_log
 from filter.core.times import parse_time
 
 # 2026-01-01: 00:10 and 00:50 (hour 00), 01:05 (hour 01), and 2026-01-02 00:30 (next day)
@@ -258,3 +259,27 @@ def test_a_docker_line_wrapping_a_broken_decision_is_counted_as_unreadable(
     rows = counts_from_log(write(tmp_path, "c.log", "\n".join([good, bad, truncated])), None, "route")
     assert [(r["route"], r["n"]) for r in rows] == [("r", 1)]
     assert "2 lines in" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_the_rows_read_from_a_log_are_the_decisions_counted_from_it(
+    tmp_path: Path, fmt: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`tune` (rows) and `skip-rate` (counts) read one log alike: a line one of them cannot
+    read (here `enforced` that is not a boolean, a time that is not one) the other skips too."""
+    unreadable = [
+        ours("injuries", "forwarded", "yes", T0),  # type: ignore[arg-type]
+        ours("injuries", "forwarded", True, "yesterday"),
+    ]
+    text = FORMATS[fmt]()
+    if fmt == "gcloud":
+        text = json.dumps([*json.loads(text), *({"jsonPayload": line, "timestamp": T0} for line in unreadable)])
+    else:
+        text += "\n".join(json.dumps(line) for line in unreadable) + "\n"
+    path = write(tmp_path, f"{fmt}.log", text)
+    counted = by_key(counts_from_log(path, None, "route"))
+    assert counted == EXPECTED_BY_ROUTE
+    for route in ("injuries", "props"):
+        rows = Counter((r["decision"], r["enforced"]) for r in rows_from_log(path, route, None))
+        assert rows == Counter({(d, e): n for (r, _, d, e), n in counted.items() if r == route})
+    assert "2 " in capsys.readouterr().err  # the two are reported as unreadable

@@ -23,6 +23,7 @@ import yaml
 from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client.parser import text_string_to_metric_families
 
+from filter.backends import gcp
 from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
 from filter.cli import main
@@ -52,7 +53,7 @@ def config(**decision_logs: Any) -> Config:
 
 
 def lines_at(level: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
-    for name in ("LOG_FORMAT", "LOG_LEVEL", "K_SERVICE", *logsetup._PROJECT_ENVS):
+    for name in ("LOG_FORMAT", "LOG_LEVEL", "K_SERVICE", *gcp.PROJECT_ENVS):
         monkeypatch.delenv(name, raising=False)
     saved, stream = structlog.get_config(), logsetup._OUT.stream
     out = io.StringIO()

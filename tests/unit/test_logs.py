@@ -20,6 +20,7 @@ import httpx
 import pytest
 import structlog
 
+from filter.backends import gcp
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import parse
 from filter.core.engine import Engine
@@ -73,7 +74,7 @@ class TTY(io.StringIO):
 
 @pytest.fixture(autouse=True)
 def restore_structlog(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("LOG_FORMAT", "LOG_LEVEL", "K_SERVICE", *logsetup._PROJECT_ENVS):
+    for name in ("LOG_FORMAT", "LOG_LEVEL", "K_SERVICE", *gcp.PROJECT_ENVS):
         monkeypatch.delenv(name, raising=False)
     saved = structlog.get_config()
     stream = logsetup._OUT.stream
@@ -292,7 +293,7 @@ async def test_trace_is_the_full_resource_name_when_the_project_is_known(world: 
 async def test_trace_project_comes_from_the_environment(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "env-project")
     out = io.StringIO()
-    logsetup.configure(fmt="json", stream=out, cache=False)
+    logsetup.configure(fmt="json", stream=out, cache=False, find_project=gcp.detect_project)  # as the commands do
     await world.send("reports", {"game_date": "d1"}, trace=TRACE)
     assert decisions_of(out)[0]["logging.googleapis.com/trace"] == f"projects/env-project/traces/{TRACE}"
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from filter.core.config import load
-from filter.observability.telemetry import from_config
 from filter.push.app import create_app
+from filter.runtime.otel import from_config
 from filter.runtime.wiring import make_engine
 from tests.support.asgi import call
 

@@ -17,9 +17,9 @@ from filter.core.config import load
 from filter.core.envelope import make_envelope
 from filter.core.numerals import bounded_int
 from filter.observability.telemetry import Telemetry
-from filter.observability.tracing import request_parent_of, trace_of
 from filter.push.app import create_app
 from filter.push.auth import _max_age
+from filter.push.trace_headers import request_parent_of, trace_of
 from filter.replay.deadletter import ATTR_COUNT, DeadLetter
 from filter.runtime.wiring import make_engine
 from tests.support.asgi import call

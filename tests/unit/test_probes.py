@@ -14,7 +14,7 @@ from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import parse
 from filter.core.engine import Engine
-from filter.observability.probes import probe_routes
+from filter.runtime.probes import probe_routes
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 

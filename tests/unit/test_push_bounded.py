@@ -18,8 +18,9 @@ import pytest
 
 from filter.core.config import load
 from filter.core.engine import Engine
-from filter.observability.telemetry import UNKNOWN_ROUTE, from_config
+from filter.observability.telemetry import UNKNOWN_ROUTE
 from filter.push.app import MAX_ROUTE_NAME, create_app
+from filter.runtime.otel import from_config
 from filter.runtime.wiring import make_engine
 from tests.support.asgi import call
 

@@ -17,8 +17,8 @@ import pytest
 from filter.core.config import load
 from filter.core.engine import Engine
 from filter.core.pubsub_limits import CLOUD_RUN_HTTP1_REQUEST, DEFAULT_MAX_BODY, LARGEST_PUSH, MAX_DATA
-from filter.observability.telemetry import from_config
 from filter.push.app import create_app
+from filter.runtime.otel import from_config
 from filter.runtime.wiring import make_engine
 from tests.support.asgi import call
 from tests.support.large_push import escaped_envelope, largest_push, widest_attributes

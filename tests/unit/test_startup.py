@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
+from filter.backends import gcp
 from filter.core.config import Config, parse
 from filter.runtime import startup
 
@@ -33,12 +34,13 @@ async def test_logging_is_set_up_for_the_project_before_the_line_that_names_what
 ) -> None:
     configured: list[Any] = []
     # the process's logging is left as the suite set it: the call is recorded, not made
-    monkeypatch.setattr(startup, "configure", lambda project: configured.append(project))
+    monkeypatch.setattr(startup, "configure", lambda **how: configured.append(how))
     cfg = embedded(tmp_path)
     with capture_logs() as logs:
         engine = startup.start(cfg, cfg.routes[1:], surface="pull")
     try:
-        assert configured == ["proj"]
+        # the config's project, else the environment's or the metadata server's (Cloud Run sets no variable)
+        assert configured == [{"project": "proj", "find_project": gcp.detect_project}]
         lines = [line for line in logs if line["event"] == "config_loaded"]
         assert lines == [
             {
@@ -57,7 +59,7 @@ async def test_logging_is_set_up_for_the_project_before_the_line_that_names_what
 
 
 async def test_without_routes_the_line_names_every_route(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(startup, "configure", lambda project: None)
+    monkeypatch.setattr(startup, "configure", lambda **_: None)
     with capture_logs() as logs:
         engine = startup.start(embedded(tmp_path), auth=False, port=8080)
     try:

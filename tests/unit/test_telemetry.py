@@ -36,6 +36,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, Sa
 from opentelemetry.trace import SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
+from filter.backends import gcp
 from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import parse
@@ -45,10 +46,11 @@ from filter.core.model import KeyState, Message
 from filter.core.ports import StoreUnavailable
 from filter.observability import logsetup
 from filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
-from filter.observability.telemetry import NO_TELEMETRY, PrometheusText, Telemetry, from_config
-from filter.observability.tracing import cloud_parent, drops_unsampled_parents, sampler
+from filter.observability.telemetry import NO_TELEMETRY, PrometheusText, Telemetry
+from filter.observability.tracing import cloud_parent
 from filter.push.app import create_app
 from filter.runtime.operational import Failure
+from filter.runtime.otel import drops_unsampled_parents, from_config, sampler
 from tests.support.clock import ManualClock, ManualSleep
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
@@ -815,7 +817,7 @@ async def test_an_unsampled_parent_on_one_message_changes_nothing_for_the_next(r
 
 @pytest.fixture
 def log_lines(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
-    for name in ("LOG_FORMAT", "LOG_LEVEL", "K_SERVICE", *logsetup._PROJECT_ENVS):
+    for name in ("LOG_FORMAT", "LOG_LEVEL", "K_SERVICE", *gcp.PROJECT_ENVS):
         monkeypatch.delenv(name, raising=False)
     saved, stream = structlog.get_config(), logsetup._OUT.stream
     out = io.StringIO()

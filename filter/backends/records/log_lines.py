@@ -27,8 +27,8 @@ import gzip
 import itertools
 import sys
 import time
-from collections.abc import Iterable, Iterator
-from typing import IO, Any
+from collections.abc import Iterator
+from typing import IO, Any, NamedTuple
 
 import msgspec
 
@@ -48,92 +48,29 @@ class _Entry(msgspec.Struct):
     enforced: Any = True
     time: dt.datetime | float | None = None  # RFC 3339 (decoded by msgspec, in C) or epoch seconds
     timestamp: dt.datetime | None = None  # LogEntry
-    jsonPayload: _Entry | None = None  # LogEntry
+    jsonPayload: msgspec.Raw = msgspec.Raw()  # LogEntry: our line, as it was written
     log: Any = None  # Docker json-file driver
 
 
 _decode_entry = msgspec.json.Decoder(_Entry).decode
-_decode_entries = msgspec.json.Decoder(list[_Entry]).decode
+_decode_raws = msgspec.json.Decoder(list[msgspec.Raw]).decode
+_decode = msgspec.json.Decoder().decode
 
 
-class _Counter:
-    def __init__(self, since: float | None, by: str) -> None:
-        if by not in ("route", "hour", "day"):
-            raise ValueError(f"by must be route, hour or day, not {by!r}")
-        self.since = since
-        self.by = by
-        self.counts: dict[tuple[str, str | None, str, bool], int] = {}
+class _Unreadable:
+    """What a read of a source could not use: the lines (or gcloud array entries) that looked
+    like decisions but could not be read, and why a whole array could not be."""
+
+    def __init__(self) -> None:
+        self.unit = "lines"
         self.bad = 0
         self.first_bad: int | None = None
-        self._labels: dict[int, str] = {}
+        self.array: str | None = None
 
-    def bad_line(self, where: int) -> None:
+    def line(self, where: int) -> None:
         self.bad += 1
         if self.first_bad is None:
             self.first_bad = where
-
-    def label(self, t: float) -> str | None:
-        if self.by == "route":
-            return None
-        hour = int(t // 3600)
-        label = self._labels.get(hour)
-        if label is None:
-            label = self._labels[hour] = time.strftime(_BUCKET_FORMAT[self.by], time.gmtime(hour * 3600))
-        return label
-
-    def entry_in(self, line: bytes, where: int) -> _Entry | None:
-        """The object a line holds from its first `{` (after any prefix), if the line mentions
-        a decision; None otherwise, and for a broken one, which is noted."""
-        if b"decision" not in line:
-            return None
-        brace = line.find(b"{")
-        if brace < 0:
-            return None
-        try:
-            return _decode_entry(line[brace:])
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            self.bad_line(where)
-            return None
-
-    def add(self, entry: _Entry, where: int) -> None:
-        """Count one decoded object if it is a decision; note it if it is a broken one."""
-        if entry.jsonPayload is not None:  # a Cloud Logging LogEntry
-            stamp = entry.timestamp if entry.timestamp is not None else entry.jsonPayload.time
-            entry = entry.jsonPayload
-        elif entry.message is None and isinstance(entry.log, str):  # Docker's json-file wrapper
-            # msgspec never decodes a lone surrogate; should one come, surrogatepass makes it a bad line, not a crash
-            inner = self.entry_in(entry.log.encode("utf-8", "surrogatepass"), where)
-            if inner is None:
-                return
-            entry = inner
-            stamp = entry.time
-        else:
-            stamp = entry.time
-        if entry.message != "decision":
-            return
-        route, decision, enforced = entry.route, entry.decision, entry.enforced
-        if not isinstance(route, str) or not isinstance(decision, str) or not isinstance(enforced, bool):
-            self.bad_line(where)
-            return
-        if isinstance(stamp, dt.datetime):
-            t = (stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=dt.UTC)).timestamp()
-        elif stamp is not None:
-            t = float(stamp)
-        else:
-            self.bad_line(where)
-            return
-        if self.since is not None and t < self.since:
-            return
-        if decision == "suppressed" and isinstance(entry.reason, str) and entry.reason.startswith(WITHIN):
-            decision = WITHIN_TOLERANCE  # counted under its own name (`skip-rate`)
-        k = (route, self.label(t), decision, enforced)
-        self.counts[k] = self.counts.get(k, 0) + 1
-
-    def rows(self) -> list[DecisionCount]:
-        return [
-            {"route": r, "bucket": b, "decision": d, "enforced": e, "n": n}
-            for (r, b, d, e), n in sorted(self.counts.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", *kv[0][2:]))
-        ]
 
 
 @contextlib.contextmanager
@@ -154,20 +91,56 @@ def _is_array(first: bytes) -> bool:
     return not rest or rest[:1] in (b"{", b"]")
 
 
-def _count_lines(lines: Iterable[bytes], counter: _Counter, start: int) -> None:
-    for n, line in enumerate(lines, start):
-        entry = counter.entry_in(line, n)
-        if entry is not None:
-            counter.add(entry, n)
+def _object_in(line: bytes) -> bytes | None:
+    """The object a line holds from its first `{` (after any prefix), if the line mentions a decision."""
+    brace = line.find(b"{")
+    return line[brace:] if b"decision" in line and brace >= 0 else None
 
 
-def counts_from_log(source: str, since: float | None, by: str) -> list[DecisionCount]:
-    """Decisions counted per (route, bucket, decision, enforced) from log lines in `source`.
+class _Decided(NamedTuple):
+    """One decision line read: its fields, its time (epoch seconds), and the line's JSON object as written."""
 
-    `source` is a path or `-` (stdin); `since` is epoch seconds (None: everything);
-    `by` is route, hour or day. Raises OSError when the file cannot be read.
-    """
-    counter = _Counter(since, by)
+    entry: _Entry
+    time: float
+    raw: Any
+
+
+def _decision_in(raw: Any, where: int, unreadable: _Unreadable) -> _Decided | None:
+    """The decision line in one JSON object (ours, a LogEntry around one, Docker's wrapper) and
+    its time; None when it holds none, and for a decision that cannot be read, which is noted."""
+    try:
+        entry = _decode_entry(raw)
+        stamp = entry.time
+        if entry.jsonPayload and bytes(entry.jsonPayload) != b"null":  # a Cloud Logging LogEntry
+            raw, outer = entry.jsonPayload, entry.timestamp
+            entry = _decode_entry(raw)
+            stamp = outer if outer is not None else entry.time  # Cloud Logging moves our `time` to `timestamp`
+        elif entry.message is None and isinstance(entry.log, str):  # Docker's json-file wrapper
+            # msgspec never decodes a lone surrogate; should one come, surrogatepass makes it a bad line, not a crash
+            raw = _object_in(entry.log.encode("utf-8", "surrogatepass"))
+            if raw is None:
+                return None
+            entry = _decode_entry(raw)
+            stamp = entry.time
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        unreadable.line(where)
+        return None
+    if entry.message != "decision":
+        return None
+    route, decision, enforced = entry.route, entry.decision, entry.enforced
+    if stamp is None or not isinstance(route, str) or not isinstance(decision, str) or not isinstance(enforced, bool):
+        unreadable.line(where)
+        return None
+    if isinstance(stamp, dt.datetime):
+        t = (stamp if stamp.tzinfo is not None else stamp.replace(tzinfo=dt.UTC)).timestamp()
+    else:
+        t = float(stamp)
+    return _Decided(entry, t, raw)
+
+
+def _decisions(source: str, unreadable: _Unreadable) -> Iterator[_Decided]:
+    """Every decision line in `source` (a path, `.gz` too, or `-`), in the order read. Read
+    line by line, so the file can be larger than memory; only the gcloud array is read whole."""
     with _open(source) as fh:
         first, lineno = b"", 0
         for first in fh:
@@ -176,120 +149,89 @@ def counts_from_log(source: str, since: float | None, by: str) -> list[DecisionC
             if first:
                 break
         if _is_array(first):
+            unreadable.unit = "entries"
             try:
-                entries = _decode_entries(first + fh.read())
+                entries = _decode_raws(first + fh.read())
             except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-                print(f"warning: {source} looks like a JSON array but cannot be read: {exc}", file=sys.stderr)
-                return []
-            for i, entry in enumerate(entries, 1):
-                counter.add(entry, i)
-            what = "entries"
+                unreadable.array = str(exc)
+                return
+            numbered: Iterator[tuple[int, Any]] = enumerate(entries, 1)
         else:
-            _count_lines([first], counter, lineno)
-            _count_lines(fh, counter, lineno + 1)
-            what = "lines"
-    if counter.bad:
+            numbered = enumerate(map(_object_in, itertools.chain([first], fh)), lineno)
+        for n, raw in numbered:
+            found = None if raw is None else _decision_in(raw, n, unreadable)
+            if found is not None:
+                yield found
+
+
+def _warn(source: str, unreadable: _Unreadable) -> None:
+    if unreadable.array is not None:
+        print(f"warning: {source} looks like a JSON array but cannot be read: {unreadable.array}", file=sys.stderr)
+    if unreadable.bad:
         name = "stdin" if source == "-" else source
-        unit = what if counter.bad > 1 else what[:-1]
+        many, one = unreadable.unit, unreadable.unit[:-1]
         print(
-            f"warning: {counter.bad} {unit} in {name} looked like decisions but could not be read, "
-            f"so {'they were' if counter.bad > 1 else 'it was'} not counted (first: {what[:-1]} {counter.first_bad})",
+            f"warning: {unreadable.bad} {many if unreadable.bad > 1 else one} in {name} looked like decisions but "
+            f"could not be read, so {'they were' if unreadable.bad > 1 else 'it was'} not counted "
+            f"(first: {one} {unreadable.first_bad})",
             file=sys.stderr,
         )
-    return counter.rows()
 
 
-_decode_any = msgspec.json.Decoder().decode
+def counts_from_log(source: str, since: float | None, by: str) -> list[DecisionCount]:
+    """Decisions counted per (route, bucket, decision, enforced) from log lines in `source`.
 
-
-def _decision_of(obj: Any) -> tuple[dict[str, Any], Any] | None:
-    """The decision line in a decoded object (ours, a LogEntry, Docker's wrapper) and its time."""
-    if not isinstance(obj, dict):
-        return None
-    if isinstance(obj.get("jsonPayload"), dict):
-        inner = obj["jsonPayload"]
-        return (inner, obj.get("timestamp") or inner.get("time")) if inner.get("message") == "decision" else None
-    if obj.get("message") is None and isinstance(obj.get("log"), str):
-        line = obj["log"]
-        brace = line.find("{")
-        if brace < 0:
-            return None
-        try:
-            return _decision_of(_decode_any(line[brace:].encode("utf-8", "surrogatepass")))
-        except (msgspec.DecodeError, UnicodeEncodeError):
-            return None
-    return (obj, obj.get("time")) if obj.get("message") == "decision" else None
-
-
-def _seconds(stamp: Any) -> float | None:
-    if isinstance(stamp, int | float) and not isinstance(stamp, bool):
-        return float(stamp)
-    if isinstance(stamp, str):
-        try:
-            t = dt.datetime.fromisoformat(stamp.replace("Z", "+00:00"))
-        except ValueError:
-            return None
-        return (t if t.tzinfo is not None else t.replace(tzinfo=dt.UTC)).timestamp()
-    return None
-
-
-def _row_of(obj: Any, route: str, since: float | None) -> DecisionRow | None:
-    found = _decision_of(obj)
-    if found is None:
-        return None
-    line, stamp = found
-    t = _seconds(stamp)
-    if line.get("route") != route or t is None or (since is not None and t < since):
-        return None
-    return {
-        "time": t,
-        "decision": str(line.get("decision")),
-        "enforced": line.get("enforced") is not False,
-        "key": line.get("key"),
-        "reason": line.get("reason"),
-        "fingerprint": line.get("fingerprint"),
-        "previous_fingerprint": line.get("previous_fingerprint"),
-        "extra": line,  # the record's `extra` keys are spread into the line
-    }
+    `source` is a path or `-` (stdin); `since` is epoch seconds (None: everything);
+    `by` is route, hour or day. Raises OSError when the file cannot be read.
+    """
+    if by not in ("route", "hour", "day"):
+        raise ValueError(f"by must be route, hour or day, not {by!r}")
+    counts: dict[tuple[str, str | None, str, bool], int] = {}
+    labels: dict[int, str] = {}  # by hour since the epoch: a label is formatted once an hour
+    unreadable = _Unreadable()
+    for entry, t, _ in _decisions(source, unreadable):
+        if since is not None and t < since:
+            continue
+        decision = entry.decision
+        if decision == "suppressed" and isinstance(entry.reason, str) and entry.reason.startswith(WITHIN):
+            decision = WITHIN_TOLERANCE  # counted under its own name (`skip-rate`)
+        label = None
+        if by != "route":
+            hour = int(t // 3600)
+            label = labels.get(hour)
+            if label is None:
+                label = labels[hour] = time.strftime(_BUCKET_FORMAT[by], time.gmtime(hour * 3600))
+        k = (entry.route, label, decision, entry.enforced)
+        counts[k] = counts.get(k, 0) + 1
+    _warn(source, unreadable)
+    return [
+        {"route": r, "bucket": b, "decision": d, "enforced": e, "n": n}
+        for (r, b, d, e), n in sorted(counts.items(), key=lambda kv: (kv[0][0], kv[0][1] or "", *kv[0][2:]))
+    ]
 
 
 def rows_from_log(source: str, route: str, since: float | None) -> list[DecisionRow]:
     """One route's decisions from log lines in `source` (the sources `counts_from_log` reads),
-    in time order; lines that cannot be read are skipped (`skip-rate` counts and reports them).
-    Read line by line, as `counts_from_log` does; only the gcloud array is read whole."""
+    in time order; lines that cannot be read are skipped (`skip-rate` counts and reports them)."""
     found: list[DecisionRow] = []
-    with _open(source) as fh:
-        first = b""
-        for first in fh:
-            first = first.removeprefix(b"\xef\xbb\xbf").lstrip()
-            if first:
-                break
-        objects: Iterable[Any]
-        if _is_array(first):
-            try:
-                entries = _decode_any(first + fh.read())
-            except msgspec.DecodeError:
-                return []
-            objects = entries if isinstance(entries, list) else []
-        else:
-            objects = _objects(itertools.chain([first], fh))
-        for obj in objects:
-            row = _row_of(obj, route, since)
-            if row is not None:
-                found.append(row)
+    for entry, t, raw in _decisions(source, _Unreadable()):
+        if entry.route != route or (since is not None and t < since):
+            continue
+        line = _decode(raw)
+        found.append(
+            {
+                "time": t,
+                "decision": entry.decision,
+                "enforced": entry.enforced,
+                "key": line.get("key"),
+                "reason": line.get("reason"),
+                "fingerprint": line.get("fingerprint"),
+                "previous_fingerprint": line.get("previous_fingerprint"),
+                "extra": line,  # the record's `extra` keys are spread into the line
+            }
+        )
     found.sort(key=lambda r: r["time"])
     return found
-
-
-def _objects(lines: Iterable[bytes]) -> Iterator[Any]:
-    for line in lines:
-        brace = line.find(b"{")
-        if b"decision" not in line or brace < 0:
-            continue
-        try:
-            yield _decode_any(line[brace:])
-        except msgspec.DecodeError:
-            continue
 
 
 class LogLinesReader:

@@ -20,6 +20,8 @@ Each read is a statement of its own, so it sees every write committed before it 
 store's included: reading on the other connection loses nothing of the compare-and-set,
 whose conditions are checked by the writes themselves. The cost is the reader's page cache
 (SQLite's default, at most ~2 MB) and, when the file is locked, a second thread.
+
+The file's tables, and the migrations from earlier layouts, are `filter.backends.stores.sqlite_schema`.
 """
 
 from __future__ import annotations
@@ -36,62 +38,14 @@ from typing import Any
 import msgspec
 
 from filter.backends.stores.sqlite_connection import Connection, Locked, connect
+from filter.backends.stores.sqlite_schema import READ, create_or_upgrade, read_sql
 from filter.core.model import KeyState, Lease
 from filter.core.ports import StoreUnavailable
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS key_state (
-    route TEXT NOT NULL,
-    key TEXT NOT NULL,
-    version INTEGER NOT NULL,
-    fingerprint TEXT,
-    forwarded_at REAL,
-    message_id TEXT,
-    publish_time REAL,
-    recent TEXT NOT NULL DEFAULT '[]',
-    fence INTEGER NOT NULL DEFAULT 0,
-    lease_holder TEXT,
-    lease_fence INTEGER,
-    lease_expires REAL,
-    lease_fingerprint TEXT,
-    lease_message_id TEXT,
-    expires_at REAL,
-    rows BLOB,
-    full_fingerprint TEXT,
-    PRIMARY KEY (route, key)
-) WITHOUT ROWID
-"""
-# The row state (~54 KB at 450 rows) lives in its own table, so the writes that never change it
-# (claim, extend, release: SQLite rewrites a whole record on any UPDATE, overflow pages included)
-# rewrite only the small state record. A rowid table: SQLite advises against large records in a
-# WITHOUT ROWID one. `key_state.rows` is the previous layout's place for it: read when not NULL
-# (a file written by earlier code, or by an earlier process still sharing the file), and set to
-# NULL by the first commit that writes new rows here.
-_ROWS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS key_rows (
-    route TEXT NOT NULL,
-    key TEXT NOT NULL,
-    rows BLOB NOT NULL,
-    PRIMARY KEY (route, key)
-)
-"""
-# Triggers, so that every writer keeps the two tables consistent, including a process still running
-# the earlier code (which knows only `key_state.rows`): a deleted key takes its rows along (purge,
-# in the same statement), and any write naming the old column makes it the one to read.
-_TRIGGERS = (
-    "CREATE TRIGGER IF NOT EXISTS key_rows_go_with_key AFTER DELETE ON key_state "
-    "BEGIN DELETE FROM key_rows WHERE route = old.route AND key = old.key; END",
-    "CREATE TRIGGER IF NOT EXISTS key_rows_yield_to_column AFTER UPDATE OF rows ON key_state "
-    "BEGIN DELETE FROM key_rows WHERE route = new.route AND key = new.key; END",
-)
 
 #: Row state up to this size is kept in `key_state.rows` (a claim rewriting it costs nothing worth
 #: a second table); larger state in `key_rows`, written only when it changes.
 INLINE_ROWS = 1024
 
-# Columns newer than the first release. `results` (the in-process API's kept results) is NULL when
-# there are none: a process of an earlier version sharing the file never reads it.
-_ADDED_COLUMNS = {"rows": "BLOB", "full_fingerprint": "TEXT", "results": "TEXT"}
 # What `_values()` holds, in order: every column but the key, the version and the old `rows`.
 _WRITTEN = (
     "fingerprint",
@@ -110,13 +64,6 @@ _WRITTEN = (
     "results",
 )
 _SET = ", ".join(f"{c} = ?" for c in _WRITTEN)
-_READ = (
-    "SELECT version, fingerprint, forwarded_at, message_id, publish_time, recent, fence, lease_holder, lease_fence, "
-    "lease_expires, lease_fingerprint, lease_message_id, expires_at, "
-    "COALESCE(s.rows, (SELECT r.rows FROM key_rows r WHERE r.route = s.route AND r.key = s.key)), full_fingerprint, "
-    "results "
-    "FROM key_state s WHERE s.route = ? AND s.key = ?"
-)
 _INSERT = (
     f"INSERT INTO key_state (route, key, version, {', '.join(_WRITTEN)}) "
     f"VALUES (?, ?, ?, {', '.join('?' * len(_WRITTEN))}) ON CONFLICT (route, key) DO NOTHING"
@@ -243,15 +190,7 @@ class SqliteStore:
             self._db = connect(self.path, busy_timeout)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute("PRAGMA synchronous=NORMAL")
-            self._db.execute(_SCHEMA)
-            present = {r[1] for r in self._db.execute("PRAGMA table_info(key_state)")}
-            for column, kind in _ADDED_COLUMNS.items():
-                if column not in present:
-                    self._db.execute(f"ALTER TABLE key_state ADD COLUMN {column} {kind}")
-            self._db.execute("CREATE INDEX IF NOT EXISTS key_state_expiry ON key_state (expires_at)")
-            self._db.execute(_ROWS_SCHEMA)
-            for trigger in _TRIGGERS:
-                self._db.execute(trigger)
+            create_or_upgrade(self._db)
             self._writer = Connection(self._db, self.path, busy_timeout, "writer")
             # Opened once the schema is there; it never writes (`query_only`), and reads what is committed.
             self._reader = Connection(connect(self.path, busy_timeout), self.path, busy_timeout, "reader")
@@ -318,7 +257,7 @@ class SqliteStore:
         self.ops["read"] += 1
         # fetchall: the statement runs to its end, so the reader holds no read transaction (and no
         # old snapshot) past this call
-        rows = on.exec(_READ, (route, key)).fetchall()
+        rows = on.exec(READ, (route, key)).fetchall()
         return _row_to_state(rows[0]) if rows else None
 
     def _claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
@@ -405,17 +344,11 @@ class SqliteStore:
     async def read(self, route: str, key: str) -> KeyState | None:
         # On the writer's connection while it is free: its page cache stays warm, where the reader's
         # is dropped by every write of the writer's (~3 page reads more a decision). On the reader's
-        # while a write holds the writer, waiting on its thread: never behind that write.
-        # (`Connection.run` written out: the suppress path is this one read, and a coroutine less is 5% of it.)
-        writer = self._writer
-        if writer.lock.acquire(False):
-            try:
-                return self._get(writer, route, key)
-            except Locked:
-                pass
-            finally:
-                writer.lock.release()
-            return await self._reader.on_thread(self._get, self._reader, route, key)
+        # while a write holds the writer, or the file's lock holds the read up: never behind that write.
+        try:
+            return self._writer.now(self._get, self._writer, route, key)
+        except Locked:
+            pass
         return await self._reader.run(self._get, self._reader, route, key)
 
     async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
@@ -460,31 +393,12 @@ def read_only(path: str | Path, route: str, key: str) -> KeyState | None:
     except sqlite3.Error as exc:
         raise StoreUnavailable(f"cannot open {path} read-only: {exc}") from exc
     try:
-        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if "key_state" not in tables:
+        sql = read_sql(db)
+        if sql is None:
             return None
-        row = db.execute(_read_only_sql(db, tables), (route, key)).fetchone()
+        row = db.execute(sql, (route, key)).fetchone()
     except sqlite3.Error as exc:
         raise StoreUnavailable(f"sqlite {path}: {exc}") from exc
     finally:
         db.close()
     return _row_to_state(row) if row else None
-
-
-def _read_only_sql(db: sqlite3.Connection, tables: set[str]) -> str:
-    """`_READ` for a file an earlier version wrote, which cannot be upgraded read-only: what it
-    lacks (the newer columns, the row table) reads as NULL."""
-    columns = {r[1] for r in db.execute("PRAGMA table_info(key_state)")}
-    if "key_rows" in tables and set(_ADDED_COLUMNS) <= columns:
-        return _READ
-    from_table = "(SELECT r.rows FROM key_rows r WHERE r.route = s.route AND r.key = s.key)"
-    rows = "s.rows" if "rows" in columns else "NULL"
-    if "key_rows" in tables:
-        rows = f"COALESCE({rows}, {from_table})"
-    full = "full_fingerprint" if "full_fingerprint" in columns else "NULL"
-    results = "results" if "results" in columns else "NULL"
-    return (
-        "SELECT version, fingerprint, forwarded_at, message_id, publish_time, recent, fence, lease_holder, "
-        f"lease_fence, lease_expires, lease_fingerprint, lease_message_id, expires_at, {rows}, {full}, {results} "
-        "FROM key_state s WHERE s.route = ? AND s.key = ?"
-    )

@@ -30,7 +30,8 @@ T = TypeVar("T")
 
 class Locked(StoreUnavailable):
     """Another connection holds the file's lock (SQLITE_BUSY) and the statement waited as long as
-    it was allowed to: on the event loop, not at all."""
+    it was allowed to: on the event loop, not at all. From `Connection.now`, also: the connection
+    is in use by its thread. Either way the call changed nothing and may be made elsewhere."""
 
 
 def is_locked(exc: sqlite3.Error) -> bool:
@@ -62,19 +63,23 @@ class Connection:
             error = Locked if is_locked(exc) else StoreUnavailable
             raise error(f"sqlite {self.path}: {exc}") from exc
 
-    async def run(self, call: Callable[..., T], *args: Any) -> T:
-        """`call(*args)` on the loop if the connection and the file are free, else on the thread.
+    def now(self, call: Callable[..., T], *args: Any) -> T:
+        """`call(*args)` on the loop, now: `Locked` if the connection is in use (by its thread) or
+        the file is locked, and then the call has changed nothing (its single statements did not
+        run, and a transaction is rolled back), so it can be made again from the start."""
+        if not self.lock.acquire(False):
+            raise Locked(f"sqlite {self.path}: the {self._role} connection is in use")
+        try:
+            return call(*args)
+        finally:
+            self.lock.release()
 
-        A call found locked has changed nothing: its single statements did not run, and a
-        transaction is rolled back, so it can be made again from the start.
-        """
-        if self.lock.acquire(False):
-            try:
-                return call(*args)
-            except Locked:
-                pass
-            finally:
-                self.lock.release()
+    async def run(self, call: Callable[..., T], *args: Any) -> T:
+        """`call(*args)` on the loop if the connection and the file are free (`now`), else on the thread."""
+        try:
+            return self.now(call, *args)
+        except Locked:
+            pass
         return await self.on_thread(call, *args)
 
     def on_thread(self, call: Callable[..., T], *args: Any) -> asyncio.Future[T]:
