@@ -99,9 +99,22 @@ class Acted(msgspec.Struct, frozen=True):
     cause: Cause | None = None
     failure: str | None = None
     error: PublishFailed | None = None  # what the send raised: the caller's to raise, for its own sender
+    sent: str | Worked | None = None  # what the send returned, as it returned it
 
 
 NOT_ACTED = Acted()
+
+
+class Handled(msgspec.Struct, frozen=True):
+    """What `Engine.handle` returns, the one value every surface reads: the decision's record,
+    what the forward's send returned, and for a redelivery the result kept with its forward."""
+
+    record: DecisionRecord
+    #: what the send returned (the published id; the caller's `Worked`), None when nothing was sent
+    sent: str | Worked | None = None
+    #: a redelivery that was not sent again: the result (JSON text) kept with the forward of
+    #: this message id and content (`cache_result`), from the state the decision was taken on
+    kept: str | None = None
 
 
 class Done(msgspec.Struct, frozen=True):
@@ -221,7 +234,7 @@ class Engine:
 
     async def handle(
         self, route_name: str, msg: Message, trace: str | None = None, via: Sender | None = None
-    ) -> DecisionRecord:
+    ) -> Handled:
         """Decide `msg` and act on it: a forward sends through `via`, by default the publisher.
 
         The record is written (or on its way, as the recorder promises) when this returns. With
@@ -240,7 +253,7 @@ class Engine:
             finished.set_result(None)
         if via is not None and done.acted.error is not None:
             raise done.acted.error
-        return rec
+        return Handled(rec, done.acted.sent, _kept(done))
 
     async def recorded(self) -> None:
         """Wait for the commit that holds the records made so far (`handle` and `reject` wait for
@@ -404,7 +417,8 @@ class Engine:
         )
         try:
             async with heartbeat:
-                published_id, result = _sent(await self._publish(d, sender, out))
+                published = await self._publish(d, sender, out)
+                published_id, result = _sent(published)
         except PublishFailed as exc:
             await self._release(d, heartbeat.held)
             return _failed(exc, sender, claim.fence)
@@ -413,7 +427,7 @@ class Engine:
             # so free the key now rather than make the redelivery wait out the lease.
             await self._release(d, heartbeat.held)
             raise
-        sent = Acted(published_id, claim.fence, heartbeats=heartbeat.extended)
+        sent = Acted(published_id, claim.fence, heartbeats=heartbeat.extended, sent=published)
         now = self.clock.now()
         new = forwarded(decided.state, msg, d.fp, held.fence, out, now, now + self._retention(route), result)
         try:
@@ -484,9 +498,8 @@ class Engine:
             # as in `_publish_and_commit`: nothing but the ack would stop this copy's redelivery
             # (the caller's own work excepted: its cancel is the caller's)
             publish = self._publish(d, sender)
-            acted = Acted(
-                _sent(await (self._despite_one_cancel(publish) if sender.lands_despite_cancel else publish))[0]
-            )
+            published = await (self._despite_one_cancel(publish) if sender.lands_despite_cancel else publish)
+            acted = Acted(_sent(published)[0], sent=published)
         except PublishFailed as exc:
             acted = _failed(exc, sender)
         if acted.failure is not None:
@@ -584,6 +597,20 @@ class Engine:
 def _sent(published: str | Worked) -> tuple[str, str | None]:
     """(the id the record shows, the result to keep with the forward)."""
     return (published.published_id, published.result) if isinstance(published, Worked) else (published, None)
+
+
+def _kept(done: Done) -> str | None:
+    """For a redelivery that was not sent again: the result kept with its forward, if still kept."""
+    decided, d = done.decided, done.delivery
+    if decided is None or d is None or not decided.verdict.redelivery or decided.state is None:
+        return None
+    if done.acted is not NOT_ACTED:
+        return None  # shadow mode sent it again: the caller has what this send returned
+    wanted = (d.msg.message_id, d.fp)
+    for message_id, fp, text in decided.state.results:
+        if (message_id, fp) == wanted:
+            return text
+    return None
 
 
 async def _to_the_end(work: Awaitable[None]) -> None:

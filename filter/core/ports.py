@@ -76,10 +76,14 @@ class Publisher(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Worked:
-    """What the caller's work sends back when its result is kept with the forward (`cache_result`)."""
+    """What the caller's work sends back (in-process): the id the record shows, the result to
+    keep with the forward (`cache_result`), and what the work returned, which the engine hands
+    back untouched in `Handled.sent`."""
 
     published_id: str
-    result: str  # JSON text, committed with the forward (`KeyState.results`)
+    result: str | None = None  # JSON text, committed with the forward (`KeyState.results`); None: none kept
+    returned: Any = None  # what the caller's work returned
+    unkept: str | None = None  # why a result to keep was committed without it (not JSON, too large)
 
 
 class Sender(Protocol):

@@ -39,10 +39,9 @@ from filter.core.answer import answer_for
 from filter.core.config import Config, load
 from filter.core.engine import Engine
 from filter.core.errors import FilterError, FilterTypeError, FilterUsageError
-from filter.core.judge import REDELIVERED
 from filter.core.logs import get_logger
 from filter.core.model import Decision, DecisionRecord, Message
-from filter.core.ports import Clock
+from filter.core.ports import Clock, Worked
 from filter.inprocess.body import BodySender, Forward, WorkFailed
 from filter.inprocess.messages import to_message
 from filter.runtime.wiring import make_recorder, make_store
@@ -192,20 +191,22 @@ class Filter:
     async def _process(
         self, route: str, message: Message, body: Callable[[Forward], Awaitable[T]], trace: str | None, cache: bool
     ) -> Outcome[T]:
-        sender = BodySender(route, body, cache)
         try:
-            rec = await self.engine.handle(route, message, trace, sender)
+            handled = await self.engine.handle(route, message, trace, BodySender(route, body, cache))
         except WorkFailed as failed:
             raised = failed.raised
         else:
-            if sender.unkept is not None:
-                self._say_unkept(rec, sender.unkept)
-            if cache and not sender.ran and rec.decision is Decision.DUPLICATE and rec.reason == REDELIVERED:
-                return await self._kept(rec)
-            return Outcome(rec, ran=sender.ran, result=sender.result)
+            rec, worked = handled.record, handled.sent
+            if not isinstance(worked, Worked):  # the body did not run (a BodySender sends nothing else)
+                if cache and handled.kept is not None:
+                    return Outcome(rec, result=msgspec.json.decode(handled.kept), cached=True)
+                return Outcome(rec)
+            if worked.unkept is not None:
+                self._say_unkept(rec, worked.unkept)
+            return Outcome(rec, ran=True, result=worked.returned)
         raise raised  # what the body raised, outside the handler: its own context, not ours
 
-    def _say_unkept(self, rec: DecisionRecord, why: Exception) -> None:
+    def _say_unkept(self, rec: DecisionRecord, why: str) -> None:
         """Once a route per `Filter`: a body that returns what cannot be kept usually always does,
         and a line per message would drown the log the decision lines are in."""
         if rec.route in self._unkept_said:
@@ -215,18 +216,10 @@ class Filter:
             "result_not_kept",
             route=rec.route,
             message_id=rec.message_id,
-            reason=str(why),
+            reason=why,
             committed=rec.committed,
             note="the forward is committed without its result: a redelivery returns none; logged once a route",
         )
-
-    async def _kept(self, rec: DecisionRecord) -> Outcome[Any]:
-        """A redelivery's outcome, with the result kept when its message was forwarded (if still kept)."""
-        state = await self.engine.store.read(rec.route, rec.key or "")
-        for mid, fp, text in state.results if state is not None else ():
-            if (mid, fp) == (rec.message_id, rec.fingerprint):
-                return Outcome(rec, result=msgspec.json.decode(text), cached=True)
-        return Outcome(rec)
 
     async def close(self) -> None:
         """Wait for the calls under way in other tasks (each ends when its body does), then write the

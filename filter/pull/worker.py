@@ -277,7 +277,7 @@ class PullWorker:
         self._tasks.add(task)
         self.watchdog.saw_message(route)
         try:
-            rec = await self.engine.handle(route, received_message(received, path))
+            handled = await self.engine.handle(route, received_message(received, path))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # never ack what was not decided; never let it kill the worker
@@ -286,7 +286,7 @@ class PullWorker:
         finally:
             self._tasks.discard(task)
         self.handled += 1
-        return answer_for(rec).ack
+        return answer_for(handled.record).ack
 
     def _settle(self, path: str, received: Any, future: concurrent.futures.Future[bool | None]) -> None:
         """Ack or nack from the handling's result (runs on the loop's thread, or the caller's)."""

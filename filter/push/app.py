@@ -207,10 +207,10 @@ class _PushHandler:
             rec = await engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
             return _json({"decision": "rejected", "reason": rec.reason}, 400)
         if parent is None:
-            return _decided(await engine.handle(route, msg, trace))
+            return _decided((await engine.handle(route, msg, trace)).record)
         token = REQUEST_PARENT.set(parent)  # the decision's parent: the push request's trace
         try:
-            return _decided(await engine.handle(route, msg, trace))
+            return _decided((await engine.handle(route, msg, trace)).record)
         finally:
             REQUEST_PARENT.reset(token)
 

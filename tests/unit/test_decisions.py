@@ -395,8 +395,8 @@ async def test_an_act_runs_in_place_of_its_own_calls_publish_only(tmp_path: Path
             acted.append(data)
             return "in-process"
 
-    rec = await engine.handle("reports", world.message({"game_date": "d2", "players": []}), via=Body())
+    rec = (await engine.handle("reports", world.message({"game_date": "d2", "players": []}), via=Body())).record
     gate.set()
-    published = await publishing
+    published = (await publishing).record
     assert (rec.published_id, [json.loads(d)["game_date"] for d in acted]) == ("in-process", ["d2"])
     assert (published.published_id, [json.loads(d)["game_date"] for d in publisher.data]) == ("1", ["d1"])
