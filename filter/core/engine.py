@@ -42,6 +42,7 @@ from filter.core.logs import get_logger
 from filter.core.model import Cause, Decision, DecisionRecord, KeyState, Lease, Message
 from filter.core.ports import (
     UNOBSERVED,
+    UNTRACED,
     Clock,
     DecisionObserver,
     DecisionRecorder,
@@ -50,6 +51,7 @@ from filter.core.ports import (
     Sender,
     StateStore,
     StoreUnavailable,
+    Traced,
     Unpublishable,
     Worked,
 )
@@ -86,6 +88,7 @@ class Delivery(msgspec.Struct, frozen=True):
     message_fp: str
     raw: bool  # the payload is not JSON
     missing: str | None = None  # the path that could not be read: no key, nothing stored (`keyless`)
+    traced: Traced = UNTRACED  # the decision's trace: the send's span, the heartbeat's events on it
 
 
 class Acted(msgspec.Struct, frozen=True):
@@ -151,8 +154,11 @@ class Publishing:
     def __init__(self, publisher: Publisher):
         self.publisher = publisher
 
-    async def send(self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None) -> str:
-        return await self.publisher.publish(destination, data, attributes, ordering_key)
+    async def send(
+        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None, traced: Traced
+    ) -> str:
+        with traced.sending(destination, data, ordering_key):
+            return await self.publisher.publish(destination, data, attributes, ordering_key)
 
 
 class Engine:
@@ -245,8 +251,8 @@ class Engine:
         finished = asyncio.get_running_loop().create_future()
         self._deciding[finished] = asyncio.current_task()
         try:
-            with self.telemetry.decision(route_name, msg):  # telemetry: the decision's span
-                rec, done = await self._handle(route_name, msg, trace, sender)
+            with self.telemetry.decision(route_name, msg) as traced:  # telemetry: the decision's span
+                rec, done = await self._handle(route_name, msg, trace, sender, traced)
                 await self.recorded()
         finally:
             del self._deciding[finished]
@@ -275,7 +281,7 @@ class Engine:
                 await again
 
     async def _handle(
-        self, route_name: str, msg: Message, trace: str | None, sender: Sender
+        self, route_name: str, msg: Message, trace: str | None, sender: Sender, traced: Traced
     ) -> tuple[DecisionRecord, Done]:
         started = time.perf_counter()
         rules = self.rules.get(route_name)
@@ -284,7 +290,7 @@ class Engine:
             return self._finish(route_name, msg, done, started, trace), done
         self.in_flight += 1
         try:
-            done = await self._decide_and_act(rules, msg, sender)
+            done = await self._decide_and_act(rules, msg, sender, traced)
         except PayloadError as exc:
             done = Done(Decision.REJECTED, str(exc))
         except asyncio.CancelledError:
@@ -313,7 +319,7 @@ class Engine:
         await self.recorded()
         return rec
 
-    async def _decide_and_act(self, rules: RouteRules, msg: Message, sender: Sender) -> Done:
+    async def _decide_and_act(self, rules: RouteRules, msg: Message, sender: Sender, traced: Traced) -> Done:
         route = rules.route
         if not rules.accepts_subscription(msg.subscription):
             raise PayloadError(f"pushed from subscription {msg.subscription!r}, route expects {route.subscription!r}")
@@ -324,9 +330,11 @@ class Engine:
             payload, fp = rules.scheme(msg.data)
             key = rules.key_of(payload, msg.attributes)
         except MissingField as exc:
-            return await self._keyless(rules, msg, sender, exc)
+            return await self._keyless(rules, msg, sender, exc, traced)
         bypass = rules.bypassed(payload, msg.attributes)
-        d = Delivery(route, msg, key, fp, message_fingerprint(msg.data, msg.attributes), payload is NOT_JSON)
+        d = Delivery(
+            route, msg, key, fp, message_fingerprint(msg.data, msg.attributes), payload is NOT_JSON, None, traced
+        )
         # 2. look
         try:
             state = self.failed_open.view(route.name, key, await self.store.read(route.name, key))
@@ -408,7 +416,7 @@ class Engine:
 
     async def _publish_and_commit_now(self, d: Delivery, sender: Sender, decided: Decided, claim: Claimed) -> Acted:
         route, key, msg, held = d.route, d.key, d.msg, claim.held
-        heartbeat = Heartbeat(self.store, route.name, key, held, self.config.lease, self.clock, self.sleep)
+        heartbeat = Heartbeat(self.store, route.name, key, held, self.config.lease, self.clock, self.sleep, d.traced)
         out = Outgoing(
             decided.out.data,
             {**decided.out.attributes, **fence_attributes(key, held.fence)},
@@ -484,7 +492,7 @@ class Engine:
                 too_large := unpublishable(d.route.destination, data, attributes, d.msg.ordering_key)
             ):
                 raise Unpublishable(too_large)  # the same on every delivery: rejected, never a failing publish
-            return await sender.send(d.route.destination, data, attributes, d.msg.ordering_key)
+            return await sender.send(d.route.destination, data, attributes, d.msg.ordering_key, d.traced)
         except PublishFailed:
             raise
         except Exception as exc:  # a publisher bug must still nack, never lose the message
@@ -517,11 +525,13 @@ class Engine:
             self.failed_open.remember(route.name, d.key, d.fp, d.msg.publish_time, self.clock.now())
         return done
 
-    async def _keyless(self, rules: RouteRules, msg: Message, sender: Sender, missing: MissingField) -> Done:
+    async def _keyless(
+        self, rules: RouteRules, msg: Message, sender: Sender, missing: MissingField, traced: Traced
+    ) -> Done:
         """No key, so no state to decide on: forwarded without a lease, or rejected (`filter.core.keyless`)."""
         k = keyless(rules, msg.data, missing)
         message_fp = message_fingerprint(msg.data, msg.attributes)
-        d = Delivery(rules.route, msg, "", k.fingerprint, message_fp, k.raw, k.missing)
+        d = Delivery(rules.route, msg, "", k.fingerprint, message_fp, k.raw, k.missing, traced)
         return await self._forward_unleased(d, sender, Decision.FAIL_OPEN, k.reason)
 
     async def _despite_one_cancel(self, work: Awaitable[T]) -> T:

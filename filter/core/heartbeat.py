@@ -11,7 +11,7 @@ from filter.core.config import LeaseConfig
 from filter.core.counters import counts
 from filter.core.logs import get_logger
 from filter.core.model import KeyState
-from filter.core.ports import Clock, StateStore, StoreUnavailable
+from filter.core.ports import UNTRACED, Clock, StateStore, StoreUnavailable, Traced
 
 log = get_logger("pubsub_filter.heartbeat")
 
@@ -32,6 +32,7 @@ class Heartbeat:
     lease: LeaseConfig
     clock: Clock
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    traced: Traced = UNTRACED  # the decision's: each beat is an event on its publish's span
     extended: int = field(default=0, init=False)
     failures: int = field(default=0, init=False)
     lost: bool = field(default=False, init=False)
@@ -70,9 +71,11 @@ class Heartbeat:
             except Exception as exc:  # any store error: keep beating, the lease may still be saved
                 self.failures += 1
                 counts["heartbeat_failed"] += 1
+                self.traced.heartbeat("heartbeat failed", error=f"{type(exc).__name__}: {exc}")
                 error = str(exc) if isinstance(exc, StoreUnavailable) else f"{type(exc).__name__}: {exc}"
                 log.warning("heartbeat_failed", route=self.route, key=self.key, fence=fence, error=error)
                 continue
+            self.traced.heartbeat("lease extended" if extended is not None else "lease lost")
             if extended is None:
                 self.lost = True
                 counts["lease_lost"] += 1

@@ -100,10 +100,10 @@ class Sender(Protocol):
     attribute_limits: bool
 
     async def send(
-        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None
+        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None, traced: Traced
     ) -> str | Worked:
         """Send what a forward sends; the id the record shows as `published_id` (with the result
-        to keep with the forward, a `Worked`).
+        to keep with the forward, a `Worked`). `traced`: the decision's, for a span of the send.
 
         Raises `PublishFailed` when it did not go out (the lease is released, the message nacked)."""
 
@@ -127,11 +127,36 @@ class Clock(Protocol):
     def now(self) -> float: ...
 
 
+class Traced(Protocol):
+    """One decision as its observer traces it, what `DecisionObserver.decision` yields: the
+    engine hands it to the forward's send and to the lease's heartbeat (they run in two tasks),
+    so that the heartbeat's events land on the publish's span."""
+
+    def sending(self, destination: str, data: bytes, ordering_key: str | None) -> AbstractContextManager[object]:
+        """Context around one publish: its span, current while it runs."""
+
+    def heartbeat(self, event: str, **attributes: str) -> None:
+        """Note a heartbeat (`lease extended`, `lease lost`, `heartbeat failed`) on the publish under way."""
+
+
+class Untraced:
+    """A decision no span is recorded for: its publish and heartbeats leave no trace."""
+
+    def sending(self, destination: str, data: bytes, ordering_key: str | None) -> AbstractContextManager[object]:
+        return nullcontext()
+
+    def heartbeat(self, event: str, **attributes: str) -> None:
+        pass
+
+
+UNTRACED = Untraced()
+
+
 class DecisionObserver(Protocol):
     """Metrics and the decision's span. The engine calls it at three marked places; the
     OpenTelemetry implementation is `filter.observability.telemetry.Telemetry`."""
 
-    def decision(self, route: str, msg: Message) -> AbstractContextManager[object]:
+    def decision(self, route: str, msg: Message) -> AbstractContextManager[Traced]:
         """Context around one decision (its span, current while the decision runs)."""
 
     def decided(self, rec: DecisionRecord) -> None: ...
@@ -145,8 +170,8 @@ class DecisionObserver(Protocol):
 class Unobserved:
     """The observer of an engine built without telemetry (tests, `explain`): does nothing."""
 
-    def decision(self, route: str, msg: Message) -> AbstractContextManager[object]:
-        return nullcontext()
+    def decision(self, route: str, msg: Message) -> AbstractContextManager[Traced]:
+        return _UNTRACED_DECISION
 
     def decided(self, rec: DecisionRecord) -> None:
         pass
@@ -159,6 +184,7 @@ class Unobserved:
 
 
 UNOBSERVED = Unobserved()
+_UNTRACED_DECISION = nullcontext(UNTRACED)
 
 
 # --- reading decision records back (skip-rate) -------------------------------------------

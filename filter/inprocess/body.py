@@ -21,7 +21,7 @@ import msgspec
 from filter.core.attributes import ATTR_FENCE, ATTR_KEY, ATTR_KEY_SHA256
 from filter.core.errors import FilterTypeError, ResultNotStored
 from filter.core.model import Cause
-from filter.core.ports import PublishFailed, Worked
+from filter.core.ports import PublishFailed, Traced, Worked
 from filter.core.transitions import RESULTS_MAX_BYTES
 
 T = TypeVar("T")
@@ -88,7 +88,7 @@ class BodySender(Generic[T]):
         self.cache = cache  # keep the result with the forward (`cache_result`)
 
     async def send(
-        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None
+        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None, traced: Traced
     ) -> Worked:
         try:
             result = await awaitable(self.body(Forward(self.route, data, attributes)))

@@ -12,7 +12,7 @@ from opentelemetry import trace
 from opentelemetry.propagators.cloud_trace_propagator import CloudTraceFormatPropagator
 from opentelemetry.propagators.textmap import Getter, Setter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased
-from opentelemetry.trace import Span, SpanContext
+from opentelemetry.trace import SpanContext
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from filter.core.ports import Failure
@@ -51,9 +51,6 @@ class _AttributeSetter(Setter[MutableMapping[str, str]]):
 ATTRIBUTES_GET = _AttributeGetter()
 ATTRIBUTES_SET = _AttributeSetter()
 
-#: The publish span of the decision under way, shared with the heartbeat task (it copies
-#: this context when it starts, before the publish span exists, so it holds a box).
-PUBLISH_SPAN: ContextVar[list[Span | None] | None] = ContextVar("pubsub_filter_publish_span", default=None)
 #: The parent the push request names, while its decision runs (set by the push app).
 REQUEST_PARENT: ContextVar[SpanContext | None] = ContextVar("pubsub_filter_request_parent", default=None)
 

@@ -12,6 +12,7 @@ import pytest
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.engine import Engine
 from filter.core.model import Cause, Decision, KeyState
+from filter.core.ports import Traced
 from tests.support.decision_world import DownStore, World, game, report
 from tests.support.fakes import MemoryPublisher
 
@@ -391,7 +392,9 @@ async def test_an_act_runs_in_place_of_its_own_calls_publish_only(tmp_path: Path
     class Body:
         cause, lands_despite_cancel, attribute_limits = Cause.WORK, False, False
 
-        async def send(self, destination: str, data: bytes, attributes: Mapping[str, str], key: str | None) -> str:
+        async def send(
+            self, destination: str, data: bytes, attributes: Mapping[str, str], key: str | None, traced: Traced
+        ) -> str:
             acted.append(data)
             return "in-process"
 

@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, SamplingResult
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import INVALID_SPAN, SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
 from filter.backends.stores.guard import GuardedStore
@@ -42,7 +42,7 @@ from filter.core.config import parse
 from filter.core.engine import Engine
 from filter.core.envelope import make_envelope, parse_envelope
 from filter.core.model import KeyState, Message
-from filter.core.ports import StoreUnavailable
+from filter.core.ports import UNTRACED, StoreUnavailable
 from filter.observability import logsetup
 from filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
 from filter.observability.telemetry import NO_TELEMETRY, PrometheusText, Telemetry, from_config
@@ -266,8 +266,8 @@ async def test_the_store_latency_series_are_listed_in_the_order_of_their_first_r
 
 
 def test_a_decision_without_tracing_yields_no_span() -> None:
-    with NO_TELEMETRY.decision("r", Message(data=b"{}", attributes={}, message_id="1")) as span:
-        assert span is None
+    with NO_TELEMETRY.decision("r", Message(data=b"{}", attributes={}, message_id="1")) as traced:
+        assert traced is UNTRACED and trace.get_current_span() is INVALID_SPAN
 
 
 # --- spans --------------------------------------------------------------------------------
