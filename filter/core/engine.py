@@ -23,6 +23,7 @@ import contextlib
 import random
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
@@ -185,6 +186,8 @@ class Engine:
         self.rules = {r.name: RouteRules(r) for r in config.routes}
         self.random = random.Random()
         self.in_flight = 0
+        #: events for the health output (`/healthz`'s `counts`): the heartbeat's, the surface's
+        self.counts: Counter[str] = Counter()
         self.failed_open = FailedOpen()  # keys whose destination a fail-open forward of ours moved
         # every decision under way (its `handle` call), by the task running it: `close` waits for them
         self._deciding: dict[asyncio.Future[None], asyncio.Task[Any] | None] = {}
@@ -416,7 +419,8 @@ class Engine:
 
     async def _publish_and_commit_now(self, d: Delivery, sender: Sender, decided: Decided, claim: Claimed) -> Acted:
         route, key, msg, held = d.route, d.key, d.msg, claim.held
-        heartbeat = Heartbeat(self.store, route.name, key, held, self.config.lease, self.clock, self.sleep, d.traced)
+        lease = self.config.lease
+        heartbeat = Heartbeat(self.store, route.name, key, held, lease, self.clock, self.sleep, d.traced, self.counts)
         out = Outgoing(
             decided.out.data,
             {**decided.out.attributes, **fence_attributes(key, held.fence)},

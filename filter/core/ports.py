@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypedDict
+from typing import Any, Literal, Protocol, TypedDict, runtime_checkable
 
 from filter.core.errors import FilterError
 from filter.core.model import Cause, DecisionRecord, KeyState, Message
@@ -29,6 +29,15 @@ class Unpublishable(PublishFailed):
     its limits (`filter.core.pubsub_limits`). Nothing was sent; the source message is rejected
     (4xx, the same on every delivery, until the dead-letter policy takes it), never failed into a
     5xx that is retried for good."""
+
+
+@runtime_checkable
+class Suspends(Protocol):
+    """A store that says whether its calls suspend: one that never does (`suspends = False`,
+    SQLite: each call runs to its end on the loop) cannot be timed out, so `GuardedStore` sets
+    no timeout around it. A store that does not say is taken to suspend."""
+
+    suspends: bool
 
 
 class StateStore(Protocol):
@@ -121,6 +130,10 @@ class DecisionRecorder(Protocol):
 
     async def close(self, deadline: float | None = None) -> None:
         """Write what is waiting (giving up after `deadline` seconds), then release resources."""
+
+    def outcomes(self) -> Mapping[str, int]:
+        """How many records so far were `written`, `retried` (rows of a batch written again) and
+        `dropped`, with those of the recorder it hands records on to (`pubsub_filter_records`)."""
 
 
 class Clock(Protocol):

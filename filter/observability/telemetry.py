@@ -172,15 +172,7 @@ class Telemetry:
         """written / retried / dropped, from the recorder and the batching recorder behind it."""
         if self._engine is None:
             return
-        totals = dict.fromkeys(("written", "retried", "dropped"), 0)
-        seen: set[int] = set()
-        node = self._engine.recorder
-        while node is not None and id(node) not in seen:
-            seen.add(id(node))
-            for outcome in totals:
-                totals[outcome] += int(getattr(node, outcome, 0) or 0)
-            node = getattr(node, "fallback", None)
-        for outcome, value in totals.items():
+        for outcome, value in self._engine.recorder.outcomes().items():
             yield Observation(value, {"outcome": outcome})
 
     def _observe_in_flight(self, _: CallbackOptions) -> Iterable[Observation]:
