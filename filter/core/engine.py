@@ -189,7 +189,8 @@ class Engine:
         #: events for the health output (`/healthz`'s `counts`): the heartbeat's, the surface's
         self.counts: Counter[str] = Counter()
         self.failed_open = FailedOpen()  # keys whose destination a fail-open forward of ours moved
-        # every decision under way (its `handle` call), by the task running it: `close` waits for them
+        # every decision under way (its `handle` call), by the task running it: the one registry
+        # of work in flight, which `close` and the surfaces (`under_way`) wait on
         self._deciding: dict[asyncio.Future[None], asyncio.Task[Any] | None] = {}
         self.telemetry = telemetry or UNOBSERVED  # telemetry: metrics and the decision's span
 
@@ -233,13 +234,22 @@ class Engine:
         if not await self._wait_deciding(stop.left(RELEASE)):
             log.error("decisions_abandoned", count=len(self._deciding))
 
+    def under_way(self) -> set[asyncio.Future[None]]:
+        """The decisions under way (`handle` calls) in tasks other than this one: a future for
+        each, done as its decision ends. Every surface waits on these, not a registry of its own."""
+        current = asyncio.current_task()
+        return {done for done, task in self._deciding.items() if task is not current}
+
+    def deciding_here(self) -> bool:
+        """Whether this task is inside a `handle` call of this engine (a body calling back in)."""
+        current = asyncio.current_task()
+        return any(task is current for task in self._deciding.values())
+
     async def _wait_deciding(self, grace: float) -> bool:
         """Wait up to `grace` seconds for the decisions under way; whether none is left."""
-        current = asyncio.current_task()
-        pending = {done for done, task in self._deciding.items() if task is not current}
-        if pending:
+        if pending := self.under_way():
             await asyncio.wait(pending, timeout=grace)
-        return not any(task is not current for task in self._deciding.values())
+        return not self.under_way()
 
     async def handle(
         self, route_name: str, msg: Message, trace: str | None = None, via: Sender | None = None

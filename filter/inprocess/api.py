@@ -129,8 +129,6 @@ class Filter:
             cfg = _config(config)
             self.engine = Engine(cfg, make_store(cfg), None, make_recorder(cfg), clock)  # each call sends via its body
         self.closed = False
-        self._calls: Counter[asyncio.Task[Any] | None] = Counter()  # calls under way, by the task making them
-        self._idle = asyncio.Event()  # set as each call ends
         self._unkept_said: set[str] = set()  # routes whose uncached result was logged (once a route)
 
     @classmethod
@@ -174,15 +172,9 @@ class Filter:
         msg = to_message(message, message_id=message_id, attributes=attributes, publish_time=publish_time)
         if self.closed:
             raise FilterClosed("this Filter is closed: open a new one")
-        me = asyncio.current_task()
-        self._calls[me] += 1
-        try:
-            return await self._process(route, msg, body, trace, self._caches(route, cache_result))
-        finally:
-            self._calls[me] -= 1
-            if not self._calls[me]:
-                del self._calls[me]
-            self._idle.set()
+        # Counted among the engine's decisions under way from here on (`Engine.under_way`, which
+        # `close` waits on): `handle` takes it in before its first await, so no close slips between.
+        return await self._process(route, msg, body, trace, self._caches(route, cache_result))
 
     def _caches(self, route: str, asked: bool | None) -> bool:
         rules = self.engine.rules.get(route)
@@ -224,14 +216,13 @@ class Filter:
     async def close(self) -> None:
         """Wait for the calls under way in other tasks (each ends when its body does), then write the
         records still waiting and close the stores. Calls after it raise `FilterClosed`."""
-        if self._calls[asyncio.current_task()]:
+        if self.engine.deciding_here():
             raise FilterUsageError("Filter.close() from inside its own body would wait for itself")
         if self.closed:
             return
         self.closed = True
-        while self._calls:
-            self._idle.clear()
-            await self._idle.wait()
+        while under_way := self.engine.under_way():
+            await asyncio.wait(under_way)
         await self.engine.close()
 
     async def __aenter__(self) -> Filter:
@@ -262,7 +253,12 @@ class SyncFilter:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="pubsub-filter", daemon=True)
         self._thread.start()
-        self._calls: Counter[int] = Counter()  # calls under way, by the thread making them
+        # Calls under way, by the thread making them: not the engine's registry (`Engine.under_way`),
+        # which lives on the loop thread and holds a call only once its decision reached the loop.
+        # This one is counted on the caller's thread, under the same lock as the closing flag, so
+        # a call either is refused or is waited for by `close()`; it also covers the caller's wait
+        # for the loop and the body run on the caller's thread, and tells a close from inside a body.
+        self._calls: Counter[int] = Counter()
         self._idle = threading.Condition()  # notified as each call ends; guards _calls and _closing
         self._closing = False
         self._closed = threading.Lock()  # held by the one close() that does the closing

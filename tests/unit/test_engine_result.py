@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
@@ -116,3 +117,26 @@ async def test_the_body_sender_holds_nothing_of_a_call_its_worked_carries_what_t
     assert (handled.sent.returned, handled.sent.result) == (returned, None)
     assert handled.sent.unkept is not None and "not JSON-encodable" in handled.sent.unkept
     assert vars(sender).keys() == {"route", "body", "cache"}
+
+
+async def test_the_engine_is_the_one_registry_of_calls_in_flight_and_the_filter_waits_on_it(config: Config) -> None:
+    engine = Engine(config, SqliteStore(config.store.path), None, MemoryRecorder(), ManualClock(time.time()))  # type: ignore[arg-type]
+    f = Filter(engine)
+    entered, release = asyncio.Event(), asyncio.Event()
+    inside: list[bool] = []
+
+    async def body(forward: Forward) -> None:
+        inside.append(engine.deciding_here())
+        entered.set()
+        await release.wait()
+
+    call = asyncio.create_task(f.process(ROUTE, message("out", "m1"), body))
+    await entered.wait()
+    assert len(engine.under_way()) == 1 and not engine.deciding_here()  # the call's, seen from another task
+    closing = asyncio.create_task(f.close())
+    for _ in range(20):  # loop steps, not time: nothing else is waited on
+        await asyncio.sleep(0)
+    assert not closing.done()  # waiting on the engine's decision under way
+    release.set()
+    await closing
+    assert (await call).ran and inside == [True] and engine.under_way() == set()
