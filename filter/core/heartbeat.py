@@ -56,7 +56,7 @@ class Heartbeat:
                 # The beat never raises into the publish it guards: by now the publish may have
                 # landed, and only a commit attempt (refused if the lease moved) may follow it.
                 # A cancel of ours that landed while the beat stopped is taken back, as
-                # `Engine._despite_one_cancel` takes one back: left counted, it would make a
+                # `cancels.despite_one_cancel` takes one back: left counted, it would make a
                 # later `asyncio.timeout` in this task take its own expiry for someone else's cancel.
                 if current is not None and current.cancelling() > cancels:
                     current.uncancel()

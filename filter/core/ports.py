@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
@@ -96,7 +97,7 @@ class Worked:
 
 
 class Sender(Protocol):
-    """The one port a forward sends through: the destination's publisher (`engine.Publishing`)
+    """The one port a forward sends through: the destination's publisher (`sending.Publishing`)
     or, in-process, the caller's body in its place (`filter.inprocess`)."""
 
     #: What the record names a failed send: `Cause.PUBLISH`, `Cause.WORK`.
@@ -138,6 +139,16 @@ class DecisionRecorder(Protocol):
 
 class Clock(Protocol):
     def now(self) -> float: ...
+
+
+class SystemClock:
+    """The clock of an engine built without one: the wall clock."""
+
+    def now(self) -> float:
+        return time.time()
+
+
+SYSTEM_CLOCK = SystemClock()
 
 
 class Traced(Protocol):
