@@ -98,7 +98,7 @@ def message(cycle: int, step: int, skip: int) -> Message:
 async def decide(engine: Engine, msg: Message, forward: bool) -> float:
     """The process CPU µs of one decision, checked to be the one the stream is built for."""
     started = time.process_time_ns()
-    rec = await engine.handle(ROUTE, msg)
+    rec = (await engine.handle(ROUTE, msg)).record
     spent = (time.process_time_ns() - started) / 1000
     want = Decision.FORWARDED if forward else Decision.SUPPRESSED
     if rec.decision is not want:

@@ -436,6 +436,9 @@ def serve_variant(variant: str, argv: list[str]) -> int:
             def committing(self) -> None:
                 return None
 
+            def outcomes(self) -> dict[str, int]:
+                return {"written": 0, "retried": 0, "dropped": 0}
+
             async def flush(self) -> None:
                 pass
 

@@ -151,7 +151,7 @@ class Run:
 
 async def timed(engine: Engine, msg: Message) -> tuple[Decision, float, float]:
     c0, w0 = time.process_time(), time.perf_counter()
-    rec = await engine.handle(ROUTE, msg)
+    rec = (await engine.handle(ROUTE, msg)).record
     w1, c1 = time.perf_counter(), time.process_time()
     return rec.decision, (w1 - w0) * 1e6, (c1 - c0) * 1e6
 
@@ -249,7 +249,7 @@ async def play(
     from filter.backends.stores.sqlite import SqliteStore
 
     async def expect(msg: Message, want: Decision) -> None:
-        got = (await engine.handle(ROUTE, msg)).decision
+        got = (await engine.handle(ROUTE, msg)).record.decision
         if got is not want:
             raise SystemExit(f"{mode} {phase}: {msg.message_id} was {got}, expected {want}")
 
@@ -360,7 +360,7 @@ def profile_main(args: argparse.Namespace) -> int:
                 r0 = resource.getrusage(resource.RUSAGE_SELF)
                 if prof is not None:
                     prof.enable()
-                rec = await engine.handle(ROUTE, step.forward)
+                rec = (await engine.handle(ROUTE, step.forward)).record
                 if prof is not None:
                     prof.disable()
                 r1 = resource.getrusage(resource.RUSAGE_SELF)

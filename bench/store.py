@@ -80,7 +80,7 @@ async def sequential(store: Any, msgs: list[Message]) -> dict[str, Any]:
     started = time.perf_counter()
     for msg in msgs:
         before = Counter(store.ops)
-        rec = await engine.handle(ROUTE, msg)
+        rec = (await engine.handle(ROUTE, msg)).record
         delta = Counter(store.ops)
         delta.subtract(before)
         per[rec.decision].update(delta)
@@ -108,7 +108,7 @@ async def concurrent(store: Any, msgs: list[Message], concurrency: int) -> dict[
                 msg = queue.get_nowait()
             except asyncio.QueueEmpty:
                 return
-            rec = await engine.handle(ROUTE, msg)
+            rec = (await engine.handle(ROUTE, msg)).record
             handled += 1
             if rec.decision in ACKED:
                 decisions[rec.decision] += 1

@@ -105,7 +105,7 @@ def message(mode: str, shape: str, rows: int, cycle: int, step: int, skip: int) 
 async def decide(engine: Engine, msg: Message, forward: bool, mode: str) -> float:
     """The process CPU µs of one decision, checked to be the one the stream is built for."""
     started = time.process_time_ns()
-    rec = await engine.handle(ROUTE, msg)
+    rec = (await engine.handle(ROUTE, msg)).record
     spent = (time.process_time_ns() - started) / 1000
     want = Decision.FORWARDED if forward else Decision.SUPPRESSED
     reason = "moved within tolerance" if mode == "tolerance" else "unchanged since last forward"

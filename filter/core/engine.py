@@ -19,28 +19,41 @@ the caller passes (the in-process API's: the caller's body in place of the publi
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import random
 import time
 import uuid
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
 
-import msgspec
 from msgspec.structs import replace
 
-from filter.core.attributes import fence_attributes, forward_attributes, unpublishable
+from filter.core import closing
+from filter.core.attributes import fence_attributes
+from filter.core.cancels import despite_one_cancel, to_the_end
 from filter.core.canonical import MissingField
 from filter.core.config import Config, Route
-from filter.core.decision_line import Quieting, line_level
 from filter.core.errors import FilterUsageError
 from filter.core.fingerprint import NOT_JSON, PayloadError, message_fingerprint
+from filter.core.handled import (
+    CANCELLED,
+    Acted,
+    Beaten,
+    Claimed,
+    Delivery,
+    Done,
+    Handled,
+    kept_result,
+    not_sent,
+    send_failed,
+    sent_of,
+)
 from filter.core.heartbeat import Heartbeat
 from filter.core.judge import Decided, Outgoing, decide
 from filter.core.keyless import keyless
 from filter.core.logs import get_logger
 from filter.core.model import Cause, Decision, DecisionRecord, KeyState, Lease, Message
 from filter.core.ports import (
+    SYSTEM_CLOCK,
     UNOBSERVED,
     Clock,
     DecisionObserver,
@@ -50,11 +63,13 @@ from filter.core.ports import (
     Sender,
     StateStore,
     StoreUnavailable,
-    Unpublishable,
+    Traced,
     Worked,
 )
+from filter.core.record import log_decision, record_of
 from filter.core.routes import RouteRules
-from filter.core.stopping import CLOSE, DRAIN, PUBLISHER, RECORDS, RELEASE, Stop
+from filter.core.sending import Publishing, send
+from filter.core.stopping import Stop
 from filter.core.transitions import claimed, forwarded
 from filter.core.unsettled import FailedOpen
 
@@ -62,84 +77,6 @@ log = get_logger("pubsub_filter.engine")
 
 #: How often a lost compare-and-set on the claim is retried before answering `contended`.
 CLAIM_ATTEMPTS = 3
-
-T = TypeVar("T")
-
-
-class SystemClock:
-    def now(self) -> float:
-        return time.time()
-
-
-# The values a decision passes between its steps are frozen msgspec Structs: as immutable as a
-# frozen dataclass, and built in a tenth of the time (a frozen dataclass sets each field through
-# `object.__setattr__`, ~0.25 µs a field; every message builds a `Delivery` and a `Done`).
-
-
-class Delivery(msgspec.Struct, frozen=True):
-    """One message on one route once its key and fingerprint are known: what each step of acting needs."""
-
-    route: Route
-    msg: Message
-    key: str
-    fp: str
-    message_fp: str
-    raw: bool  # the payload is not JSON
-    missing: str | None = None  # the path that could not be read: no key, nothing stored (`keyless`)
-
-
-class Acted(msgspec.Struct, frozen=True):
-    """What acting on a decision came to: what went out, and whether its state was committed,
-    or why it did not go out (`cause`, and `failure` in words)."""
-
-    published_id: str | None = None
-    fence: int | None = None  # the lease's, when one was claimed
-    committed: bool = True
-    heartbeats: int = 0
-    cause: Cause | None = None
-    failure: str | None = None
-    error: PublishFailed | None = None  # what the send raised: the caller's to raise, for its own sender
-
-
-NOT_ACTED = Acted()
-
-
-class Done(msgspec.Struct, frozen=True):
-    """How one message's decision ended, everything its record says but the timing."""
-
-    decision: Decision
-    reason: str
-    delivery: Delivery | None = None  # the key and fingerprints, once extracted
-    decided: Decided | None = None  # the look at the state the decision was taken on
-    acted: Acted = NOT_ACTED
-    cause: Cause | None = None
-
-
-class Claimed(msgspec.Struct, frozen=True):
-    """The lease is ours: `held` is the state the store wrote (the commit must present it)."""
-
-    held: KeyState
-    fence: int
-
-
-class Beaten(msgspec.Struct, frozen=True):
-    """Another writer changed the state between our read and our claim: `current` is what it wrote."""
-
-    current: KeyState | None
-
-
-class Publishing:
-    """The forward port over the destination's publisher."""
-
-    cause = Cause.PUBLISH
-    lands_despite_cancel = True  # Pub/Sub may deliver what it was handed, whatever we do
-    attribute_limits = True
-
-    def __init__(self, publisher: Publisher):
-        self.publisher = publisher
-
-    async def send(self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None) -> str:
-        return await self.publisher.publish(destination, data, attributes, ordering_key)
 
 
 class Engine:
@@ -159,16 +96,19 @@ class Engine:
         self.publisher = publisher
         self.publishing = Publishing(publisher) if publisher is not None else None
         self.recorder = recorder
-        self.clock = clock or SystemClock()
+        self.clock = clock or SYSTEM_CLOCK
         self.quieting = config.decision_logs.quieting()  # `decision_logs`: this engine's lines only
         self.sleep = sleep
         self.instance = instance or uuid.uuid4().hex[:12]
         self.rules = {r.name: RouteRules(r) for r in config.routes}
         self.random = random.Random()
         self.in_flight = 0
+        #: events for the health output (`/healthz`'s `counts`): the heartbeat's, the surface's
+        self.counts: Counter[str] = Counter()
         self.failed_open = FailedOpen()  # keys whose destination a fail-open forward of ours moved
-        # every decision under way (its `handle` call), by the task running it: `close` waits for them
-        self._deciding: dict[asyncio.Future[None], asyncio.Task[Any] | None] = {}
+        # every decision under way (its `handle` call): the one registry of work in flight,
+        # which `close` and the surfaces (`under_way`) wait on
+        self.deciding = closing.Deciding()
         self.telemetry = telemetry or UNOBSERVED  # telemetry: metrics and the decision's span
 
     async def close(self, stop: Stop | None = None) -> None:
@@ -181,47 +121,20 @@ class Engine:
         store and the last telemetry batches. Each step runs even when one before it failed or
         ran out of time; a step past its share is given up (logged as `close_step_cut`)."""
         stop = stop or Stop.begin(self.config.server.shutdown_budget)
-        async with contextlib.AsyncExitStack() as steps:  # run last to first
-            steps.callback(self.telemetry.shutdown)
-            steps.push_async_callback(_within, "store", self.store.close, stop, CLOSE)
-            steps.push_async_callback(lambda: self.recorder.close(stop.left(RECORDS)))
-            steps.push_async_callback(self._abandon_deciding, stop)
-            # Pub/Sub's close flushes what it holds: a stalled publish lands or fails now, and its
-            # decision commits or releases, rather than be abandoned and published again.
-            if self.publisher is not None:
-                steps.push_async_callback(_within, "publisher", self.publisher.close, stop, PUBLISHER)
-            # A surface may have cancelled them once already: past their publish a cancel is taken
-            # back (`_despite_one_cancel`), so their commits and records come first.
-            await self._wait_deciding(stop.left(DRAIN))
+        await closing.close(self.deciding, self.publisher, self.recorder, self.store, self.telemetry, stop)
 
-    async def _abandon_deciding(self, stop: Stop) -> None:
-        """Cancel the decisions still under way; wait for their releases until the stop's share for them."""
-        if await self._wait_deciding(stop.left(PUBLISHER)):
-            return
-        current = asyncio.current_task()
-        left = [task for task in self._deciding.values() if task is not None and task is not current]
-        log.warning("cancelling_decisions", count=len(left), budget_s=stop.budget)
-        for task in left:
-            task.cancel()  # a publish that does not end: release the lease, record it, nack
-        await asyncio.sleep(0)  # the cancels land; one past its publish is taken back...
-        for task in left:
-            if not task.done() and not task.cancelling():
-                task.cancel()  # ...unless a surface's cancel was that one: this one goes through
-        # a release slower than this (a store outage at the stop) is left to lapse by itself
-        if not await self._wait_deciding(stop.left(RELEASE)):
-            log.error("decisions_abandoned", count=len(self._deciding))
+    def under_way(self) -> set[asyncio.Future[None]]:
+        """The decisions under way (`handle` calls) in tasks other than this one: a future for
+        each, done as its decision ends. Every surface waits on these, not a registry of its own."""
+        return self.deciding.under_way()
 
-    async def _wait_deciding(self, grace: float) -> bool:
-        """Wait up to `grace` seconds for the decisions under way; whether none is left."""
-        current = asyncio.current_task()
-        pending = {done for done, task in self._deciding.items() if task is not current}
-        if pending:
-            await asyncio.wait(pending, timeout=grace)
-        return not any(task is not current for task in self._deciding.values())
+    def deciding_here(self) -> bool:
+        """Whether this task is inside a `handle` call of this engine (a body calling back in)."""
+        return self.deciding.here()
 
     async def handle(
         self, route_name: str, msg: Message, trace: str | None = None, via: Sender | None = None
-    ) -> DecisionRecord:
+    ) -> Handled:
         """Decide `msg` and act on it: a forward sends through `via`, by default the publisher.
 
         The record is written (or on its way, as the recorder promises) when this returns. With
@@ -230,24 +143,24 @@ class Engine:
         if sender is None:
             raise FilterUsageError("this engine has no publisher: pass the sender a forward sends through")
         finished = asyncio.get_running_loop().create_future()
-        self._deciding[finished] = asyncio.current_task()
+        self.deciding.calls[finished] = asyncio.current_task()
         try:
-            with self.telemetry.decision(route_name, msg):  # telemetry: the decision's span
-                rec, done = await self._handle(route_name, msg, trace, sender)
+            with self.telemetry.decision(route_name, msg) as traced:  # telemetry: the decision's span
+                rec, done = await self._handle(route_name, msg, trace, sender, traced)
                 await self.recorded()
         finally:
-            del self._deciding[finished]
+            del self.deciding.calls[finished]
             finished.set_result(None)
         if via is not None and done.acted.error is not None:
             raise done.acted.error
-        return rec
+        return Handled(rec, done.acted.sent, kept_result(done))
 
     async def recorded(self) -> None:
         """Wait for the commit that holds the records made so far (`handle` and `reject` wait for
         their own; a surface answering a cancelled `handle` waits for the record it made). An
         answer goes out only once its decision is recorded.
 
-        As `_despite_one_cancel`, without its shield and the loop step it adds: the recorder gives
+        As `cancels.despite_one_cancel`, without its shield and the loop step it adds: the recorder gives
         each caller a wait of its own, so a cancel here ends only that wait, never the commit.
         The first cancel is taken back and the commit waited for again; a second goes through."""
         if (committing := self.recorder.committing()) is None:
@@ -262,7 +175,7 @@ class Engine:
                 await again
 
     async def _handle(
-        self, route_name: str, msg: Message, trace: str | None, sender: Sender
+        self, route_name: str, msg: Message, trace: str | None, sender: Sender, traced: Traced
     ) -> tuple[DecisionRecord, Done]:
         started = time.perf_counter()
         rules = self.rules.get(route_name)
@@ -271,7 +184,7 @@ class Engine:
             return self._finish(route_name, msg, done, started, trace), done
         self.in_flight += 1
         try:
-            done = await self._decide_and_act(rules, msg, sender)
+            done = await self._decide_and_act(rules, msg, sender, traced)
         except PayloadError as exc:
             done = Done(Decision.REJECTED, str(exc))
         except asyncio.CancelledError:
@@ -300,7 +213,7 @@ class Engine:
         await self.recorded()
         return rec
 
-    async def _decide_and_act(self, rules: RouteRules, msg: Message, sender: Sender) -> Done:
+    async def _decide_and_act(self, rules: RouteRules, msg: Message, sender: Sender, traced: Traced) -> Done:
         route = rules.route
         if not rules.accepts_subscription(msg.subscription):
             raise PayloadError(f"pushed from subscription {msg.subscription!r}, route expects {route.subscription!r}")
@@ -311,9 +224,11 @@ class Engine:
             payload, fp = rules.scheme(msg.data)
             key = rules.key_of(payload, msg.attributes)
         except MissingField as exc:
-            return await self._keyless(rules, msg, sender, exc)
+            return await self._keyless(rules, msg, sender, exc, traced)
         bypass = rules.bypassed(payload, msg.attributes)
-        d = Delivery(route, msg, key, fp, message_fingerprint(msg.data, msg.attributes), payload is NOT_JSON)
+        d = Delivery(
+            route, msg, key, fp, message_fingerprint(msg.data, msg.attributes), payload is NOT_JSON, None, traced
+        )
         # 2. look
         try:
             state = self.failed_open.view(route.name, key, await self.store.read(route.name, key))
@@ -340,7 +255,7 @@ class Engine:
                 continue
             acted = await self._publish_and_commit(d, sender, decided, claim)
             if acted.failure is not None:
-                return Done(_not_sent(acted), acted.failure, d, decided, acted)
+                return Done(not_sent(acted), acted.failure, d, decided, acted)
             return Done(Decision.FORWARDED, verdict.reason, d, decided, acted)
         return Done(Decision.CONTENDED, f"lost the claim race {CLAIM_ATTEMPTS} times", d, decided)
 
@@ -365,7 +280,7 @@ class Engine:
         except asyncio.CancelledError:
             # Cancelled with the claim on its way: it may have landed all the same. The message
             # is nacked, so free the key rather than make its redelivery wait out the lease.
-            await _to_the_end(self._release_if_ours(d, lease.holder))
+            await to_the_end(self._release_if_ours(d, lease.holder))
             raise
         self.failed_open.claimed(route, key)
         if state is not None and state.lease is not None and not state.lease.live(now):
@@ -391,11 +306,12 @@ class Engine:
             return await self._publish_and_commit_now(d, sender, decided, claim)
         # Once the publish is handed over it may land whatever we do, so a shutdown's cancel
         # waits for its outcome and the commit: abandoned, the nacked copy is published again.
-        return await self._despite_one_cancel(self._publish_and_commit_now(d, sender, decided, claim))
+        return await despite_one_cancel(self._publish_and_commit_now(d, sender, decided, claim))
 
     async def _publish_and_commit_now(self, d: Delivery, sender: Sender, decided: Decided, claim: Claimed) -> Acted:
         route, key, msg, held = d.route, d.key, d.msg, claim.held
-        heartbeat = Heartbeat(self.store, route.name, key, held, self.config.lease, self.clock, self.sleep)
+        lease = self.config.lease
+        heartbeat = Heartbeat(self.store, route.name, key, held, lease, self.clock, self.sleep, d.traced, self.counts)
         out = Outgoing(
             decided.out.data,
             {**decided.out.attributes, **fence_attributes(key, held.fence)},
@@ -404,16 +320,17 @@ class Engine:
         )
         try:
             async with heartbeat:
-                published_id, result = _sent(await self._publish(d, sender, out))
+                published = await self._publish(d, sender, out)
+                published_id, result = sent_of(published)
         except PublishFailed as exc:
             await self._release(d, heartbeat.held)
-            return _failed(exc, sender, claim.fence)
+            return send_failed(exc, sender, claim.fence)
         except asyncio.CancelledError:
             # Cancelled twice (a shutdown that will not wait): the message will be redelivered,
             # so free the key now rather than make the redelivery wait out the lease.
             await self._release(d, heartbeat.held)
             raise
-        sent = Acted(published_id, claim.fence, heartbeats=heartbeat.extended)
+        sent = Acted(published_id, claim.fence, heartbeats=heartbeat.extended, sent=published)
         now = self.clock.now()
         new = forwarded(decided.state, msg, d.fp, held.fence, out, now, now + self._retention(route), result)
         try:
@@ -432,11 +349,11 @@ class Engine:
         commit = self.store.commit(d.route.name, d.key, held, new)
         # The caller's work has run: its effect is done, so its commit is waited for through the
         # caller's cancel. A publish's commit already is (`_publish_and_commit`).
-        return commit if sender.lands_despite_cancel else self._despite_one_cancel(commit)
+        return commit if sender.lands_despite_cancel else despite_one_cancel(commit)
 
     async def _release(self, d: Delivery, held: KeyState) -> None:
-        """Free the key for the redelivery, to the end through any cancel (`_to_the_end`)."""
-        await _to_the_end(self._release_now(d, held))
+        """Free the key for the redelivery, to the end through any cancel (`cancels.to_the_end`)."""
+        await to_the_end(self._release_now(d, held))
 
     async def _release_if_ours(self, d: Delivery, holder: str) -> None:
         try:
@@ -456,25 +373,9 @@ class Engine:
             return
         log.info("lease_released", route=d.route.name, key=d.key, fence=fence)
 
-    async def _publish(self, d: Delivery, sender: Sender, out: Outgoing | None = None) -> str | Worked:
+    def _publish(self, d: Delivery, sender: Sender, out: Outgoing | None = None) -> Awaitable[str | Worked]:
         """Send what a forward sends through `sender`: its id where it went (and a result to keep)."""
-        # Everything inside the try: any failure here must become PublishFailed, so the caller
-        # releases the lease and the message is nacked, never left holding the key.
-        try:
-            # with no decision's outgoing (fail-open, shadow) what the destination holds is not
-            # known: every `changed_attributes` field is flagged
-            own = out.attributes if out is not None else self._every_flag(d.route.name)
-            attributes = forward_attributes(d.route.name, d.msg, d.fp, own)
-            data = out.data if out is not None else d.msg.data
-            if sender.attribute_limits and (
-                too_large := unpublishable(d.route.destination, data, attributes, d.msg.ordering_key)
-            ):
-                raise Unpublishable(too_large)  # the same on every delivery: rejected, never a failing publish
-            return await sender.send(d.route.destination, data, attributes, d.msg.ordering_key)
-        except PublishFailed:
-            raise
-        except Exception as exc:  # a publisher bug must still nack, never lose the message
-            raise PublishFailed(f"{type(exc).__name__}: {exc}") from exc
+        return send(d, sender, out, self._every_flag)
 
     async def _forward_unleased(
         self, d: Delivery, sender: Sender, decision: Decision, reason: str, decided: Decided | None = None
@@ -484,13 +385,12 @@ class Engine:
             # as in `_publish_and_commit`: nothing but the ack would stop this copy's redelivery
             # (the caller's own work excepted: its cancel is the caller's)
             publish = self._publish(d, sender)
-            acted = Acted(
-                _sent(await (self._despite_one_cancel(publish) if sender.lands_despite_cancel else publish))[0]
-            )
+            published = await (despite_one_cancel(publish) if sender.lands_despite_cancel else publish)
+            acted = Acted(sent_of(published)[0], sent=published)
         except PublishFailed as exc:
-            acted = _failed(exc, sender)
+            acted = send_failed(exc, sender)
         if acted.failure is not None:
-            return Done(_not_sent(acted), f"{reason}; {acted.failure}", d, decided, acted)
+            return Done(not_sent(acted), f"{reason}; {acted.failure}", d, decided, acted)
         return Done(decision, reason, d, decided, acted)
 
     async def _store_down(self, d: Delivery, sender: Sender, exc: StoreUnavailable) -> Done:
@@ -504,33 +404,14 @@ class Engine:
             self.failed_open.remember(route.name, d.key, d.fp, d.msg.publish_time, self.clock.now())
         return done
 
-    async def _keyless(self, rules: RouteRules, msg: Message, sender: Sender, missing: MissingField) -> Done:
+    async def _keyless(
+        self, rules: RouteRules, msg: Message, sender: Sender, missing: MissingField, traced: Traced
+    ) -> Done:
         """No key, so no state to decide on: forwarded without a lease, or rejected (`filter.core.keyless`)."""
         k = keyless(rules, msg.data, missing)
         message_fp = message_fingerprint(msg.data, msg.attributes)
-        d = Delivery(rules.route, msg, "", k.fingerprint, message_fp, k.raw, k.missing)
+        d = Delivery(rules.route, msg, "", k.fingerprint, message_fp, k.raw, k.missing, traced)
         return await self._forward_unleased(d, sender, Decision.FAIL_OPEN, k.reason)
-
-    async def _despite_one_cancel(self, work: Awaitable[T]) -> T:
-        """`work`'s result, even when cancelled meanwhile: the first cancel is taken back and
-        `work` waited for; a second cancel goes through to `work`.
-
-        For what has been acted on, or is being: a publish handed to the publisher (it may land
-        after a cancel; the publisher's close flushes it), the commit that records it (the
-        commit holding a decision's record is waited for so too, by `recorded`, without a
-        shield: its wait is the caller's own). A shutdown's cancel landing there would nack a
-        message whose copy is published, or published again on redelivery. Each is bounded by
-        its own timeout (the publisher's, the store's), so the wait ends; a shutdown that cannot
-        wait cancels twice. `close` waits for such decisions before it closes anything.
-        """
-        task = asyncio.ensure_future(work)
-        try:
-            return await asyncio.shield(task)
-        except asyncio.CancelledError:
-            if task.cancelled() or (current := asyncio.current_task()) is None:
-                raise
-            current.uncancel()
-            return await task
 
     def _every_flag(self, route_name: str) -> Mapping[str, str]:
         rules = self.rules.get(route_name)
@@ -548,119 +429,15 @@ class Engine:
         trace: str | None,
         message_id: str | None = None,
     ) -> DecisionRecord:
-        """The decision's record, built once, here: recorded, counted and logged."""
+        """The decision's record, built once, here (`record.record_of`): recorded, counted and logged."""
         rules = self.rules.get(route_name)
-        d, decided, acted = done.delivery, done.decided, done.acted
-        rec = DecisionRecord(
-            time=self.clock.now(),
-            route=route_name,
-            decision=done.decision,
-            enforced=rules.route.enforced if rules else True,
-            message_id=msg.message_id if msg is not None else (message_id or ""),
-            key=d.key if d and d.missing is None else None,
-            reason=done.reason,
-            fingerprint=d.fp if d else None,
-            message_fingerprint=d.message_fp if d else None,
-            previous_fingerprint=decided.previous_fingerprint if decided else None,
-            destination=d.route.destination if d else None,
-            published_id=acted.published_id,
-            fence=acted.fence,
-            # a message not understood is recorded without the time it was published
-            publish_time=msg.publish_time if msg is not None and done.decision is not Decision.REJECTED else None,
-            delivery_attempt=msg.delivery_attempt if msg is not None else None,
-            latency_ms=round((time.perf_counter() - started) * 1000, 3),
-            trace=trace,
-            details=_details(d, decided),
-            heartbeats=acted.heartbeats,
-            committed=acted.committed,
-            cause=done.cause or acted.cause,
-        )
+        enforced = rules.route.enforced if rules else True
+        rec = record_of(route_name, msg, done, started, trace, message_id, enforced, self.clock.now())
         self.recorder.record(rec)
         self.telemetry.decided(rec)  # telemetry: count it, describe it on its span
-        _log_decision(rec, self.quieting)
+        log_decision(rec, self.quieting)
         return rec
-
-
-def _sent(published: str | Worked) -> tuple[str, str | None]:
-    """(the id the record shows, the result to keep with the forward)."""
-    return (published.published_id, published.result) if isinstance(published, Worked) else (published, None)
-
-
-async def _to_the_end(work: Awaitable[None]) -> None:
-    """Run `work` to its end through any cancel, then let the cancel go on. For a release: the
-    store call is bounded by the store's own budget, and a cancel that cut it short would
-    answer (and let a shutdown close the store) with the key still leased."""
-    task = asyncio.ensure_future(work)
-    cancelled = False
-    while not task.done():
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            cancelled = True
-    if cancelled or task.cancelled():
-        raise asyncio.CancelledError
-    task.result()
-
-
-async def _within(step: str, close: Callable[[], Awaitable[None]], stop: Stop, share: float) -> None:
-    """`close()`, given up at the stop's `share`: a step that hangs costs only its own share."""
-    try:
-        async with asyncio.timeout(stop.left(share)):
-            await close()
-    except TimeoutError:
-        log.error("close_step_cut", step=step, budget_s=stop.budget)
-
-
-#: A decision abandoned to a cancel: nothing acted on stays (a lease is released).
-CANCELLED = Done(
-    Decision.FAILED,
-    "cancelled before the decision was carried out (a shutdown past its budget, or the caller): nack",
-    cause=Cause.CANCELLED,
-)
-
-
-def _failed(exc: PublishFailed, sender: Sender, fence: int | None = None) -> Acted:
-    """A publish (or the caller's work) that failed: nack, saying which."""
-    failure = f"cannot be forwarded: {exc}" if isinstance(exc, Unpublishable) else f"{sender.cause} failed: {exc}"
-    return Acted(fence=fence, cause=sender.cause, failure=failure, error=exc)
-
-
-def _not_sent(acted: Acted) -> Decision:
-    """A forward that did not go out: `rejected` when Pub/Sub could never take it (every delivery
-    is answered the same, 4xx), else `failed` (5xx: retried)."""
-    return Decision.REJECTED if isinstance(acted.error, Unpublishable) else Decision.FAILED
-
-
-def _details(d: Delivery | None, decided: Decided | None) -> Mapping[str, Any]:
-    """The record's details: the payload's kind, then what the last look at the state found."""
-    found = decided.details if decided is not None else {}
-    if d is not None and d.missing is not None:
-        found = {"missing_field": d.missing, **found}
-    if d is None or not d.raw:
-        return found
-    return {"payload_kind": "raw", **found}
-
-
-_LEVELS = {
-    Decision.FORWARDED: "info",
-    Decision.SUPPRESSED: "info",
-    Decision.DUPLICATE: "info",
-    Decision.CONTENDED: "info",
-    Decision.STALE: "warning",
-    Decision.NOISE_ONLY: "info",
-    Decision.FAIL_OPEN: "error",
-    Decision.REJECTED: "warning",
-    Decision.FAILED: "error",
-}
 
 
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if not isinstance(exc, StoreUnavailable) else str(exc)
-
-
-def _log_decision(rec: DecisionRecord, quieting: Mapping[str, Quieting] | None = None) -> None:
-    fields = {k: v for k, v in rec.as_dict().items() if v is not None}
-    if rec.trace:
-        fields["trace"] = rec.trace
-    level = line_level(str(rec.decision), _LEVELS[rec.decision], rec.message_id, quieting)
-    getattr(log, level)("decision", **fields)

@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import TracebackType
 
 from filter.core.config import LeaseConfig
-from filter.core.counters import counts
 from filter.core.logs import get_logger
 from filter.core.model import KeyState
-from filter.core.ports import Clock, StateStore, StoreUnavailable
+from filter.core.ports import UNTRACED, Clock, StateStore, StoreUnavailable, Traced
 
 log = get_logger("pubsub_filter.heartbeat")
 
@@ -32,6 +32,8 @@ class Heartbeat:
     lease: LeaseConfig
     clock: Clock
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+    traced: Traced = UNTRACED  # the decision's: each beat is an event on its publish's span
+    counts: Counter[str] = field(default_factory=Counter)  # the engine's (`Engine.counts`)
     extended: int = field(default=0, init=False)
     failures: int = field(default=0, init=False)
     lost: bool = field(default=False, init=False)
@@ -54,7 +56,7 @@ class Heartbeat:
                 # The beat never raises into the publish it guards: by now the publish may have
                 # landed, and only a commit attempt (refused if the lease moved) may follow it.
                 # A cancel of ours that landed while the beat stopped is taken back, as
-                # `Engine._despite_one_cancel` takes one back: left counted, it would make a
+                # `cancels.despite_one_cancel` takes one back: left counted, it would make a
                 # later `asyncio.timeout` in this task take its own expiry for someone else's cancel.
                 if current is not None and current.cancelling() > cancels:
                     current.uncancel()
@@ -69,13 +71,15 @@ class Heartbeat:
                 )
             except Exception as exc:  # any store error: keep beating, the lease may still be saved
                 self.failures += 1
-                counts["heartbeat_failed"] += 1
+                self.counts["heartbeat_failed"] += 1
+                self.traced.heartbeat("heartbeat failed", error=f"{type(exc).__name__}: {exc}")
                 error = str(exc) if isinstance(exc, StoreUnavailable) else f"{type(exc).__name__}: {exc}"
                 log.warning("heartbeat_failed", route=self.route, key=self.key, fence=fence, error=error)
                 continue
+            self.traced.heartbeat("lease extended" if extended is not None else "lease lost")
             if extended is None:
                 self.lost = True
-                counts["lease_lost"] += 1
+                self.counts["lease_lost"] += 1
                 log.warning("lease_lost", route=self.route, key=self.key, fence=fence)
                 return
             self.held = extended

@@ -49,6 +49,8 @@ UNKNOWN_DOWNSTREAM = "what the destination holds is unknown: a forward may have 
 class Verdict:
     decision: Decision
     reason: str
+    #: this message id was forwarded with this content: the caller may be handed the result kept with it
+    redelivery: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +126,7 @@ def judge(
     # A redelivery: this id, forwarded with this content. Without an id of its own (made from
     # the data), the same content again may be a new message: decided on its content below.
     if msg.has_id and (msg.message_id, fingerprint) in state.recent:
-        return Verdict(Decision.DUPLICATE, REDELIVERED)
+        return Verdict(Decision.DUPLICATE, REDELIVERED, redelivery=True)
     lease = state.lease
     if lease is not None and lease.live(now):
         if lease.message_id == msg.message_id:

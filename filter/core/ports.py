@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypedDict
+from typing import Any, Literal, Protocol, TypedDict, runtime_checkable
 
 from filter.core.errors import FilterError
 from filter.core.model import Cause, DecisionRecord, KeyState, Message
@@ -29,6 +30,15 @@ class Unpublishable(PublishFailed):
     its limits (`filter.core.pubsub_limits`). Nothing was sent; the source message is rejected
     (4xx, the same on every delivery, until the dead-letter policy takes it), never failed into a
     5xx that is retried for good."""
+
+
+@runtime_checkable
+class Suspends(Protocol):
+    """A store that says whether its calls suspend: one that never does (`suspends = False`,
+    SQLite: each call runs to its end on the loop) cannot be timed out, so `GuardedStore` sets
+    no timeout around it. A store that does not say is taken to suspend."""
+
+    suspends: bool
 
 
 class StateStore(Protocol):
@@ -76,14 +86,18 @@ class Publisher(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class Worked:
-    """What the caller's work sends back when its result is kept with the forward (`cache_result`)."""
+    """What the caller's work sends back (in-process): the id the record shows, the result to
+    keep with the forward (`cache_result`), and what the work returned, which the engine hands
+    back untouched in `Handled.sent`."""
 
     published_id: str
-    result: str  # JSON text, committed with the forward (`KeyState.results`)
+    result: str | None = None  # JSON text, committed with the forward (`KeyState.results`); None: none kept
+    returned: Any = None  # what the caller's work returned
+    unkept: str | None = None  # why a result to keep was committed without it (not JSON, too large)
 
 
 class Sender(Protocol):
-    """The one port a forward sends through: the destination's publisher (`engine.Publishing`)
+    """The one port a forward sends through: the destination's publisher (`sending.Publishing`)
     or, in-process, the caller's body in its place (`filter.inprocess`)."""
 
     #: What the record names a failed send: `Cause.PUBLISH`, `Cause.WORK`.
@@ -96,10 +110,10 @@ class Sender(Protocol):
     attribute_limits: bool
 
     async def send(
-        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None
+        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None, traced: Traced
     ) -> str | Worked:
         """Send what a forward sends; the id the record shows as `published_id` (with the result
-        to keep with the forward, a `Worked`).
+        to keep with the forward, a `Worked`). `traced`: the decision's, for a span of the send.
 
         Raises `PublishFailed` when it did not go out (the lease is released, the message nacked)."""
 
@@ -118,16 +132,55 @@ class DecisionRecorder(Protocol):
     async def close(self, deadline: float | None = None) -> None:
         """Write what is waiting (giving up after `deadline` seconds), then release resources."""
 
+    def outcomes(self) -> Mapping[str, int]:
+        """How many records so far were `written`, `retried` (rows of a batch written again) and
+        `dropped`, with those of the recorder it hands records on to (`pubsub_filter_records`)."""
+
 
 class Clock(Protocol):
     def now(self) -> float: ...
+
+
+class SystemClock:
+    """The clock of an engine built without one: the wall clock."""
+
+    def now(self) -> float:
+        return time.time()
+
+
+SYSTEM_CLOCK = SystemClock()
+
+
+class Traced(Protocol):
+    """One decision as its observer traces it, what `DecisionObserver.decision` yields: the
+    engine hands it to the forward's send and to the lease's heartbeat (they run in two tasks),
+    so that the heartbeat's events land on the publish's span."""
+
+    def sending(self, destination: str, data: bytes, ordering_key: str | None) -> AbstractContextManager[object]:
+        """Context around one publish: its span, current while it runs."""
+
+    def heartbeat(self, event: str, **attributes: str) -> None:
+        """Note a heartbeat (`lease extended`, `lease lost`, `heartbeat failed`) on the publish under way."""
+
+
+class Untraced:
+    """A decision no span is recorded for: its publish and heartbeats leave no trace."""
+
+    def sending(self, destination: str, data: bytes, ordering_key: str | None) -> AbstractContextManager[object]:
+        return nullcontext()
+
+    def heartbeat(self, event: str, **attributes: str) -> None:
+        pass
+
+
+UNTRACED = Untraced()
 
 
 class DecisionObserver(Protocol):
     """Metrics and the decision's span. The engine calls it at three marked places; the
     OpenTelemetry implementation is `filter.observability.telemetry.Telemetry`."""
 
-    def decision(self, route: str, msg: Message) -> AbstractContextManager[object]:
+    def decision(self, route: str, msg: Message) -> AbstractContextManager[Traced]:
         """Context around one decision (its span, current while the decision runs)."""
 
     def decided(self, rec: DecisionRecord) -> None: ...
@@ -141,8 +194,8 @@ class DecisionObserver(Protocol):
 class Unobserved:
     """The observer of an engine built without telemetry (tests, `explain`): does nothing."""
 
-    def decision(self, route: str, msg: Message) -> AbstractContextManager[object]:
-        return nullcontext()
+    def decision(self, route: str, msg: Message) -> AbstractContextManager[Traced]:
+        return _UNTRACED_DECISION
 
     def decided(self, rec: DecisionRecord) -> None:
         pass
@@ -155,6 +208,7 @@ class Unobserved:
 
 
 UNOBSERVED = Unobserved()
+_UNTRACED_DECISION = nullcontext(UNTRACED)
 
 
 # --- reading decision records back (skip-rate) -------------------------------------------

@@ -39,10 +39,9 @@ from filter.core.answer import answer_for
 from filter.core.config import Config, load
 from filter.core.engine import Engine
 from filter.core.errors import FilterError, FilterTypeError, FilterUsageError
-from filter.core.judge import REDELIVERED
 from filter.core.logs import get_logger
 from filter.core.model import Decision, DecisionRecord, Message
-from filter.core.ports import Clock
+from filter.core.ports import Clock, Worked
 from filter.inprocess.body import BodySender, Forward, WorkFailed
 from filter.inprocess.messages import to_message
 from filter.runtime.wiring import make_recorder, make_store
@@ -130,8 +129,6 @@ class Filter:
             cfg = _config(config)
             self.engine = Engine(cfg, make_store(cfg), None, make_recorder(cfg), clock)  # each call sends via its body
         self.closed = False
-        self._calls: Counter[asyncio.Task[Any] | None] = Counter()  # calls under way, by the task making them
-        self._idle = asyncio.Event()  # set as each call ends
         self._unkept_said: set[str] = set()  # routes whose uncached result was logged (once a route)
 
     @classmethod
@@ -175,15 +172,9 @@ class Filter:
         msg = to_message(message, message_id=message_id, attributes=attributes, publish_time=publish_time)
         if self.closed:
             raise FilterClosed("this Filter is closed: open a new one")
-        me = asyncio.current_task()
-        self._calls[me] += 1
-        try:
-            return await self._process(route, msg, body, trace, self._caches(route, cache_result))
-        finally:
-            self._calls[me] -= 1
-            if not self._calls[me]:
-                del self._calls[me]
-            self._idle.set()
+        # Counted among the engine's decisions under way from here on (`Engine.under_way`, which
+        # `close` waits on): `handle` takes it in before its first await, so no close slips between.
+        return await self._process(route, msg, body, trace, self._caches(route, cache_result))
 
     def _caches(self, route: str, asked: bool | None) -> bool:
         rules = self.engine.rules.get(route)
@@ -192,20 +183,22 @@ class Filter:
     async def _process(
         self, route: str, message: Message, body: Callable[[Forward], Awaitable[T]], trace: str | None, cache: bool
     ) -> Outcome[T]:
-        sender = BodySender(route, body, cache)
         try:
-            rec = await self.engine.handle(route, message, trace, sender)
+            handled = await self.engine.handle(route, message, trace, BodySender(route, body, cache))
         except WorkFailed as failed:
             raised = failed.raised
         else:
-            if sender.unkept is not None:
-                self._say_unkept(rec, sender.unkept)
-            if cache and not sender.ran and rec.decision is Decision.DUPLICATE and rec.reason == REDELIVERED:
-                return await self._kept(rec)
-            return Outcome(rec, ran=sender.ran, result=sender.result)
+            rec, worked = handled.record, handled.sent
+            if not isinstance(worked, Worked):  # the body did not run (a BodySender sends nothing else)
+                if cache and handled.kept is not None:
+                    return Outcome(rec, result=msgspec.json.decode(handled.kept), cached=True)
+                return Outcome(rec)
+            if worked.unkept is not None:
+                self._say_unkept(rec, worked.unkept)
+            return Outcome(rec, ran=True, result=worked.returned)
         raise raised  # what the body raised, outside the handler: its own context, not ours
 
-    def _say_unkept(self, rec: DecisionRecord, why: Exception) -> None:
+    def _say_unkept(self, rec: DecisionRecord, why: str) -> None:
         """Once a route per `Filter`: a body that returns what cannot be kept usually always does,
         and a line per message would drown the log the decision lines are in."""
         if rec.route in self._unkept_said:
@@ -215,30 +208,21 @@ class Filter:
             "result_not_kept",
             route=rec.route,
             message_id=rec.message_id,
-            reason=str(why),
+            reason=why,
             committed=rec.committed,
             note="the forward is committed without its result: a redelivery returns none; logged once a route",
         )
 
-    async def _kept(self, rec: DecisionRecord) -> Outcome[Any]:
-        """A redelivery's outcome, with the result kept when its message was forwarded (if still kept)."""
-        state = await self.engine.store.read(rec.route, rec.key or "")
-        for mid, fp, text in state.results if state is not None else ():
-            if (mid, fp) == (rec.message_id, rec.fingerprint):
-                return Outcome(rec, result=msgspec.json.decode(text), cached=True)
-        return Outcome(rec)
-
     async def close(self) -> None:
         """Wait for the calls under way in other tasks (each ends when its body does), then write the
         records still waiting and close the stores. Calls after it raise `FilterClosed`."""
-        if self._calls[asyncio.current_task()]:
+        if self.engine.deciding_here():
             raise FilterUsageError("Filter.close() from inside its own body would wait for itself")
         if self.closed:
             return
         self.closed = True
-        while self._calls:
-            self._idle.clear()
-            await self._idle.wait()
+        while under_way := self.engine.under_way():
+            await asyncio.wait(under_way)
         await self.engine.close()
 
     async def __aenter__(self) -> Filter:
@@ -269,7 +253,12 @@ class SyncFilter:
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="pubsub-filter", daemon=True)
         self._thread.start()
-        self._calls: Counter[int] = Counter()  # calls under way, by the thread making them
+        # Calls under way, by the thread making them: not the engine's registry (`Engine.under_way`),
+        # which lives on the loop thread and holds a call only once its decision reached the loop.
+        # This one is counted on the caller's thread, under the same lock as the closing flag, so
+        # a call either is refused or is waited for by `close()`; it also covers the caller's wait
+        # for the loop and the body run on the caller's thread, and tells a close from inside a body.
+        self._calls: Counter[int] = Counter()
         self._idle = threading.Condition()  # notified as each call ends; guards _calls and _closing
         self._closing = False
         self._closed = threading.Lock()  # held by the one close() that does the closing

@@ -4,7 +4,7 @@
 engine claims the lease, sends (runs the body), and commits only once the send returned. A
 body that returned has done its work, so it is committed whatever became of its result: a
 result `cache_result` cannot keep (not JSON-encodable, too large) is left out of the commit
-and the sender says why (`unkept`), rather than failing a forward whose effect is done (the
+and what the send returns says why (`Worked.unkept`), rather than failing a forward whose effect is done (the
 redelivery would run the body again, every time, until the message is dead-lettered).
 """
 
@@ -21,7 +21,7 @@ import msgspec
 from filter.core.attributes import ATTR_FENCE, ATTR_KEY, ATTR_KEY_SHA256
 from filter.core.errors import FilterTypeError, ResultNotStored
 from filter.core.model import Cause
-from filter.core.ports import PublishFailed, Worked
+from filter.core.ports import PublishFailed, Traced, Worked
 from filter.core.transitions import RESULTS_MAX_BYTES
 
 T = TypeVar("T")
@@ -73,8 +73,9 @@ class BodySender(Generic[T]):
     `Exception` too (a `KeyboardInterrupt`, a `SystemExit`, a `GeneratorExit`), and the caller's
     own cancel of the body. None may leave the key leased, the decision unrecorded, or the loop
     stopped; the engine raises the `WorkFailed` once the decision is recorded. A body that
-    returned is a forward that went out, its result kept with it when it can be (`unkept`
-    says why not).
+    returned is a forward that went out: its `Worked` carries what the body returned, and the
+    result kept with it when it can be (`unkept` says why not). The sender holds nothing of a
+    call: the engine hands its `Worked` back (`Handled.sent`).
     """
 
     cause = Cause.WORK
@@ -85,29 +86,24 @@ class BodySender(Generic[T]):
         self.route = route
         self.body = body
         self.cache = cache  # keep the result with the forward (`cache_result`)
-        self.ran = False
-        self.result: T | None = None
-        self.unkept: ResultNotStored | None = None  # why a result to cache was committed without it
 
     async def send(
-        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None
-    ) -> str | Worked:
+        self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None, traced: Traced
+    ) -> Worked:
         try:
-            self.result = await awaitable(self.body(Forward(self.route, data, attributes)))
+            result = await awaitable(self.body(Forward(self.route, data, attributes)))
         except WorkFailed:
             raise  # the body said why itself (`SyncFilter`'s, from the caller's thread)
         except asyncio.CancelledError as exc:
             raise WorkFailed("cancelled while it ran", exc) from exc
         except BaseException as exc:  # see the docstring: the caller raises it again
             raise WorkFailed(f"{type(exc).__name__}: {exc}", exc) from exc
-        self.ran = True
         if not self.cache:
-            return IN_PROCESS
+            return Worked(IN_PROCESS, returned=result)
         try:
-            return Worked(IN_PROCESS, result_json(self.result))
+            return Worked(IN_PROCESS, result_json(result), returned=result)
         except ResultNotStored as exc:
-            self.unkept = exc
-            return IN_PROCESS
+            return Worked(IN_PROCESS, returned=result, unkept=str(exc))
 
 
 def result_json(result: object) -> str:

@@ -11,12 +11,11 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Generic, Protocol, TypeVar
 
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, Status, StatusCode
 
 from filter.core.model import KeyState
 from filter.core.ports import Publisher, StateStore
 from filter.observability.telemetry import Telemetry
-from filter.observability.tracing import messaging_attributes, short_name
 
 T = TypeVar("T")
 
@@ -79,19 +78,17 @@ class InstrumentedStore(_Instrumented[StateStore]):
         return await self._timed("claim", route, lambda: self.inner.claim(route, key, seen, new))
 
     async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
-        # A heartbeat: an event on the publish it keeps alive, not a span of its own.
+        # A heartbeat: an event on the publish it keeps alive (`Heartbeat`), not a span of its own.
         t = self.telemetry
         started = time.perf_counter()
         try:
             extended = await self.inner.extend(route, key, held, expires_at)
-        except Exception as exc:  # a cancelled heartbeat (its publish ended) is not measured
+        except Exception:  # a cancelled heartbeat (its publish ended) is not measured
             self._measured("extend", started, "error")
             if t.metrics:
                 t.counters["heartbeat_failures"].add(1, {"route": route})
-            t.heartbeat_event("heartbeat failed", error=f"{type(exc).__name__}: {exc}")
             raise
         self._measured("extend", started, "ok")
-        t.heartbeat_event("lease extended" if extended is not None else "lease lost")
         return extended
 
     async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
@@ -108,22 +105,15 @@ class InstrumentedPublisher(_Instrumented[Publisher]):
     async def publish(
         self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None = None
     ) -> str:
+        # Its span is the decision's (`Traced.sending`, current here): the trace context it passes on.
         t = self.telemetry
-        topic = short_name(destination) or destination
         started = time.perf_counter()
         outcome = "error"
-        described = messaging_attributes("send", topic, len(data), ordering_key)
         try:
-            with t.child(f"{topic} send", described, SpanKind.PRODUCER) as span:
-                t.publishing(span)
-                outgoing = dict(attributes)
-                t.inject(outgoing)
-                try:
-                    published = await self.inner.publish(destination, data, outgoing, ordering_key)
-                finally:
-                    t.publishing(None)
-                if span is not None:
-                    span.set_attribute("messaging.message.id", published)
+            outgoing = dict(attributes)
+            t.inject(outgoing)
+            published = await self.inner.publish(destination, data, outgoing, ordering_key)
+            t.sent(published)
             outcome = "ok"
             return published
         finally:

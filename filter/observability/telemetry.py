@@ -37,10 +37,10 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
 from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from filter.core.model import Decision, DecisionRecord, Message
+from filter.core.ports import UNTRACED, Traced
 from filter.observability.latency import Latencies, LatencyHistogram
 from filter.observability.tracing import (
     ATTRIBUTES_SET,
-    PUBLISH_SPAN,
     REQUEST_PARENT,
     W3C,
     message_parent,
@@ -169,15 +169,7 @@ class Telemetry:
         """written / retried / dropped, from the recorder and the batching recorder behind it."""
         if self._engine is None:
             return
-        totals = dict.fromkeys(("written", "retried", "dropped"), 0)
-        seen: set[int] = set()
-        node = self._engine.recorder
-        while node is not None and id(node) not in seen:
-            seen.add(id(node))
-            for outcome in totals:
-                totals[outcome] += int(getattr(node, outcome, 0) or 0)
-            node = getattr(node, "fallback", None)
-        for outcome, value in totals.items():
+        for outcome, value in self._engine.recorder.outcomes().items():
             yield Observation(value, {"outcome": outcome})
 
     def _observe_in_flight(self, _: CallbackOptions) -> Iterable[Observation]:
@@ -193,13 +185,14 @@ class Telemetry:
 
     # --- the decision -------------------------------------------------------------------
 
-    def decision(self, route: str, msg: Message) -> contextlib.AbstractContextManager[Span | None]:
-        """The span of one decision, current while it runs (None when nothing exports spans;
-        one dropped without the SDK is `DROPPED_SPAN` instead). Its parent: the push request's
+    def decision(self, route: str, msg: Message) -> contextlib.AbstractContextManager[Traced]:
+        """The span of one decision, current while it runs, and the handle its publish and
+        heartbeat are traced through (`UNTRACED` for one not recorded; one dropped without
+        the SDK is `DROPPED_SPAN`). Its parent: the push request's
         trace (`tracing.REQUEST_PARENT`), else what the surface made current, else the context
         a traced publisher left in the message's attributes."""
         if not self.tracing:
-            return contextlib.nullcontext()
+            return _UNTRACED_DECISION
         parent = REQUEST_PARENT.get()
         if parent is None and not trace.get_current_span().get_span_context().is_valid:
             parent = message_parent(msg.attributes)
@@ -217,7 +210,7 @@ class Telemetry:
         if not span.is_recording():  # a dropped decision builds no attributes, and has nothing to end
             return _Current(span, _in_context, otel_context.detach)
         span.set_attributes(_decision_attributes(route, msg, subscription))
-        return _recorded(span)
+        return _recorded(span, _Traced(self.tracer))
 
     def decided(self, rec: DecisionRecord) -> None:
         """Count a finished decision (every one, rejected included) and describe it on its span."""
@@ -251,18 +244,7 @@ class Telemetry:
 
     def recording(self) -> bool:
         """Whether a decision's span is current and recorded (sampled, with something to export it)."""
-        return self.tracing and PUBLISH_SPAN.get() is not None and trace.get_current_span().is_recording()
-
-    @contextlib.contextmanager
-    def child(
-        self, name: str, attributes: Mapping[str, Any], kind: SpanKind = SpanKind.INTERNAL
-    ) -> Iterator[Span | None]:
-        """A child span of the current decision, current while it runs (none outside a recorded decision)."""
-        if not self.recording():
-            yield None
-            return
-        with self.tracer.start_as_current_span(name, kind=kind, attributes=attributes) as span:
-            yield span
+        return self.tracing and _RECORDED.get() and trace.get_current_span().is_recording()
 
     def store_span(self, operation: str, route: str) -> Span | None:
         """A child span for one store call, never made current: nothing inside a store call reads it."""
@@ -270,17 +252,10 @@ class Telemetry:
             return None
         return self.tracer.start_span(f"store {operation}", attributes={"pubsub_filter.route": route})
 
-    def publishing(self, span: Span | None) -> None:
-        """Mark `span` as the decision's publish: heartbeat events go on it."""
-        box = PUBLISH_SPAN.get()
-        if box is not None:
-            box[0] = span
-
-    def heartbeat_event(self, name: str, **attributes: Any) -> None:
-        box = PUBLISH_SPAN.get()
-        span = box[0] if box is not None else None
-        if span is not None and span.is_recording():
-            span.add_event(name, attributes)
+    def sent(self, published_id: str) -> None:
+        """Name the published message on the publish's span (`_Traced.sending`, current), if recorded."""
+        if self.recording():
+            trace.get_current_span().set_attribute("messaging.message.id", published_id)
 
     def inject(self, attributes: MutableMapping[str, str]) -> None:
         """Write the current trace context into outgoing message attributes, as the Pub/Sub
@@ -333,9 +308,9 @@ class _Current:
     def __init__(self, span: Span, enter: Callable[[Span], Any], leave: Callable[[Any], object]) -> None:
         self.span, self.enter, self.leave = span, enter, leave
 
-    def __enter__(self) -> Span:
+    def __enter__(self) -> Traced:
         self.token = self.enter(self.span)
-        return self.span
+        return UNTRACED
 
     def __exit__(self, *_: object) -> None:
         self.leave(self.token)
@@ -345,15 +320,47 @@ def _in_context(span: Span) -> object:
     return otel_context.attach(trace.set_span_in_context(span))
 
 
+#: A recorded decision is under way: its store calls and publish have spans (`Telemetry.recording`).
+_RECORDED: ContextVar[bool] = ContextVar("pubsub_filter_recorded", default=False)
+_UNTRACED_DECISION = contextlib.nullcontext(UNTRACED)
+
+
+class _Traced:
+    """A recorded decision's `Traced`: its publish's span, where the heartbeat's events go. The
+    heartbeat runs in a task of its own, so it is handed this (`Heartbeat.traced`), not a context."""
+
+    __slots__ = ("publish", "tracer")
+
+    def __init__(self, tracer: trace.Tracer) -> None:
+        self.tracer = tracer
+        self.publish: Span | None = None
+
+    @contextlib.contextmanager
+    def sending(self, destination: str, data: bytes, ordering_key: str | None) -> Iterator[Span]:
+        topic = short_name(destination) or destination
+        described = messaging_attributes("send", topic, len(data), ordering_key)
+        with self.tracer.start_as_current_span(f"{topic} send", kind=SpanKind.PRODUCER, attributes=described) as span:
+            self.publish = span
+            try:
+                yield span
+            finally:
+                self.publish = None
+
+    def heartbeat(self, event: str, **attributes: str) -> None:
+        span = self.publish
+        if span is not None and span.is_recording():
+            span.add_event(event, attributes)
+
+
 @contextlib.contextmanager
-def _recorded(span: Span) -> Iterator[Span | None]:
-    """A recorded decision's span, current while it runs, with the box its publish span goes in."""
-    box = PUBLISH_SPAN.set([None])
+def _recorded(span: Span, traced: _Traced) -> Iterator[Traced]:
+    """A recorded decision's span, current while it runs; what it yields traces its publish."""
+    token = _RECORDED.set(True)
     try:
         with trace.use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
-            yield span
+            yield traced
     finally:
-        PUBLISH_SPAN.reset(box)
+        _RECORDED.reset(token)
 
 
 def _decision_attributes(route: str, msg: Message, subscription: str | None) -> dict[str, Any]:

@@ -47,9 +47,6 @@ class _AttributeSetter(Setter[MutableMapping[str, str]]):
 ATTRIBUTES_GET = _AttributeGetter()
 ATTRIBUTES_SET = _AttributeSetter()
 
-#: The publish span of the decision under way, shared with the heartbeat task (it copies
-#: this context when it starts, before the publish span exists, so it holds a box).
-PUBLISH_SPAN: ContextVar[list[Span | None] | None] = ContextVar("pubsub_filter_publish_span", default=None)
 #: The parent the push request names, while its decision runs (set by the push app).
 REQUEST_PARENT: ContextVar[SpanContext | None] = ContextVar("pubsub_filter_request_parent", default=None)
 

@@ -107,7 +107,6 @@ class PullWorker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._hurry: asyncio.Event | None = None
-        self._tasks: set[asyncio.Task[bool]] = set()
         self._streams: dict[str, Any] = {}
         self._failure: BaseException | None = None
         self._failed_route: str | None = None
@@ -213,7 +212,7 @@ class PullWorker:
             log.warning("second_signal", signal=signal.Signals(sig).name, action="not waiting for in-flight messages")
             self._hurry.set()
         else:
-            log.info("shutting_down", signal=signal.Signals(sig).name, in_flight=len(self._tasks))
+            log.info("shutting_down", signal=signal.Signals(sig).name, in_flight=len(self.engine.under_way()))
             self.stopping = Stop.begin(self.budget)
             backstop.arm(self.stopping)
         self._stop.set()
@@ -270,23 +269,18 @@ class PullWorker:
 
     async def _handle(self, route: str, path: str, received: Any) -> bool | None:
         """Decide one message; True to ack it, None when it was not started (the worker is stopping)."""
-        task = asyncio.current_task()
-        assert task is not None
         if self._refusing:  # scheduled just before the stop began: not ours to decide
             return None
-        self._tasks.add(task)
         self.watchdog.saw_message(route)
         try:
-            rec = await self.engine.handle(route, received_message(received, path))
+            handled = await self.engine.handle(route, received_message(received, path))
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # never ack what was not decided; never let it kill the worker
             log.exception("pull_handle_failed", route=route, message_id=received.message_id, error=_describe(exc))
             return False
-        finally:
-            self._tasks.discard(task)
         self.handled += 1
-        return answer_for(rec).ack
+        return answer_for(handled.record).ack
 
     def _settle(self, path: str, received: Any, future: concurrent.futures.Future[bool | None]) -> None:
         """Ack or nack from the handling's result (runs on the loop's thread, or the caller's)."""
@@ -369,19 +363,22 @@ class PullWorker:
         return reached, stuck
 
     async def _drain(self, stop: Stop) -> None:
-        """Wait for the messages in flight until the stop's share for them (or a second signal)."""
-        if not self._tasks:
+        """Wait for the messages in flight (the engine's decisions under way) until the stop's
+        share for them (or a second signal)."""
+        if not (in_flight := self.engine.under_way()):
             return
-        log.info("draining", in_flight=len(self._tasks), budget_s=stop.budget)
+        log.info("draining", in_flight=len(in_flight), budget_s=stop.budget)
         assert self._hurry is not None
         hurry = asyncio.create_task(self._hurry.wait())
         try:
-            while self._tasks and not hurry.done() and (remaining := stop.left(DRAIN)) > 0:
-                await asyncio.wait({*self._tasks, hurry}, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+            while in_flight and not hurry.done() and (remaining := stop.left(DRAIN)) > 0:
+                waiting: set[asyncio.Future[Any]] = {*in_flight, hurry}
+                await asyncio.wait(waiting, timeout=remaining, return_when=asyncio.FIRST_COMPLETED)
+                in_flight = self.engine.under_way()
         finally:
             hurry.cancel()
-        if self._tasks:
-            log.warning("in_flight_past_drain", count=len(self._tasks), budget_s=stop.budget)
+        if in_flight:
+            log.warning("in_flight_past_drain", count=len(in_flight), budget_s=stop.budget)
 
     async def _settle_streams(self, stop: Stop, share: float) -> bool:
         """Keep reading the streams, giving back what comes, until what Pub/Sub already sent on

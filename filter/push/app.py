@@ -19,7 +19,6 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from filter.core.answer import answer_for
-from filter.core.counters import counts
 from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError
 from filter.core.model import Cause, DecisionRecord
@@ -127,7 +126,7 @@ async def _cancelled(engine: Engine, route: str) -> Answer:
     task = asyncio.current_task()
     if task is not None:
         task.uncancel()  # taken: what is left of the request is writing this answer
-    counts["push_cancelled"] += 1
+    engine.counts["push_cancelled"] += 1
     log.warning("push_cancelled", route=route)
     with contextlib.suppress(asyncio.CancelledError):  # one more cancel: answer all the same
         await engine.recorded()  # as every answer: once its decision's row is written
@@ -208,10 +207,10 @@ class _PushHandler:
             rec = await engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
             return _json({"decision": "rejected", "reason": rec.reason}, 400)
         if parent is None:
-            return _decided(await engine.handle(route, msg, trace))
+            return _decided((await engine.handle(route, msg, trace)).record)
         token = REQUEST_PARENT.set(parent)  # the decision's parent: the push request's trace
         try:
-            return _decided(await engine.handle(route, msg, trace))
+            return _decided((await engine.handle(route, msg, trace)).record)
         finally:
             REQUEST_PARENT.reset(token)
 
@@ -225,7 +224,7 @@ class _PushHandler:
             if exc.status == 503:  # Google's certificates out of reach: our outage, and Pub/Sub retries
                 log.warning("push_auth_unavailable", route=route, reason=exc.reason)
                 return _json({"error": exc.reason}, 503, _RETRY)
-            counts["auth_rejected"] += 1
+            self.engine.counts["auth_rejected"] += 1
             log.warning("push_unauthorized", route=bounded_route_name(route), status=exc.status, reason=exc.reason)
             return _json({"error": exc.reason}, exc.status)
         return None
@@ -234,7 +233,7 @@ class _PushHandler:
         """The answer to a body that was not read: too large, too slow, or its client gone."""
         if isinstance(exc, _Disconnected):
             # Nobody is left to answer, and no decision was taken: Pub/Sub sends it again.
-            counts["client_disconnected"] += 1
+            self.engine.counts["client_disconnected"] += 1
             log.info("push_client_disconnected", route=route)
             return 499, (), b""
         if isinstance(exc, _TooLarge):

@@ -20,7 +20,6 @@ from filter.backends.pubsub_message import received_message
 from filter.core.answer import answer_for
 from filter.core.config import Config
 from filter.core.errors import FilterError
-from filter.core.model import Decision
 from filter.core.ports import PublishFailed
 from filter.replay.deadletter import DeadLetter, ReplayFailure
 from filter.replay.options import ReplayOptions
@@ -233,11 +232,12 @@ class Replayer:
     async def _through_filter(self, item: DeadLetter) -> None:
         route = self.targets.route_for(item)
         msg = received_message(item, attributes=item.replay_attributes())
-        rec = await self.engine.handle(route, msg)
+        handled = await self.engine.handle(route, msg)
+        rec = handled.record
         if not answer_for(rec).ack:
             raise ReplayFailure(f"{rec.decision}: {rec.reason}")
         self._to_ack.append(item.ack_id)
-        if rec.published_id or rec.decision in (Decision.FORWARDED, Decision.FAIL_OPEN):
+        if handled.sent is not None:  # forwarded, failed open, or sent in shadow mode
             self.counts.replayed += 1
         else:
             self.counts.skipped += 1

@@ -13,7 +13,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from filter.core.counters import counts
 from filter.observability.telemetry import PrometheusText, Telemetry
 
 if TYPE_CHECKING:
@@ -70,9 +69,9 @@ def _json(body: dict[str, Any], status: int = 200) -> Response:
 
 def health(engine: Engine, status: str = "ok", **more: Any) -> dict[str, Any]:
     """`/healthz`'s body, the same shape for `serve` and `pull`: status, messages being decided,
-    the process's counters, then what the surface adds (pull: `handled`; on failure, `error`
+    the engine's counters (`Engine.counts`), then what the surface adds (pull: `handled`; on failure, `error`
     and the failed `streams`)."""
-    return {"status": status, "in_flight": engine.in_flight, "counts": dict(counts), **more}
+    return {"status": status, "in_flight": engine.in_flight, "counts": dict(engine.counts), **more}
 
 
 def telemetry_of(engine: Engine) -> Telemetry | None:

@@ -64,11 +64,11 @@ async def test_forwarded_then_suppressed_then_changed_forwarded_then_redelivery_
     pub, feed = MemoryPublisher(), Feed()
     e = engine(store, pub)
     first = feed("out")
-    assert (await e.handle(ROUTE, first)).decision is Decision.FORWARDED
-    assert (await e.handle(ROUTE, feed("out"))).decision is Decision.SUPPRESSED  # only `scraped` moved
-    changed = await e.handle(ROUTE, feed("in"))
+    assert (await e.handle(ROUTE, first)).record.decision is Decision.FORWARDED
+    assert (await e.handle(ROUTE, feed("out"))).record.decision is Decision.SUPPRESSED  # only `scraped` moved
+    changed = (await e.handle(ROUTE, feed("in"))).record
     assert (changed.decision, changed.reason) == (Decision.FORWARDED, "content changed")
-    again = await e.handle(ROUTE, first)  # Pub/Sub redelivers the first message
+    again = (await e.handle(ROUTE, first)).record  # Pub/Sub redelivers the first message
     assert again.decision is Decision.DUPLICATE
     assert [json.loads(d)["status"] for d in pub.data] == ["out", "in"]
     state = await store.read(ROUTE, KEY)
@@ -78,7 +78,7 @@ async def test_forwarded_then_suppressed_then_changed_forwarded_then_redelivery_
 async def test_a_then_b_then_a_forwards_all_three(store: Any) -> None:
     pub, feed = MemoryPublisher(), Feed()
     e = engine(store, pub)
-    got = [(await e.handle(ROUTE, feed(s))).decision for s in ("out", "in", "out")]
+    got = [(await e.handle(ROUTE, feed(s))).record.decision for s in ("out", "in", "out")]
     assert got == [Decision.FORWARDED] * 3
     assert [json.loads(d)["status"] for d in pub.data] == ["out", "in", "out"]
     state = await store.read(ROUTE, KEY)
@@ -89,12 +89,12 @@ async def test_failed_publish_releases_the_lease_and_the_redelivery_forwards(sto
     pub, feed = MemoryPublisher(fail=True), Feed()
     e = engine(store, pub)
     msg = feed("out")
-    rec = await e.handle(ROUTE, msg)
+    rec = (await e.handle(ROUTE, msg)).record
     assert (rec.decision, rec.extra["cause"]) == (Decision.FAILED, "publish")
     state = await store.read(ROUTE, KEY)
     assert state.lease is None and state.fingerprint is None
     pub.fail = False
-    assert (await e.handle(ROUTE, msg)).decision is Decision.FORWARDED
+    assert (await e.handle(ROUTE, msg)).record.decision is Decision.FORWARDED
     assert len(pub.published) == 1
 
 
@@ -112,7 +112,7 @@ async def test_heartbeat_extends_a_slow_publish_and_the_commit_still_lands(store
     # started after the second returned
     await eventually(lambda: store.ops["extend"] >= 3, 10, "the heartbeat never extended the lease")
     gate.set()
-    rec = await slow
+    rec = (await slow).record
     assert rec.decision is Decision.FORWARDED and rec.extra.get("heartbeats", 0) >= 2
     assert rec.extra.get("committed", True) is True
     state = await store.read(ROUTE, KEY)
@@ -126,13 +126,16 @@ async def test_a_message_without_its_key_is_forwarded_each_time_without_touching
     await e.handle(ROUTE, keyed)
     before = dict(store.ops)
     keyless = Message(data=keyed.data, attributes={}, message_id="nokey", publish_time=T0)  # `key` attribute gone
-    first, again = await e.handle(ROUTE, keyless), await e.handle(ROUTE, keyless)  # and its redelivery
+    first, again = (
+        (await e.handle(ROUTE, keyless)).record,
+        (await e.handle(ROUTE, keyless)).record,
+    )  # and its redelivery
     assert dict(store.ops) == before, "a message without its key read or wrote the state"
     assert [(r.decision, r.key, r.fence) for r in (first, again)] == [(Decision.FAIL_OPEN, None, None)] * 2
     assert first.extra["missing_field"] == "attributes.key" and "attributes.key is missing" in (first.reason or "")
     # nothing recorded it, so its redelivery is forwarded again: the same source id tells them apart
     assert [p.attributes[ATTR_SOURCE_ID] for p in pub.published] == [keyed.message_id, "nokey", "nokey"]
-    assert (await e.handle(ROUTE, feed("out"))).decision is Decision.SUPPRESSED  # the key's state is as it was
+    assert (await e.handle(ROUTE, feed("out"))).record.decision is Decision.SUPPRESSED  # the key's state is as it was
     state = await store.read(ROUTE, KEY)
     assert state.lease is None and state.message_id == keyed.message_id
 
@@ -145,7 +148,7 @@ async def test_the_suppress_path_is_one_read_and_no_write(store: Any) -> None:
     e = engine(store, pub)
     await e.handle(ROUTE, feed("out"))
     store.ops.clear()
-    assert (await e.handle(ROUTE, feed("out"))).decision is Decision.SUPPRESSED
+    assert (await e.handle(ROUTE, feed("out"))).record.decision is Decision.SUPPRESSED
     assert (store.ops["read"], store.ops["write"]) == (1, 0)
 
 
@@ -154,7 +157,7 @@ async def test_the_forward_path_is_one_read_one_claim_one_commit(store: Any) -> 
     e = engine(store, pub)
     for status in ("out", "in"):  # a new key, then a changed one
         store.ops.clear()
-        assert (await e.handle(ROUTE, feed(status))).decision is Decision.FORWARDED
+        assert (await e.handle(ROUTE, feed(status))).record.decision is Decision.FORWARDED
         assert (store.ops["read"], store.ops["write"], store.ops["claim"], store.ops["commit"]) == (1, 2, 1, 1)
         assert store.ops["conflict"] == 0
 
@@ -169,12 +172,12 @@ async def test_two_engines_with_different_content_for_one_key_do_not_both_publis
     two = engine(open_store(), pub, instance="two")
     first = asyncio.create_task(one.handle(ROUTE, feed("out")))
     await pub.started.wait()
-    second = await two.handle(ROUTE, feed("in"))  # while `one` is still publishing
+    second = (await two.handle(ROUTE, feed("in"))).record  # while `one` is still publishing
     assert (second.decision, second.reason) == (Decision.CONTENDED, "other content for this key is in flight")
     assert pub.attempts == 1
     gate.set()
-    assert (await first).decision is Decision.FORWARDED
-    retried = await two.handle(ROUTE, feed("in"))  # Pub/Sub redelivers after the 503
+    assert (await first).record.decision is Decision.FORWARDED
+    retried = (await two.handle(ROUTE, feed("in"))).record  # Pub/Sub redelivers after the 503
     assert retried.decision is Decision.FORWARDED
     assert [json.loads(d)["status"] for d in pub.data] == ["out", "in"]
     assert pub.max_in_flight_by[KEY] == 1
@@ -189,7 +192,7 @@ async def test_two_engines_racing_one_key_never_publish_at_the_same_time(open_st
         """Handle until acked, as Pub/Sub redelivers after a 503; the final decision."""
 
         async def acked() -> Decision | None:
-            rec = await e.handle(ROUTE, msg)
+            rec = (await e.handle(ROUTE, msg)).record
             return None if rec.decision is Decision.CONTENDED else rec.decision
 
         return await eventually(acked, 30, f"{msg.message_id} was contended for 30 s", poll=0.005)
@@ -216,14 +219,14 @@ async def test_two_engines_racing_one_key_never_publish_at_the_same_time(open_st
 async def test_a_message_id_reused_with_other_content_is_decided_as_that_content_and_says_so(store: Any) -> None:
     pub, feed = MemoryPublisher(), Feed()
     e = engine(store, pub)
-    assert (await e.handle(ROUTE, feed("out", message_id="req-1"))).decision is Decision.FORWARDED
-    changed = await e.handle(ROUTE, feed("in", message_id="req-1"))  # a caller's request id, new content
+    assert (await e.handle(ROUTE, feed("out", message_id="req-1"))).record.decision is Decision.FORWARDED
+    changed = (await e.handle(ROUTE, feed("in", message_id="req-1"))).record  # a caller's request id, new content
     assert changed.decision is Decision.FORWARDED
     assert changed.reason == "content changed; the message id was reused with other content"
     assert changed.extra["id_reused"] is True
     assert [json.loads(d)["status"] for d in pub.data] == ["out", "in"]
     for status in ("in", "out"):  # either content again under that id: a redelivery of that forward
-        again = await e.handle(ROUTE, feed(status, message_id="req-1"))
+        again = (await e.handle(ROUTE, feed(status, message_id="req-1"))).record
         assert (again.decision, again.reason) == (Decision.DUPLICATE, "message already forwarded")
         assert "id_reused" not in again.extra
     assert len(pub.data) == 2
@@ -234,7 +237,7 @@ async def test_a_reused_id_whose_other_content_is_unchanged_is_suppressed_on_its
     e = engine(store, pub)
     await e.handle(ROUTE, feed("out", message_id="a"))
     await e.handle(ROUTE, feed("in", message_id="b"))
-    again = await e.handle(ROUTE, feed("in", message_id="a"))  # id a, with what b forwarded last
+    again = (await e.handle(ROUTE, feed("in", message_id="a"))).record  # id a, with what b forwarded last
     assert (again.decision, again.extra.get("id_reused")) == (Decision.SUPPRESSED, True)
     assert again.reason == "unchanged since last forward; the message id was reused with other content"
     assert len(pub.data) == 2

@@ -68,7 +68,7 @@ class Rig:
 
     async def send(self, route: str, payload: dict[str, Any]) -> DecisionRecord:
         self.n += 1
-        return await self.engine.handle(route, Message(json.dumps(payload).encode(), {}, f"m{self.n}"))
+        return (await self.engine.handle(route, Message(json.dumps(payload).encode(), {}, f"m{self.n}"))).record
 
     def last_rows(self, field: str) -> list[dict[str, Any]]:
         rows: list[dict[str, Any]] = json.loads(self.publisher.published[-1][1])[field]

@@ -42,7 +42,7 @@ class Rig:
 
     async def send(self, payload: dict[str, Any]) -> DecisionRecord:
         self.n += 1
-        return await self.engine.handle("props", Message(json.dumps(payload).encode(), {}, f"m{self.n}"))
+        return (await self.engine.handle("props", Message(json.dumps(payload).encode(), {}, f"m{self.n}"))).record
 
     def flags(self) -> set[str]:
         attributes = self.publisher.published[-1].attributes

@@ -61,7 +61,7 @@ async def test_forwards_flag_exactly_the_fields_that_changed_for_a_subscription_
         try:
             for i, (body, want) in enumerate(steps):
                 data = json.dumps({"game_date": "2026-01-10", **body}).encode()
-                rec = await engine.handle("injuries", Message(data, {}, f"m{i}"))
+                rec = (await engine.handle("injuries", Message(data, {}, f"m{i}"))).record
                 assert rec.decision is want, rec
         finally:
             await engine.close()

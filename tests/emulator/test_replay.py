@@ -344,7 +344,7 @@ def decide_now(config_path: Path, host: str, admin: PubsubAdmin, sub: str, ids: 
                         continue
                     wanted.discard(m.message_id)
                     msg = received_message(_Flat(m, r.delivery_attempt), path)
-                    decisions.append(str((await engine.handle(ROUTE, msg)).decision))
+                    decisions.append(str((await engine.handle(ROUTE, msg)).record.decision))
                     await asyncio.to_thread(
                         admin.subscriber.acknowledge, request={"subscription": path, "ack_ids": [r.ack_id]}
                     )

@@ -271,7 +271,7 @@ async def play(tmp: Path, bq_sink: BigQuerySink, reader: bigquery.Client, log_pa
             store.down = bool(opt.get("down"))
             publisher.fail_next = 1 if opt.get("pubfail") else 0
             msg = Message(data=data, attributes={}, message_id=opt.get("id", f"msg-{n}"), publish_time=publish_time)
-            rec = await engine.handle(route, msg, trace=uuid.uuid4().hex)
+            rec = (await engine.handle(route, msg, trace=uuid.uuid4().hex)).record
             store.down = False
             decisions.append(str(rec.decision))
         await engine.recorder.close()

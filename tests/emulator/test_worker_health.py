@@ -194,7 +194,7 @@ async def test_the_forwarded_message_carries_trace_context_a_pubsub_client_conti
         engine = Engine(cfg, make_store(cfg), publisher, MemoryRecorder(), telemetry=telemetry)
         parent = f"00-{TRACE_ID}-00f067aa0ba902b7-01"
         msg = Message(data=b'{"k": 1}', attributes={"googclient_traceparent": parent}, message_id="m1")
-        rec = await engine.handle("r", msg)
+        rec = (await engine.handle("r", msg)).record
         assert str(rec.decision) == "forwarded"
         await engine.publisher.close()
         await engine.store.close()

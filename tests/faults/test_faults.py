@@ -476,7 +476,7 @@ async def late_holder(rig: Rig, firestore: FirestoreEmulator, pubsub_emulator: P
         try:
             with json_logs() as logs:
                 warm = Message(Item(0, "warm-late", 0).payload(), {}, "late-warm", publish_time=time.time())
-                assert (await engine.handle(ROUTE, warm)).decision == Decision.FORWARDED
+                assert (await engine.handle(ROUTE, warm)).record.decision == Decision.FORWARDED
                 proxy.delay = 7.0
                 m1 = Message(Item(1, SLOW, 0).payload(), {}, "late-m1", publish_time=time.time())
                 late = asyncio.create_task(engine.handle(ROUTE, m1))
@@ -492,7 +492,7 @@ async def late_holder(rig: Rig, firestore: FirestoreEmulator, pubsub_emulator: P
                 await eventually(expired, 20, lambda: f"A's lease never expired: {seen[0]}", poll=0.05)
                 resp = await push_to(rig, b, Item(2, SLOW, 1), "late-m2")
                 assert resp["decision"] == "forwarded", resp
-                rec = await asyncio.wait_for(late, 30)
+                rec = (await asyncio.wait_for(late, 30)).record
             return LateHolder(rig, b, rec, logs.lines(), store.dropped)
         finally:
             await publisher.close()

@@ -79,7 +79,7 @@ class World:
         )
 
     async def send(self, route: str, payload: Any, engine: Engine | None = None, **kw: Any) -> DecisionRecord:
-        return await (engine or self.engine).handle(route, self.message(payload, **kw))
+        return (await (engine or self.engine).handle(route, self.message(payload, **kw))).record
 
     async def state(self, route: str, key: str) -> KeyState | None:
         return await SqliteStore(self.tmp_path / "state.db").read(route, key)

@@ -487,7 +487,7 @@ class EngineMachine(RuleBasedStateMachine):
             self.failed_open.add((sent.route, sent.key))
         before = len(self.publisher.published)
         expected, fence = self._expect(sent, engine)
-        rec = self.run(self.engines[engine].handle(sent.route, self._message(sent)))
+        rec = self.run(self.engines[engine].handle(sent.route, self._message(sent))).record
         published = len(self.publisher.published) - before
         assert rec.decision is expected, f"{sent}: engine {rec.decision} ({rec.reason}), model {expected}"
         if sent.key == KEYLESS:
@@ -719,7 +719,7 @@ class EngineMachine(RuleBasedStateMachine):
             outcome = "ok"
         self.publisher.held.pop(f.sent.id).set_result(outcome)
         try:
-            rec: DecisionRecord | None = self.run(f.task)
+            rec: DecisionRecord | None = self.run(f.task).record
         except Killed:
             rec = None
         published = len(self.publisher.published) - before

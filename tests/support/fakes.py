@@ -116,6 +116,9 @@ class MemoryRecorder:
     def committing(self) -> None:
         return None
 
+    def outcomes(self) -> Mapping[str, int]:
+        return {"written": len(self.records), "retried": 0, "dropped": 0}
+
     @property
     def decisions(self) -> list[Decision]:
         return [r.decision for r in self.records]

@@ -63,7 +63,7 @@ async def run(workdir: Path, worker: str, count: int) -> None:
             data = json.dumps({"k": "hot", "v": ["A", "B", "C"][i % 3], "worker": worker}).encode()
             msg = Message(data=data, attributes={}, message_id=f"{worker}-{i}", publish_time=None)
             while True:
-                rec = await engine.handle("hot", msg)
+                rec = (await engine.handle("hot", msg)).record
                 if rec.decision in ACKED:
                     decisions[msg.message_id] = str(rec.decision)
                     break

@@ -132,7 +132,7 @@ async def test_a_bypass_rule_with_a_number_holds_for_the_attribute_that_text(tmp
     engine = Engine(cfg, store, MemoryPublisher(), MemoryRecorder(), ManualClock(), "one")
     urgent = {"priority": "1"}
     await engine.handle("r", Message(b'{"id": 1}', urgent, "m1", None))
-    again = await engine.handle("r", Message(b'{"id": 1}', urgent, "m2", None))
+    again = (await engine.handle("r", Message(b'{"id": 1}', urgent, "m2", None))).record
     await engine.close()
     assert (again.decision, again.reason) == (Decision.FORWARDED, "bypass rule")
 

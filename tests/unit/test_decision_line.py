@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
-from filter.core import engine
 from filter.core.model import Decision, DecisionRecord
+from filter.core.record import log_decision
 from filter.core.times import format_time
 from filter.observability import logsetup
 
@@ -99,7 +99,7 @@ def test_a_decision_below_the_level_is_not_written(level: str, written: list[str
         rec = DecisionRecord(time=1.0, route="r", decision=decision, enforced=True, message_id="m")
         stream = io.StringIO()
         logsetup.configure(level=level, fmt="json", project="p", stream=stream, cache=False)
-        engine._log_decision(rec)
+        log_decision(rec)
         assert bool(stream.getvalue()) is (str(decision) in written)
 
 
@@ -107,7 +107,7 @@ def test_a_decision_line_on_a_terminal_is_the_readable_line() -> None:
     rec = DecisionRecord(time=1.0, route="r", decision=Decision.SUPPRESSED, enforced=True, message_id="m")
     stream = io.StringIO()
     logsetup.configure(fmt="console", stream=stream, cache=False)
-    engine._log_decision(rec)
+    log_decision(rec)
     assert "decision" in stream.getvalue() and not stream.getvalue().startswith("{")
 
 

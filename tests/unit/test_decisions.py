@@ -12,6 +12,7 @@ import pytest
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.engine import Engine
 from filter.core.model import Cause, Decision, KeyState
+from filter.core.ports import Traced
 from tests.support.decision_world import DownStore, World, game, report
 from tests.support.fakes import MemoryPublisher
 
@@ -391,12 +392,14 @@ async def test_an_act_runs_in_place_of_its_own_calls_publish_only(tmp_path: Path
     class Body:
         cause, lands_despite_cancel, attribute_limits = Cause.WORK, False, False
 
-        async def send(self, destination: str, data: bytes, attributes: Mapping[str, str], key: str | None) -> str:
+        async def send(
+            self, destination: str, data: bytes, attributes: Mapping[str, str], key: str | None, traced: Traced
+        ) -> str:
             acted.append(data)
             return "in-process"
 
-    rec = await engine.handle("reports", world.message({"game_date": "d2", "players": []}), via=Body())
+    rec = (await engine.handle("reports", world.message({"game_date": "d2", "players": []}), via=Body())).record
     gate.set()
-    published = await publishing
+    published = (await publishing).record
     assert (rec.published_id, [json.loads(d)["game_date"] for d in acted]) == ("in-process", ["d2"])
     assert (published.published_id, [json.loads(d)["game_date"] for d in publisher.data]) == ("1", ["d1"])

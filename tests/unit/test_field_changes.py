@@ -116,7 +116,8 @@ async def test_the_engine_decodes_each_message_once_for_its_fingerprint_and_its_
     try:
         payloads = [{"id": 1, "status": s, "scraped": t} for s, t in [("out", "a"), ("out", "b"), ("in", "c")]]
         records = [
-            await engine.handle("r", Message(json.dumps(p).encode(), {}, f"m{i}")) for i, p in enumerate(payloads)
+            (await engine.handle("r", Message(json.dumps(p).encode(), {}, f"m{i}"))).record
+            for i, p in enumerate(payloads)
         ]
     finally:
         await store.close()

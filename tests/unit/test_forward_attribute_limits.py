@@ -69,7 +69,7 @@ async def test_a_message_whose_forward_would_carry_more_than_100_attributes_is_r
     engine: Engine, route: str
 ) -> None:
     room = MAX_ATTRIBUTES - own_attributes_at_most(engine.config.route(route))  # type: ignore[arg-type]
-    rec = await engine.handle(route, message(producer_attributes(room + 1)))
+    rec = (await engine.handle(route, message(producer_attributes(room + 1)))).record
     assert rec.decision is Decision.REJECTED
     assert rec.reason == (
         f"the message has {room + 1} attributes; with the filter's own (up to {MAX_ATTRIBUTES - room} on this "
@@ -83,7 +83,7 @@ async def test_a_message_whose_forward_would_carry_more_than_100_attributes_is_r
 async def test_a_message_with_as_many_attributes_as_fit_is_forwarded_with_them_all(engine: Engine, route: str) -> None:
     room = MAX_ATTRIBUTES - own_attributes_at_most(engine.config.route(route))  # type: ignore[arg-type]
     attributes = producer_attributes(room)
-    rec = await engine.handle(route, message(attributes))
+    rec = (await engine.handle(route, message(attributes))).record
     assert rec.decision is Decision.FORWARDED
     [sent] = published(engine)
     assert attributes.items() <= sent.items()
@@ -93,7 +93,7 @@ async def test_a_message_with_as_many_attributes_as_fit_is_forwarded_with_them_a
 async def test_the_producers_own_copies_of_the_filters_attributes_do_not_count(engine: Engine) -> None:
     room = MAX_ATTRIBUTES - own_attributes_at_most(engine.config.route("whole"))  # type: ignore[arg-type]
     attributes = {**producer_attributes(room), **dict.fromkeys(OWN_ATTRIBUTES, "forged")}
-    assert (await engine.handle("whole", message(attributes))).decision is Decision.FORWARDED
+    assert (await engine.handle("whole", message(attributes))).record.decision is Decision.FORWARDED
 
 
 @pytest.mark.parametrize(
@@ -110,7 +110,7 @@ async def test_the_producers_own_copies_of_the_filters_attributes_do_not_count(e
 async def test_an_attribute_pubsub_would_refuse_is_rejected_unpublished(
     engine: Engine, attributes: dict[str, str], reason: str
 ) -> None:
-    rec = await engine.handle("whole", message(attributes))
+    rec = (await engine.handle("whole", message(attributes))).record
     assert rec.decision is Decision.REJECTED
     assert rec.reason is not None and reason in rec.reason
     assert published(engine) == []
@@ -118,7 +118,7 @@ async def test_an_attribute_pubsub_would_refuse_is_rejected_unpublished(
 
 async def test_a_name_and_value_at_pubsubs_limits_are_forwarded(engine: Engine) -> None:
     attributes = {"k" * 256: "v" * 1024}
-    assert (await engine.handle("whole", message(attributes))).decision is Decision.FORWARDED
+    assert (await engine.handle("whole", message(attributes))).record.decision is Decision.FORWARDED
     assert attributes.items() <= published(engine)[0].items()
 
 
@@ -148,29 +148,29 @@ def largest_pad_that_fits(message_id: str, fence: int) -> int:
 @pytest.mark.loop_may_block("10 MB payloads fingerprinted on the loop, each ~100 ms")
 async def test_a_forward_at_pubsubs_request_limit_is_published_and_one_byte_more_is_rejected(engine: Engine) -> None:
     at_limit = sized(largest_pad_that_fits("m1", 1), "m1")
-    assert (await engine.handle("whole", at_limit)).decision is Decision.FORWARDED
+    assert (await engine.handle("whole", at_limit)).record.decision is Decision.FORWARDED
     [sent] = engine.publisher.published  # type: ignore[attr-defined]
     assert sent.data == at_limit.data
     # one byte more (fence 2: the key's next claim) is rejected, nothing published, 400 not 5xx
     over = sized(largest_pad_that_fits("m2", 2) + 1, "m2")
-    rec = await engine.handle("whole", over)
+    rec = (await engine.handle("whole", over)).record
     assert rec.decision is Decision.REJECTED
     assert rec.reason is not None and rec.reason.startswith("cannot be forwarded: its forward would be a Publish")
     assert f"Pub/Sub takes at most {PUBLISH_REQUEST_LIMIT}" in rec.reason
     assert answer_for(rec).status == 400  # the dead-letter policy takes it
     # the same on the next delivery; the key was left free for the next message (fence 4 by then)
-    assert (await engine.handle("whole", over)).decision is Decision.REJECTED
+    assert (await engine.handle("whole", over)).record.decision is Decision.REJECTED
     assert len(published(engine)) == 1
     fits = sized(largest_pad_that_fits("m3", 4) - 1, "m3")  # other content than m1
-    assert (await engine.handle("whole", fits)).decision is Decision.FORWARDED
+    assert (await engine.handle("whole", fits)).record.decision is Decision.FORWARDED
 
 
 @pytest.mark.loop_may_block("10 MB payloads fingerprinted on the loop, each ~100 ms")
 async def test_an_unleased_forward_over_the_request_limit_is_rejected_unpublished(engine: Engine) -> None:
     """Shadow mode publishes what enforce mode would suppress, with no lease (as fail-open does)."""
-    assert (await engine.handle("shadow", sized(0, "m1"))).decision is Decision.FORWARDED
+    assert (await engine.handle("shadow", sized(0, "m1"))).record.decision is Decision.FORWARDED
     over = sized(largest_pad_that_fits("m2", 2) + 100, "m2")  # the same fingerprint: `pad` is excluded
-    rec = await engine.handle("shadow", over)
+    rec = (await engine.handle("shadow", over)).record
     assert rec.decision is Decision.REJECTED
     assert rec.reason is not None and "; cannot be forwarded: its forward would be a Publish request" in rec.reason
     assert len(published(engine)) == 1

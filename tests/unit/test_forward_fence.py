@@ -42,7 +42,7 @@ def message(game: str, version: int, message_id: str, attributes: dict[str, str]
 
 async def test_a_forward_carries_its_fence_and_key(engine: Engine) -> None:
     await engine.handle("reports", message("g1", 1, "m1"))
-    rec = await engine.handle("reports", message("g1", 2, "m2"))
+    rec = (await engine.handle("reports", message("g1", 2, "m2"))).record
     assert [(a["filter_fence"], a["filter_key"]) for a in published(engine)] == [("1", "g1"), ("2", "g1")]
     assert rec.fence == 2
 
@@ -64,7 +64,7 @@ async def test_a_key_of_exactly_the_attribute_limit_goes_as_itself(engine: Engin
 
 async def test_a_producers_own_fence_and_key_attributes_are_dropped(engine: Engine) -> None:
     forged = {"filter_fence": "999999", "filter_key": "other", "filter_key_sha256": "ab", "source": "nbac"}
-    rec = await engine.handle("reports", message("g1", 1, "m1", forged))
+    rec = (await engine.handle("reports", message("g1", 1, "m1", forged))).record
     [attributes] = published(engine)
     assert (attributes["filter_fence"], attributes["filter_key"], attributes["source"]) == ("1", "g1", "nbac")
     assert "filter_key_sha256" not in attributes
@@ -74,6 +74,8 @@ async def test_a_producers_own_fence_and_key_attributes_are_dropped(engine: Engi
 
 async def test_a_forward_without_a_lease_carries_no_fence(engine: Engine) -> None:
     await engine.handle("shadow", message("g1", 1, "m1"))
-    rec = await engine.handle("shadow", message("g1", 1, "m2", {"filter_fence": "7"}))  # unchanged: shadow forwards
+    rec = (
+        await engine.handle("shadow", message("g1", 1, "m2", {"filter_fence": "7"}))
+    ).record  # unchanged: shadow forwards
     assert rec.decision is Decision.SUPPRESSED and rec.published_id is not None
     assert ["filter_fence" in a for a in published(engine)] == [True, False]

@@ -6,6 +6,7 @@ on real time."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -134,3 +135,39 @@ async def test_a_cancel_landing_while_the_beat_stops_is_taken_back_not_left_coun
     task.cancel()
     slow.stop.set()
     assert await task == 0
+
+
+class Noted:
+    """A decision's `Traced` that keeps the heartbeat's notes."""
+
+    def __init__(self) -> None:
+        self.notes: list[tuple[str, dict[str, str]]] = []
+
+    def sending(self, destination: str, data: bytes, ordering_key: str | None) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
+
+    def heartbeat(self, event: str, **attributes: str) -> None:
+        self.notes.append((event, attributes))
+
+
+async def test_each_beat_is_noted_on_the_trace_it_is_handed(store: SqliteStore) -> None:
+    """The heartbeat runs in a task of its own: the decision's trace reaches it as a parameter."""
+    clock = ManualClock()
+    sleep = ManualSleep(clock)
+    held = await claim(store, clock)
+    extends, traced = Extends(store, fail=True), Noted()
+    async with Heartbeat(extends, ROUTE, KEY, held, LEASE, clock, sleep, traced):  # type: ignore[arg-type]
+        await sleep.wake()
+        await sleep.asleep()
+        extends.fail = False
+        await sleep.wake()
+        await sleep.asleep()
+        await claim(store, clock, seen=await store.read(ROUTE, KEY), fence=2)  # taken over
+        extends.answered.clear()
+        await sleep.wake()
+        await extends.answered.wait()
+    assert traced.notes == [
+        ("heartbeat failed", {"error": "StoreUnavailable: connection refused"}),
+        ("lease extended", {}),
+        ("lease lost", {}),
+    ]

@@ -113,7 +113,7 @@ class World:
         return Message(data=data, attributes=kw.pop("attributes", {}), message_id=message_id, **kw)
 
     async def send(self, route: str, payload: Any, trace: str | None = None, **kw: Any) -> DecisionRecord:
-        return await self.engine.handle(route, self.message(payload, **kw), trace)
+        return (await self.engine.handle(route, self.message(payload, **kw), trace)).record
 
 
 @pytest.fixture

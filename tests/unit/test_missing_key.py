@@ -49,7 +49,9 @@ class World:
 
     async def send(self, route: str, data: Any, message_id: str = "m1", **attributes: str) -> Any:
         raw = data if isinstance(data, bytes) else json.dumps(data).encode()
-        return await self.engine.handle(route, Message(raw, attributes, message_id, publish_time=1_767_225_600.0))
+        return (
+            await self.engine.handle(route, Message(raw, attributes, message_id, publish_time=1_767_225_600.0))
+        ).record
 
     def fail_open_count(self) -> float:
         families = {f.name: f for f in text_string_to_metric_families(self.prometheus.render().decode())}

@@ -75,11 +75,11 @@ async def test_a_forged_future_replay_time_does_not_make_later_changes_stale(wor
             publish_time="2026-01-01T00:00:00Z",
         )
     )
-    assert (await world.engine.handle("strict", forged)).decision is Decision.FORWARDED
+    assert (await world.engine.handle("strict", forged)).record.decision is Decision.FORWARDED
     later = parse_envelope(
         make_envelope(json.dumps({"game_date": "d", "v": 2}).encode(), "2", publish_time="2026-01-01T00:01:00Z")
     )
-    assert (await world.engine.handle("strict", later)).decision is Decision.FORWARDED
+    assert (await world.engine.handle("strict", later)).record.decision is Decision.FORWARDED
 
 
 # --- 5. row mode never suppresses a change the fingerprint sees ---------------------------
@@ -107,7 +107,7 @@ class RowRig:
     async def send(self, payload: Any) -> Decision:
         self.n += 1
         msg = Message(json.dumps(payload).encode(), {}, f"m{self.n}")
-        return (await self.engine.handle("changed-rows", msg)).decision
+        return (await self.engine.handle("changed-rows", msg)).record.decision
 
 
 async def test_a_change_in_a_row_that_shares_its_key_is_forwarded(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from filter.backends.records.batch import BatchingRecorder
 from filter.backends.records.inline import InlineSqliteRecorder
 from filter.backends.records.sqlite import SqliteSink
 from filter.core.config import load
-from filter.core.engine import Engine
+from filter.core.engine import Engine, Handled
 from filter.core.envelope import make_envelope, parse_envelope
 from filter.core.model import Decision, DecisionRecord
 from filter.push.app import create_app
@@ -343,7 +343,7 @@ async def test_engine_handle_returns_once_its_record_is_committed(quick_start: P
     engine = make_engine(load(str(quick_start)))
     try:
         await recorded_in_company(inline_recorder(engine))
-        rec = await engine.handle(ROUTE, parse_envelope(make_envelope(REPORT, "first")))
+        rec = (await engine.handle(ROUTE, parse_envelope(make_envelope(REPORT, "first")))).record
         assert rec.decision is Decision.FORWARDED
         assert ("first", "forwarded") in stored(quick_start.parent / "filter-decisions.db")
     finally:
@@ -361,7 +361,7 @@ async def test_a_cancel_while_a_shadow_forward_waits_for_its_records_commit_stil
     try:
         await recorded_in_company(recorder)
         waiting_for = recorder.committing
-        handling: list[asyncio.Task[DecisionRecord]] = []
+        handling: list[asyncio.Task[Handled]] = []
         cancels: list[None] = []
 
         def cancelled_while_committing() -> Any:
@@ -374,7 +374,7 @@ async def test_a_cancel_while_a_shadow_forward_waits_for_its_records_commit_stil
         monkeypatch.setattr(recorder, "committing", cancelled_while_committing)
         score = b'{"game_id": "g1", "game_status": "Final", "home": 101, "away": 99}'
         handling.append(asyncio.create_task(engine.handle("scoreboard", parse_envelope(make_envelope(score, "s1")))))
-        rec = await handling[0]
+        rec = (await handling[0]).record
         assert rec.decision is Decision.FORWARDED and rec.acked
         assert len(read_outbox(quick_start.parent / "outbox.jsonl").messages) == 1
         assert ("s1", "forwarded") in stored(quick_start.parent / "filter-decisions.db")

@@ -67,7 +67,7 @@ class Rig:
 
     async def send(self, route: str, payload: dict[str, Any]) -> DecisionRecord:
         self.n += 1
-        return await self.engine.handle(route, Message(json.dumps(payload).encode(), {}, f"m{self.n}"))
+        return (await self.engine.handle(route, Message(json.dumps(payload).encode(), {}, f"m{self.n}"))).record
 
     def last(self) -> tuple[dict[str, Any], dict[str, str]]:
         _, data, attributes, _ = self.publisher.published[-1]

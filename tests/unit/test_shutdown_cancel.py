@@ -18,7 +18,7 @@ from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import Config, parse
 from filter.core.engine import Engine
-from filter.core.model import Decision, KeyState, Message
+from filter.core.model import Decision, DecisionRecord, KeyState, Message
 from filter.core.stopping import PUBLISHER, RELEASE, Stop
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder, SwitchStore
@@ -87,8 +87,11 @@ class Rig:
         data = json.dumps({"game_date": "2025-01-10", "status": content}).encode()
         return Message(data=data, attributes={}, message_id=message_id)
 
-    def start(self, route: str, content: str, message_id: str) -> asyncio.Task[Any]:
-        return asyncio.create_task(self.engine.handle(route, self.message(content, message_id)))
+    def start(self, route: str, content: str, message_id: str) -> asyncio.Task[DecisionRecord]:
+        return asyncio.create_task(self.decided(route, self.message(content, message_id)))
+
+    async def decided(self, route: str, msg: Message) -> DecisionRecord:
+        return (await self.engine.handle(route, msg)).record
 
     async def held_in_publish(self, route: str, content: str, message_id: str) -> asyncio.Task[Any]:
         self.publisher.gate = asyncio.Event()
@@ -125,7 +128,7 @@ async def test_the_redelivery_of_a_forward_finished_through_a_cancel_is_not_publ
     assert rig.publisher.gate is not None
     rig.publisher.gate.set()
     await asyncio.gather(task, return_exceptions=True)  # whatever the surface answered
-    again = await rig.engine.handle("reports", rig.message("out", "m1"))
+    again = (await rig.engine.handle("reports", rig.message("out", "m1"))).record
     assert again.decision is Decision.DUPLICATE and len(rig.publisher.published) == 1
 
 

@@ -132,7 +132,7 @@ class Rig:
     async def send(self, payload: dict[str, Any]) -> tuple[Decision, dict[str, Any], bytes | None]:
         self.n += 1
         sent = len(self.publisher.published)
-        rec = await self.engine.handle("injury", Message(json.dumps(payload).encode(), {}, f"m{self.n}"))
+        rec = (await self.engine.handle("injury", Message(json.dumps(payload).encode(), {}, f"m{self.n}"))).record
         data = self.publisher.published[-1][1] if len(self.publisher.published) > sent else None
         return rec.decision, dict(rec.extra), data
 

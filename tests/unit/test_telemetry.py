@@ -33,17 +33,18 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, SamplingResult
-from opentelemetry.trace import SpanKind
+from opentelemetry.trace import INVALID_SPAN, SpanKind
 from prometheus_client.parser import text_string_to_metric_families
 
 from filter.backends import gcp
+from filter.backends.records.batch import BatchingRecorder
 from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import parse
 from filter.core.engine import Engine
 from filter.core.envelope import make_envelope, parse_envelope
-from filter.core.model import KeyState, Message
-from filter.core.ports import StoreUnavailable
+from filter.core.model import Decision, DecisionRecord, KeyState, Message
+from filter.core.ports import UNTRACED, StoreUnavailable
 from filter.observability import logsetup
 from filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
 from filter.observability.telemetry import NO_TELEMETRY, PrometheusText, Telemetry
@@ -268,8 +269,8 @@ async def test_the_store_latency_series_are_listed_in_the_order_of_their_first_r
 
 
 def test_a_decision_without_tracing_yields_no_span() -> None:
-    with NO_TELEMETRY.decision("r", Message(data=b"{}", attributes={}, message_id="1")) as span:
-        assert span is None
+    with NO_TELEMETRY.decision("r", Message(data=b"{}", attributes={}, message_id="1")) as traced:
+        assert traced is UNTRACED and trace.get_current_span() is INVALID_SPAN
 
 
 # --- spans --------------------------------------------------------------------------------
@@ -958,3 +959,37 @@ def test_cloud_runs_trace_header_is_read_as_the_cloud_trace_propagator_reads_it(
     extracted = trace.get_current_span(CloudTraceFormatPropagator().extract({"x-cloud-trace-context": header}))
     expected = extracted.get_span_context()
     assert cloud_parent(header) == (expected if expected.is_valid else None)
+
+
+async def test_the_records_metric_counts_the_rows_of_a_batch_written_again() -> None:
+    """`pubsub_filter_records{outcome="retried"}`: read from the recorder's declared `outcomes()`."""
+
+    class FailsOnce:
+        name = "once"
+
+        def __init__(self) -> None:
+            self.calls = 0
+
+        async def write(self, rows: list[Any]) -> None:
+            self.calls += 1
+            if self.calls == 1:
+                raise OSError("sink down")
+
+        async def close(self) -> None:
+            pass
+
+    prometheus = PrometheusText()
+    telemetry = Telemetry(MeterProvider(metric_readers=[prometheus.reader]), None, prometheus)
+    recorder = BatchingRecorder(FailsOnce(), batch_size=100, retry_attempts=3, retry_backoff=0)
+    cfg = parse(CONFIG)
+    engine = Engine(cfg, SqliteStore(":memory:"), MemoryPublisher(), recorder, telemetry=telemetry)
+    telemetry.watch_engine(engine)
+    for i in range(3):
+        recorder.record(
+            DecisionRecord(time=0.0, route="reports", decision=Decision.FORWARDED, enforced=True, message_id=str(i))
+        )
+    await recorder.flush()
+    families = {f.name: f for f in text_string_to_metric_families(prometheus.render().decode())}
+    counted = {s.labels["outcome"]: s.value for s in families["pubsub_filter_records"].samples}
+    await engine.close()
+    assert counted == {"written": 3, "retried": 3, "dropped": 0}

@@ -109,7 +109,7 @@ class World:
             message_id = f"m{self._ids}"
         data = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
         msg = Message(data=data, attributes=kw.pop("attributes", {}), message_id=message_id, **kw)
-        return await self.engine.handle(route, msg)
+        return (await self.engine.handle(route, msg)).record
 
     async def decisions(self, route: str, *payloads: Any) -> list[str]:
         out = []

@@ -12,7 +12,7 @@ import asyncio
 import collections
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
 from tenacity import AsyncRetrying, stop_after_attempt, wait_exponential
@@ -87,6 +87,7 @@ class BatchingRecorder:
         self._clock = clock
 
         self.written = 0
+        self.retried = 0  # rows of batches whose first write failed (written or dropped since)
         self.dropped = 0
         self.failed_batches = 0
 
@@ -215,6 +216,8 @@ class BatchingRecorder:
                 reraise=True,
             ):
                 with attempt:
+                    if attempt.retry_state.attempt_number == 2:
+                        self.retried += len(rows)
                     await self.sink.write(rows)
         except asyncio.CancelledError:
             # close(deadline=...) ran out, or the loop is shutting down: the batch is lost
@@ -236,6 +239,9 @@ class BatchingRecorder:
             self.written += len(rows)
 
     # --- flush and close ------------------------------------------------------------
+
+    def outcomes(self) -> Mapping[str, int]:
+        return {"written": self.written, "retried": self.retried, "dropped": self.dropped}
 
     async def flush(self) -> None:
         """Write every row waiting now (in batches), after any write already under way."""

@@ -30,7 +30,7 @@ import asyncio
 import collections
 import contextlib
 import threading
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Mapping
 
 from filter.backends.records.batch import BatchingRecorder
 from filter.backends.records.sqlite import SqliteSink
@@ -92,6 +92,11 @@ class InlineSqliteRecorder:
             loop.call_soon(self._hand_over)
         self._step.append(record)
         self._recorded += 1
+
+    def outcomes(self) -> Mapping[str, int]:
+        """Its own rows written, and the fallback's: every row it could not write went there."""
+        handed_on = self.fallback.outcomes()
+        return {**handed_on, "written": self.written + handed_on["written"]}
 
     def committing(self) -> Awaitable[None] | None:
         """None when every record recorded so far is written (or handed to the fallback), else the

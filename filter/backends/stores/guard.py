@@ -15,7 +15,7 @@ from tenacity import AsyncRetrying, retry_if_exception_type, stop_before_delay, 
 
 from filter.core.config import StoreErrors
 from filter.core.model import KeyState
-from filter.core.ports import StateStore, StoreUnavailable
+from filter.core.ports import StateStore, StoreUnavailable, Suspends
 
 T = TypeVar("T")
 
@@ -23,13 +23,13 @@ T = TypeVar("T")
 class GuardedStore:
     """`inline=True` for a store whose calls never suspend (SQLite): a timeout could not fire.
 
-    By default a store says so itself, with `suspends = False` (`SqliteStore` does).
+    By default a store says so itself, with `suspends = False` (`ports.Suspends`; `SqliteStore` does).
     """
 
     def __init__(self, inner: StateStore, policy: StoreErrors, inline: bool | None = None):
         self.inner = inner
         self.policy = policy
-        self.inline = not getattr(inner, "suspends", True) if inline is None else inline
+        self.inline = (isinstance(inner, Suspends) and not inner.suspends) if inline is None else inline
 
     async def _attempt(self, op: Callable[[], Awaitable[T]]) -> T:
         try:
