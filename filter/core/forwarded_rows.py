@@ -28,8 +28,8 @@ from typing import Any
 
 from filter.core.canonical import TypedRows
 
-#: How many forwarded rows a route keeps, over all its keys (~200 bytes each for a few fields).
-MAX_KEPT_ROWS = 65_536
+#: How many forwarded rows a route keeps, over all its keys: ~250 bytes each for a few fields, ~8 MB at most.
+MAX_KEPT_ROWS = 32_768
 
 
 @dataclass(frozen=True, slots=True)

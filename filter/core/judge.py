@@ -1,8 +1,12 @@
 """The decision, in one place: `decide` says what to do with one message given the stored state.
 
 Pure: the same inputs (message, fingerprint, state, time, the audit's draw) always give the
-same answer, and nothing here reads or writes a store. The engine calls `decide` once per
-look at the state, `explain` calls it to say why; read it top to bottom:
+same answer, and nothing here reads or writes a store, or the route's caches: what a forward
+leaves for the route's next decisions (its state decoded, the row memo, its rows) travels in
+`Decided.kept`, and the engine hands it to `RouteRules.remember` once the commit landed. (The
+decoders read through, `reference_of` and `fields_before`, memoise functions of the stored
+bytes alone.) The engine calls `decide` once per look at the state, `explain` calls it to
+say why; read it top to bottom:
 
 1. state past its expiry is forgotten (a late TTL never decides);
 2. `judge`, the table: new, redelivered, in flight, bypassed, unchanged, stale, changed; a
