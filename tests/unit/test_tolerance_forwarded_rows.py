@@ -14,11 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from filter.backends.stores.sqlite import SqliteStore
+from filter.core import forwarded_rows
 from filter.core.config import parse
 from filter.core.engine import Engine
 from filter.core.judge import Decided, decide
 from filter.core.model import Decision, KeyState, Message
-from filter.core.routes import RouteRules
+from filter.core.routes import Kept, RouteRules
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 ROUTE: dict[str, Any] = {
@@ -152,3 +153,11 @@ async def test_deciding_a_forward_writes_nothing_and_its_commit_keeps_what_it_st
     assert (rules.row_memo.seen, rules.forwarded_rows(got.out.rows)) == ({}, None)
     rules.remember(got.kept)  # what the engine does once the forward's commit landed
     assert rules.forwarded_rows(got.out.rows) is not None and rules.row_memo.seen
+
+
+def test_a_route_keeps_at_most_its_cap_of_forwarded_rows_oldest_first_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(forwarded_rows, "MAX_KEPT_ROWS", 4)
+    rules = RouteRules(parse({"routes": [ROUTE]}).routes[0])
+    for blob in (b"a", b"b", b"c"):
+        rules.remember(Kept(blob, forwarded=forwarded_rows.ForwardedRows([object(), object()], 10)))
+    assert [rules.forwarded_rows(b) is not None for b in (b"a", b"b", b"c")] == [False, True, True]
