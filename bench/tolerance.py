@@ -146,20 +146,23 @@ async def timed(mode: str, shape: str, rows: int, cycles: int, skip: int, warmup
 
 
 async def play(mode: str, shape: str, rows: int, phase: str, db: Path, cycles: int, warmup: int) -> None:
-    """One callgrind child's stream: `warmup` cycles of (forward, 2 suppressions), then `phase`'s part."""
+    """One callgrind child's stream: `warmup` cycles of (forward, 2 suppressions), then `phase`'s part.
+    Every message of every phase is built first, whatever the phase: building them (a JSON
+    encode of the whole document) then cancels out between two children's counts."""
     stream = "plain" if mode == "unchanged" else mode
+    built = [[message(stream, shape, rows, c, step, 2) for step in range(3)] for c in range(warmup + cycles)]
     store = SqliteStore(db)
     try:
         engine = engine_for(mode, shape, store)
         for cycle in range(warmup):
             for step in range(3):
-                await decide(engine, message(stream, shape, rows, cycle, step, 2), step == 0, stream)
+                await decide(engine, built[cycle][step], step == 0, stream)
         if phase == "prime":
             return
         steps = PHASES.index(phase)
         for cycle in range(warmup, warmup + cycles):
             for step in range(steps):
-                await decide(engine, message(stream, shape, rows, cycle, step, 2), step == 0, stream)
+                await decide(engine, built[cycle][step], step == 0, stream)
     finally:
         await store.close()
 
