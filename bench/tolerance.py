@@ -2,6 +2,7 @@
 next to the same route without them (issue 30).
 
     .venv/bin/python bench/tolerance.py [--shape payload|rows] [--rows 450] [--messages 600] [--skip 4] [--rounds 5]
+    .venv/bin/python bench/tolerance.py --instructions [--shape payload|rows] [--cycles 10] [--warmup 4] [--modes M,...]
 
 One key through the real `Engine` over `GuardedStore` over the embedded SQLite store, the
 in-memory publisher and recorder of tests/support/fakes.py; decision log lines filtered out.
@@ -21,6 +22,13 @@ Three modes, each on fresh state, in rotated order per round:
 
 Per mode, the median process CPU µs per forward and per suppression; the ratios to plain are
 taken within each round, then the median and range over rounds.
+
+`--instructions`: the same streams under callgrind (`bench/callgrind.py`), per mode four
+children (`prime`: the warm-up cycles; then + K forwards; + K (forward, suppression); + K
+(forward, suppression, suppression)); per forward = (forwards - prime) / K, per suppression
+after a forward = (pairs - forwards) / K, after a suppression = (triples - pairs) / K.
+Instruction counts do not move with the load. SHA-256 is counted as valgrind runs it (no
+SHA extensions), the same in every mode.
 """
 
 from __future__ import annotations
@@ -29,7 +37,9 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -40,6 +50,7 @@ from typing import Any
 import structlog
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import callgrind  # bench/callgrind.py
 import harness  # bench/harness.py: the shared --smoke
 
 from filter.backends.stores.guard import GuardedStore
@@ -134,6 +145,81 @@ async def timed(mode: str, shape: str, rows: int, cycles: int, skip: int, warmup
     return statistics.median(fwd), statistics.median(sup)
 
 
+async def play(mode: str, shape: str, rows: int, phase: str, db: Path, cycles: int, warmup: int) -> None:
+    """One callgrind child's stream: `warmup` cycles of (forward, 2 suppressions), then `phase`'s part.
+    Every message of every phase is built first, whatever the phase: building them (a JSON
+    encode of the whole document) then cancels out between two children's counts."""
+    stream = "plain" if mode == "unchanged" else mode
+    built = [[message(stream, shape, rows, c, step, 2) for step in range(3)] for c in range(warmup + cycles)]
+    store = SqliteStore(db)
+    try:
+        engine = engine_for(mode, shape, store)
+        for cycle in range(warmup):
+            for step in range(3):
+                await decide(engine, built[cycle][step], step == 0, stream)
+        if phase == "prime":
+            return
+        steps = PHASES.index(phase)
+        for cycle in range(warmup, warmup + cycles):
+            for step in range(steps):
+                await decide(engine, built[cycle][step], step == 0, stream)
+    finally:
+        await store.close()
+
+
+PHASES = ("prime", "forwards", "pairs", "triples")
+
+CHILD = r"""
+import asyncio, logging, sys, tempfile
+from pathlib import Path
+sys.path.insert(0, sys.argv[7])
+import structlog
+import tolerance
+structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+mode, shape, rows, phase, cycles, warmup = sys.argv[1:7]
+with tempfile.TemporaryDirectory(prefix="bench-tolerance-i-") as tmp:
+    db = Path(tmp) / "state.db"
+    asyncio.run(tolerance.play(mode, shape, int(rows), phase, db, int(cycles), int(warmup)))
+"""
+
+
+def instructions_main(args: argparse.Namespace) -> int:
+    if shutil.which("valgrind") is None and not harness.smoking():
+        print("--instructions needs valgrind (Debian's package)", file=sys.stderr)
+        return 2
+    k = args.cycles
+    print(harness.machine_line())
+    rows = f", {args.rows} rows" if args.shape == "rows" else ""
+    print(f"shape {args.shape}{rows}, K = {k}, warm-up {args.warmup} cycles; instructions under callgrind")
+    per: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="bench-tolerance-i-") as tmp:
+        for mode in args.modes.split(","):  # one child at a time: the machine is shared
+            count: dict[str, int] = {}
+            for phase in PHASES:
+                argv = [mode, args.shape, str(args.rows), phase, str(k), str(args.warmup), str(harness.ROOT / "bench")]
+                count[phase] = callgrind.instructions(CHILD, argv, harness.ROOT, tmp)
+                print(f"  {mode:<9} {phase:<8} {count[phase]:>15,} instructions", file=sys.stderr, flush=True)
+            per[mode] = {
+                "forward": (count["forwards"] - count["prime"]) / k,
+                "suppress": (count["pairs"] - count["forwards"]) / k,
+                "again": (count["triples"] - count["pairs"]) / k,
+            }
+    print()
+    print("| mode | instructions / forward | / suppression after a forward | / suppression after a suppression |")
+    print("| --- | ---: | ---: | ---: |")
+    for mode, p in per.items():
+        print(f"| {mode} | {p['forward']:,.0f} | {p['suppress']:,.0f} | {p['again']:,.0f} |")
+    t, pl = per["tolerance"], per["plain"]
+    u = per.get("unchanged", {"suppress": math.nan, "again": math.nan})
+    print(
+        f"\ntolerance / plain: forward {t['forward'] / pl['forward']:.3f}x (goal <= 1.2), suppression within "
+        f"tolerance {t['suppress'] / pl['suppress']:.3f}x after a forward, {t['again'] / pl['again']:.3f}x after a "
+        f"suppression (goal <= 1.2); as unchanged {u['suppress'] / pl['suppress']:.3f}x, "
+        f"{u['again'] / pl['again']:.3f}x"
+    )
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shape", choices=("payload", "rows"), default="payload")
@@ -142,11 +228,16 @@ def main() -> int:
     ap.add_argument("--skip", type=int, default=4, help="suppressions after each forward")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--warmup", type=int, default=20, help="cycles (a forward and its suppressions) before measuring")
+    ap.add_argument("--instructions", action="store_true", help="count instructions under callgrind instead")
+    ap.add_argument("--cycles", type=int, default=10, help="K, cycles counted per phase under --instructions")
+    ap.add_argument("--modes", default=",".join(MODES), help="--instructions: modes counted")
     harness.add_smoke(ap)
     args = ap.parse_args()
-    harness.smoke(args, messages=20, skip=1, rounds=1, warmup=2, rows=20)
+    harness.smoke(args, messages=20, skip=1, rounds=1, warmup=2, rows=20, cycles=2)
     # Decisions are logged at info; keep the bench about the engine and the store.
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    if args.instructions:
+        return instructions_main(args)
     cycles = max(1, args.messages // (args.skip + 1))
     print(harness.machine_line())
     rows = f", {args.rows} rows" if args.shape == "rows" else ""

@@ -102,6 +102,9 @@ class TypedRows:
     as_dict: Callable[[Any], dict[str, Any]]
     #: Every row's key values as a tuple, in row order, in one pass: the tuples encode as `key_json` does.
     keys: Callable[[list[Any]], list[tuple[Any, ...]]]
+    #: The fingerprint's canonical text of these rows, when they are the rows it just hashed
+    #: (`filter.core.forwarded_rows` reads its length, and whether it holds `true` or `false`).
+    canonical: bytes | None = None
 
 
 def ordered_rows(

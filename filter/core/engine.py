@@ -256,6 +256,8 @@ class Engine:
             acted = await self._publish_and_commit(d, sender, decided, claim)
             if acted.failure is not None:
                 return Done(not_sent(acted), acted.failure, d, decided, acted)
+            if acted.committed:
+                rules.remember(decided.kept)  # what the forward stored, decoded, for the route's next decisions
             return Done(Decision.FORWARDED, verdict.reason, d, decided, acted)
         return Done(Decision.CONTENDED, f"lost the claim race {CLAIM_ATTEMPTS} times", d, decided)
 

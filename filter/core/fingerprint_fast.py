@@ -128,7 +128,7 @@ def _fast_paths(
     # on a route with row state digests the rows the fingerprint just decoded, instead of
     # decoding the document again. One entry, replaced as a whole (safe across threads); a
     # miss only costs the decode. Kept only where row state can be asked for (a row key).
-    last: tuple[bytes, list[Any]] | None = None
+    last: tuple[bytes, list[Any], bytes] | None = None
     remember = bool(key_attrs)
 
     def decode_top(data: bytes) -> Any:
@@ -150,10 +150,10 @@ def _fast_paths(
             return None
         payload = {name: v for name, attr in top_get if (v := getattr(top, attr)) is not msgspec.UNSET}
         arrival = list(rows) if remember else rows
-        digest = hex_fingerprint(ordered(rows))
+        canonical = ordered(rows)
         if remember:
-            last = (data, arrival)
-        return payload, digest
+            last = (data, arrival, canonical)
+        return payload, hex_fingerprint(canonical)
 
     as_dict = _as_dict(row_get)
     key_json, keys = _key_readers(key_attrs)
@@ -164,7 +164,7 @@ def _fast_paths(
         seen = last
         if seen is not None and seen[0] is data:
             last = None  # freed with the forward that used it, not by the next message
-            return TypedRows(seen[1], key_json, encode_declared, as_dict, keys)
+            return TypedRows(seen[1], key_json, encode_declared, as_dict, keys, seen[2])
         top = decode_top(data)
         if top is None or top.rows is msgspec.UNSET:
             return None

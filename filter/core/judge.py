@@ -1,8 +1,12 @@
 """The decision, in one place: `decide` says what to do with one message given the stored state.
 
 Pure: the same inputs (message, fingerprint, state, time, the audit's draw) always give the
-same answer, and nothing here reads or writes a store. The engine calls `decide` once per
-look at the state, `explain` calls it to say why; read it top to bottom:
+same answer, and nothing here reads or writes a store, or the route's caches: what a forward
+leaves for the route's next decisions (its state decoded, the row memo, its rows) travels in
+`Decided.kept`, and the engine hands it to `RouteRules.remember` once the commit landed. (The
+decoders read through, `reference_of` and `fields_before`, memoise functions of the stored
+bytes alone.) The engine calls `decide` once per look at the state, `explain` calls it to
+say why; read it top to bottom:
 
 1. state past its expiry is forgotten (a late TTL never decides);
 2. `judge`, the table: new, redelivered, in flight, bypassed, unchanged, stale, changed; a
@@ -24,11 +28,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from filter.core import fields, rows, tolerance_look
+from filter.core import fields, forwarded_rows, rows, tolerance_look
 from filter.core.config import Route
 from filter.core.model import UNKNOWN, Decision, KeyState, Message
 from filter.core.partial import partial
-from filter.core.routes import RouteRules
+from filter.core.routes import Kept, RouteRules
 from filter.core.tolerance import WITHIN, largest
 from filter.core.tolerance_amount import CHANGED_PREFIX
 
@@ -66,12 +70,16 @@ class Outgoing:
 @dataclass(frozen=True, slots=True)
 class Decided:
     """`decide`'s answer: the verdict, the state it was decided on, what a forward sends, and
-    details for the record (which rows and fields changed). One per look at the state."""
+    details for the record (which rows and fields changed). One per look at the state.
+
+    `kept`: what a forward leaves for the route's next decisions, for the engine to hand to
+    `RouteRules.remember` once the forward's commit landed (never before: `decide` writes nothing)."""
 
     verdict: Verdict
     state: KeyState | None
     out: Outgoing
     details: Mapping[str, Any] = field(default_factory=dict)
+    kept: Kept | None = None
 
     @property
     def previous_fingerprint(self) -> str | None:
@@ -110,8 +118,8 @@ def decide(
     if verdict.decision is Decision.SUPPRESSED and moves is None and _noise_only(rules, msg, state, rng):
         verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
     elif verdict.decision is Decision.FORWARDED:
-        out, found = _what_to_send(rules, msg, fp, state, payload, known, look)
-        return Decided(verdict, state, out, {**details, **found})
+        out, found, kept = _what_to_send(rules, msg, fp, state, payload, known, look)
+        return Decided(verdict, state, out, {**details, **found}, kept)
     if verdict.decision in _HELD_BACK and rules.tracks_fields and rules.selects is not None:
         _excluded_changed(rules, msg, state, details, payload)
     return Decided(verdict, state, Outgoing(msg.data, {}), details)
@@ -225,31 +233,33 @@ def _excluded_changed(
 
 def _fields_forwarded(
     rules: RouteRules, msg: Message, fp: str, state: KeyState | None, full: str | None, payload: Any, known: bool
-) -> tuple[Outgoing, dict[str, Any]]:
+) -> tuple[Outgoing, dict[str, Any], Kept | None]:
     """A whole-payload forward stores its field checksums and records which selected fields changed."""
     details: dict[str, Any] = {}
     if type(payload) is not dict:
-        return Outgoing(msg.data, _every_flag(rules), None, full), details
+        return Outgoing(msg.data, _every_flag(rules), None, full), details, None
     selects = rules.selects
     new_key = state is None or (state.fingerprint is None and state.forwarded_at is None)
     before = None if state is None else rules.fields_before(state.rows)
     now = fields.Now(payload, selects, before)
     out = Outgoing(msg.data, {}, now.blob(fp), full)
+    reference = None
     if (tol := rules.tolerance) is not None:
         sent = tolerance_look.whole_forward(
             rules, tol, out.rows, 3 if now.clocks else 2, payload, state, known and not new_key, now.changed_all
         )
-        out = Outgoing(msg.data, sent.flags, sent.blob, full)
+        out, reference = Outgoing(msg.data, sent.flags, sent.blob, full), sent.reference
         _tolerance_details(tol.listed, sent, details)
+    kept = None
     if out.rows is None:
         details["fields_state"] = "too many fields to keep"
     else:
-        rules.keep_fields_state(out.rows, now.stored(_unselected_values(rules, payload)))
+        kept = Kept(out.rows, reference, fields_state=now.stored(_unselected_values(rules, payload)))
     if new_key:
-        return out, details  # nothing to compare with
+        return out, details, kept  # nothing to compare with
     if before is None or now.changed_all is None:
         details["fields_changed"] = None  # unknown: the last forward stored no field checksums
-        return out, details
+        return out, details, kept
     changed = now.changed_all if selects is None else [n for n in now.changed_all if selects(n)]
     fields.named("fields_changed", changed, details)
     clocks, old = now.clocks, before.clocks
@@ -261,7 +271,7 @@ def _fields_forwarded(
     moved = {k: [old[k], clocks[k]] for k in changed if type(clocks.get(k)) is float and type(old.get(k)) is float}
     if moved:
         details["fields_moved"] = dict(list(moved.items())[: fields.MAX_NAMED])
-    return out, details
+    return out, details, kept
 
 
 def _unselected_values(rules: RouteRules, payload: dict[str, Any]) -> dict[str, Any] | None:
@@ -306,26 +316,26 @@ def _what_to_send(
     payload: Any,
     known: bool = False,
     look: tolerance_look.Look | None = None,
-) -> tuple[Outgoing, dict[str, Any]]:
+) -> tuple[Outgoing, dict[str, Any], Kept | None]:
     """What a forward commits (full fingerprint, row digests) and sends (all rows, or the changed
-    ones), and the details for its record."""
+    ones), the details for its record, and what its commit leaves for the route's next decisions."""
     full = rules.full_scheme(msg.data)[1] if rules.full_scheme is not None else None
     if rules.tracks_fields:
         return _fields_forwarded(rules, msg, fp, state, full, payload, known)
-    before = rows.decode(state.rows, rules.row_memo) if state is not None and rules.tracks_rows else None
+    before = rows.decode(state.rows) if state is not None and rules.tracks_rows else None
     if before is not None and fields.PAYLOAD in before.raw:
         before = None  # the field state of a whole-payload route (its config changed): no rows to compare
+    # decoded once (usually kept from the fingerprint, or by the tolerance's second look) for both uses
+    typed = look.typed if look is not None and look.typed is not None else rules.typed_rows(msg.data)
     digests: rows.RowDigests | None
     if look is not None and look.digests is not None and before is not None:
-        # the tolerance's second look digested the rows against this very state: not again
-        typed, digests = look.typed, look.digests
+        digests = look.digests  # the tolerance's second look digested the rows against this very state: not again
     else:
-        typed = rules.typed_rows(msg.data)  # decoded once (usually kept from the fingerprint) for both uses
         digests = rules.row_digests(msg.data, before, typed)
     details: dict[str, Any] = {}
     if digests is None:
-        return Outgoing(msg.data, _every_flag(rules), None, full), details
-    kept = rows.encode(digests, rules.row_memo)
+        return Outgoing(msg.data, _every_flag(rules), None, full), details, None
+    kept = rows.encode(digests)
     if kept is None:
         details["rows_state"] = "too large to keep"
     content_changed = state is not None and state.fingerprint not in (None, fp)
@@ -333,14 +343,19 @@ def _what_to_send(
     diff = rows.diff(before, digests) if before is not None else None
     attributes: Mapping[str, str] = {}
     within_rows: Mapping[str, Any] = {}
+    reference = forwarded = None
     if (tol := rules.tolerance) is not None:
         sent = tolerance_look.rows_forward(
             rules, tol, kept, digests, typed, payload, state, diff, known and before is not None, partial_send
         )
-        kept, attributes, within_rows = sent.blob, sent.flags, sent.within_rows
+        kept, attributes, within_rows, reference = sent.blob, sent.flags, sent.within_rows, sent.reference
         _tolerance_details(tol.listed, sent, details)
+        if reference is not None and tol.amounts and typed is not None:
+            forwarded = forwarded_rows.kept(typed, len(digests) == len(typed.rows))
+    seen = digests.seen if type(digests) is rows.Compared else None
+    leaves = Kept(kept, reference, seen=seen, forwarded=forwarded)
     if diff is None:
-        return Outgoing(msg.data, attributes, kept, full), details
+        return Outgoing(msg.data, attributes, kept, full), details, leaves
     details.update(diff.summary())
     fields.named("fields_changed", sorted({f for names in diff.fields.values() for f in names}), details)
     data: bytes = msg.data
@@ -356,4 +371,4 @@ def _what_to_send(
             # The fingerprint says the content changed and no row digest does (rows that are
             # not objects, say): forward it whole.
             details["rows_forwarded"] = "whole payload: the change is outside the row digests"
-    return Outgoing(data, attributes, kept, full), details
+    return Outgoing(data, attributes, kept, full), details, leaves

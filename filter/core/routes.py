@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from filter.core import fields, rows
+from filter.core import fields, forwarded_rows, rows
 from filter.core.attributes import own_attributes_at_most, unforwardable
 from filter.core.canonical import MissingField
 from filter.core.conditions import holds
@@ -16,6 +17,20 @@ from filter.core.tolerance import Reference, Tolerance, read
 
 #: How many stored field states a route keeps decoded (a few hundred bytes each).
 _KEPT_STATES = 1024
+
+
+@dataclass(frozen=True, slots=True)
+class Kept:
+    """What a forward's decision leaves for its route's next decisions, taken in by
+    `RouteRules.remember` once its commit landed (never by `decide`, which is pure): what the
+    state it stores (`blob`) decodes to, so that reading that state back decodes nothing, and
+    what lets the next decisions of the route do less work."""
+
+    blob: bytes | None = None  # the row or field state the forward stores
+    reference: Reference | None = None  # the tolerance reference at the end of `blob`
+    fields_state: fields.Before | None = None  # `blob` decoded, on a whole-payload route
+    seen: dict[bytes, tuple[str, str]] | None = None  # the row memo of the forward's rows (`rows.Memo.seen`)
+    forwarded: forwarded_rows.ForwardedRows | None = None  # the forward's rows, for the second look
 
 
 class RouteRules:
@@ -43,6 +58,34 @@ class RouteRules:
         # `tolerance` and `changed_attributes` (`filter.core.tolerance`), and the references read
         self.tolerance = Tolerance(route) if route.tolerance or route.changed_attributes else None
         self._references: dict[bytes, Reference | None] = {}
+        self._forwarded: dict[bytes, forwarded_rows.ForwardedRows] = {}
+        self._forwarded_count = 0  # rows held in `_forwarded`, at most `forwarded_rows.MAX_KEPT_ROWS`
+
+    def remember(self, kept: Kept | None) -> None:
+        """Take in what a forward left (`Kept`), once its commit landed: the next decisions read
+        its state back decoded. Each cache is keyed by the stored bytes (or, the row memo, by
+        each row's content), so a state another process wrote is decoded, never mistaken."""
+        if kept is None:
+            return
+        if kept.seen is not None:
+            self.row_memo.seen = kept.seen
+        blob = kept.blob
+        if not blob:
+            return
+        if kept.reference is not None:
+            self.keep_reference(blob, kept.reference)
+        if kept.fields_state is not None:
+            self.keep_fields_state(blob, kept.fields_state)
+        if kept.forwarded is not None and blob not in self._forwarded:
+            held = self._forwarded
+            self._forwarded_count += len(kept.forwarded.rows)
+            while held and self._forwarded_count > forwarded_rows.MAX_KEPT_ROWS:
+                self._forwarded_count -= len(held.pop(next(iter(held))).rows)
+            held[blob] = kept.forwarded
+
+    def forwarded_rows(self, blob: bytes | None) -> forwarded_rows.ForwardedRows | None:
+        """The rows of the forward that stored `blob`, when this process committed it (`remember`)."""
+        return self._forwarded.get(blob) if blob else None
 
     def reference_of(self, blob: bytes | None) -> Reference | None:
         """The reference the last forward stored with its row state, decoded once per stored value."""

@@ -133,25 +133,21 @@ def digest_rows(route: Route, rows: list[Any], before: Before | None = None) -> 
 
 
 class Memo:
-    """The last digested document's rows, by their canonical content: (row key, fingerprint).
+    """The last forwarded document's rows, by their canonical content: (row key, fingerprint).
 
     Both are functions of the content alone (the key fields are among the selected ones on
     the fast path), so a row seen in the previous document is looked up by its bytes
     instead of paying a key encoding and a SHA-256 for it: a rescrape changes a few rows
     and repeats the rest. A lookup compares the whole content, so no producer can make a
     row borrow another row's digest. One document's rows are kept, replaced as a whole by
-    the next (safe across threads); a miss costs what the digest always cost.
-
-    `written`: the last row state `encode` wrote and what it decodes to, so that the next
-    forward of the same key, reading that blob back from the store, need not decode it
-    again (a blob that is not byte for byte this one is decoded).
+    the next forward's commit (`RouteRules.remember`; safe across threads); a miss costs what
+    the digest always cost.
     """
 
-    __slots__ = ("seen", "written")
+    __slots__ = ("seen",)
 
     def __init__(self) -> None:
         self.seen: dict[bytes, tuple[str, str]] = {}
-        self.written: tuple[bytes, Stored] | None = None
 
 
 def _key_and_fingerprint(typed: TypedRows, row: Any, content: bytes) -> tuple[str, str]:
@@ -161,7 +157,8 @@ def _key_and_fingerprint(typed: TypedRows, row: Any, content: bytes) -> tuple[st
 def digest_typed(typed: TypedRows, before: Before | None = None, memo: Memo | None = None) -> RowDigests | None:
     """`digest_rows` for rows the fingerprint's fast path decoded: the same digests, without
     building a dict per row (only new and changed rows are read field by field), and with
-    `memo`, without a SHA-256 for rows the previous document had.
+    `memo`, without a SHA-256 for rows the previous document had (read only: the digests carry
+    the memo of these rows, `Compared.seen`, for the forward's commit to keep).
 
     None when two rows share a key: `digest_rows` digests those together.
 
@@ -179,10 +176,9 @@ def digest_typed(typed: TypedRows, before: Before | None = None, memo: Memo | No
         if None in known
         else cast(list[tuple[str, str]], known)
     )
-    if memo is not None:
-        memo.seen = dict(zip(contents, pairs, strict=True))
     stored: Mapping[str, tuple[str, Any]] = before.raw if type(before) is Stored else (before or {})
     out = Compared(before)
+    out.seen = dict(zip(contents, pairs, strict=True))
     raw, added, changed = out.raw, out.added, out.changed
     for (key, fp), row in zip(pairs, found, strict=True):
         was = stored.get(key)
@@ -198,9 +194,10 @@ class Compared(Mapping[str, tuple[str, Mapping[str, str]]]):
     """Digests that were compared with `against` as they were computed, row by row: the rows
     found `added` and `changed`, in order, so that `diff` against the same state need not
     look every row up again. An unchanged row is held as it was read (`raw`: its stored
-    fingerprint and packed checksums), and `encode` writes it back as it was read."""
+    fingerprint and packed checksums), and `encode` writes it back as it was read. `seen`:
+    these rows by their content, the `Memo.seen` a forward of them leaves."""
 
-    __slots__ = ("added", "against", "changed", "names", "raw")
+    __slots__ = ("added", "against", "changed", "names", "raw", "seen")
 
     def __init__(self, against: Before | None):
         self.against = against
@@ -208,6 +205,7 @@ class Compared(Mapping[str, tuple[str, Mapping[str, str]]]):
         self.raw: dict[str, tuple[str, Any]] = {}  # checksums packed in the layout `names`, or a mapping of them
         self.added: list[str] = []
         self.changed: list[str] = []
+        self.seen: dict[bytes, tuple[str, str]] = {}
 
     def __getitem__(self, key: str) -> tuple[str, Mapping[str, str]]:
         fp, fields = self.raw[key]
@@ -269,8 +267,8 @@ def stored_size_at_least(typed: TypedRows) -> int:
     return len(_encode(names)) + 5 + key_bytes + n * (26 + 8 * len(names)) + n - 1
 
 
-def encode(digests: RowDigests, memo: Memo | None = None) -> bytes | None:
-    """The row state to store, None over `MAX_STORED_BYTES`. With `memo`, kept as `memo.written`."""
+def encode(digests: RowDigests) -> bytes | None:
+    """The row state to store, None over `MAX_STORED_BYTES`."""
     if type(digests) is Unkept:
         return None
     if type(digests) is Compared:
@@ -281,11 +279,7 @@ def encode(digests: RowDigests, memo: Memo | None = None) -> bytes | None:
     else:
         stored = _packed(digests)
     blob = msgspec.json.encode(stored)
-    if len(blob) > MAX_STORED_BYTES:
-        return None
-    if memo is not None:
-        memo.written = (blob, Stored(tuple(stored.fields), stored.rows))
-    return blob
+    return blob if len(blob) <= MAX_STORED_BYTES else None
 
 
 def _packed(digests: RowDigests) -> _Stored:
@@ -340,12 +334,9 @@ class Stored(Mapping[str, tuple[str, Mapping[str, str]]]):
         return len(self.raw)
 
 
-def decode(blob: bytes | str | None, memo: Memo | None = None) -> Stored | None:
+def decode(blob: bytes | str | None) -> Stored | None:
     if not blob:
         return None
-    written = memo.written if memo is not None else None
-    if written is not None and written[0] == blob:
-        return written[1]
     stored = _decode_blob(blob)
     return Stored(tuple(stored.fields), stored.rows)
 

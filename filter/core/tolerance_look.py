@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from filter.core import fields, rows
+from filter.core import fields, forwarded_rows, rows
 from filter.core.fingerprint import NOT_JSON, TypedRows
 from filter.core.model import KeyState
 from filter.core.routes import RouteRules
@@ -49,10 +49,16 @@ def within(rules: RouteRules, tol: Tolerance, data: bytes, state: KeyState, payl
             return _NOTHING
         compared = tol.compare(old, tol.entry(payload))
         return Look(compared.moves if compared.within else None)
-    before = rows.decode(state.rows, rules.row_memo)
+    typed = rules.typed_rows(data)
+    forwarded = rules.forwarded_rows(state.rows)
+    if forwarded is not None and typed is not None:
+        moved = forwarded_rows.moved(forwarded, typed)
+        if moved is not None:
+            # the rows that differ from the last forward's, found without digesting every row
+            return Look(_moves(tol, reference, [(k, typed.as_dict(r)) for k, r in moved]), None, typed)
+    before = rows.decode(state.rows)
     if before is None or fields.PAYLOAD in before.raw:
         return _NOTHING
-    typed = rules.typed_rows(data)
     digests = rules.row_digests(data, before, typed)
     if digests is None:
         return _NOTHING
@@ -63,16 +69,22 @@ def within(rules: RouteRules, tol: Tolerance, data: bytes, state: KeyState, payl
     found = rows_by_key(rules, tol, digests, typed, payload, diff.changed)
     if found is None:
         return look
+    return Look(_moves(tol, reference, [(k, found[k]) for k in diff.changed]), digests, typed)
+
+
+def _moves(tol: Tolerance, reference: Reference, changed: list[tuple[str, dict[str, Any]]]) -> Moves | None:
+    """The largest move per field when every changed row moved only within tolerance of its
+    reference; None when one did not, one has no reference, or no row changed."""
     moves: Moves = {}
-    for key in diff.changed:
+    for key, row in changed:
         old = reference.rows.get(key)
         if old is None:
-            return look
-        compared = tol.compare(old, tol.entry(found[key]))
+            return None
+        compared = tol.compare(old, tol.entry(row))
         if not compared.within:
-            return look
+            return None
         largest(moves, compared.moves)
-    return Look(moves, digests, typed)
+    return moves if changed else None
 
 
 def rows_by_key(
@@ -116,6 +128,7 @@ class Forward:
     flags: dict[str, str]
     within_rows: dict[str, Moves] = field(default_factory=dict)  # rows changed only within tolerance
     unkept: str | None = None  # why no reference was kept (the next change is then forwarded)
+    reference: Reference | None = None  # the reference at the end of `blob` (`routes.Kept`)
 
 
 def whole_forward(
@@ -132,20 +145,19 @@ def whole_forward(
     entry = tol.entry(payload)
     kept = Reference({fields.PAYLOAD: entry})
     new_blob = attach(blob, kept, elements, rows.MAX_STORED_BYTES) if blob else None
-    if new_blob is not None:
-        rules.keep_reference(new_blob, kept)  # the next decision for the key reads it back
+    reference = kept if new_blob is not None else None  # the next decision for the key reads it back
     unkept = None if new_blob is not None or not blob else _TOO_LARGE
     # kept or not, the state is stored: without a reference, the next change is forwarded
     new_blob = new_blob or blob
     if not known or changed_all is None or state is None:
-        return Forward(new_blob, dict(tol.every_flag), unkept=unkept)
+        return Forward(new_blob, dict(tol.every_flag), unkept=unkept, reference=reference)
     before = rules.reference_of(state.rows)
     old = before.rows.get(fields.PAYLOAD) if before is not None else None
     changed = set(changed_all)
     if old is not None:
         beyond = tol.compare(old, entry).beyond
         changed = {f for f in changed if f not in tol.names} | beyond
-    return Forward(new_blob, tol.flags(changed), unkept=unkept)
+    return Forward(new_blob, tol.flags(changed), unkept=unkept, reference=reference)
 
 
 def rows_forward(
@@ -193,11 +205,7 @@ def rows_forward(
         # no reference kept (or no row state): the next change is forwarded, so no row is held back
         unkept = _TOO_LARGE if blob else None
         return Forward(blob, flags_of(tol, known, reference, diff, changed), unkept=unkept)
-    written = rules.row_memo.written
-    if written is not None and written[0] is blob:
-        rules.row_memo.written = (new_blob, written[1])  # the next read of this key finds it decoded
-    rules.keep_reference(new_blob, kept)  # and its reference too
-    return Forward(new_blob, flags_of(tol, known, reference, diff, changed), within_rows)
+    return Forward(new_blob, flags_of(tol, known, reference, diff, changed), within_rows, reference=kept)
 
 
 def flags_of(

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from collections.abc import Callable, Iterable, Iterator, MutableMapping
 from contextvars import ContextVar
 from typing import Any
 

@@ -12,7 +12,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.propagators.cloud_trace_propagator import CloudTraceFormatPropagator
 from opentelemetry.propagators.textmap import Getter, Setter
-from opentelemetry.trace import Span, SpanContext
+from opentelemetry.trace import SpanContext
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 SYSTEM = "gcp_pubsub"

@@ -33,6 +33,7 @@ def step(r: RouteRules, payload: dict[str, Any], state: KeyState | None, n: int)
     decided = decide(r, msg, fp, state, float(n), False, random.Random(0), decoded)
     if decided.verdict.decision is Decision.FORWARDED:
         state = forwarded(decided.state, msg, fp, 1, decided.out, float(n), 1e12)
+        r.remember(decided.kept)  # as the engine does once the forward's commit landed
     return decided, state
 
 
