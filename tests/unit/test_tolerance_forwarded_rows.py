@@ -43,7 +43,7 @@ async def forwarded_state(tmp_path: Path, rows: list[dict[str, Any]]) -> tuple[E
     config = parse({"routes": [ROUTE]})
     store = SqliteStore(tmp_path / "state.db")
     engine = Engine(config, store, MemoryPublisher(), MemoryRecorder())
-    rec = await engine.handle("props", Message(doc(rows), {}, "m1"))
+    rec = (await engine.handle("props", Message(doc(rows), {}, "m1"))).record
     assert rec.decision is Decision.FORWARDED
     state = await store.read("props", "g1")
     await store.close()
