@@ -15,8 +15,29 @@ from filter.core.fingerprint import NOT_JSON, Scheme, TypedRows, compile_scheme
 from filter.core.paths import MISSING
 from filter.core.tolerance import Reference, Tolerance, read
 
-#: How many stored field states a route keeps decoded (a few hundred bytes each).
+#: How many stored states a route keeps decoded, and how many bytes of stored state at most: a
+#: state is a few hundred bytes on a whole-payload route, but a rows route's can near the row
+#: state's cap (~900 KB), and its decoded form is larger still.
 _KEPT_STATES = 1024
+_KEPT_BYTES = 8 * 1024 * 1024
+
+
+class _Decoded(dict[bytes, Any]):
+    """Stored states decoded, by their bytes, oldest out first past `_KEPT_STATES` entries or
+    `_KEPT_BYTES` of keys: a route's many keys never hold more than that."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.size = 0
+
+    def keep(self, blob: bytes, decoded: Any) -> None:
+        if blob in self:
+            return
+        self.size += len(blob)
+        while self and (len(self) >= _KEPT_STATES or self.size > _KEPT_BYTES):
+            self.size -= len(oldest := next(iter(self)))
+            del self[oldest]
+        self[blob] = decoded
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +75,10 @@ class RouteRules:
         self.selects: Callable[[str], bool] | None = fields.selector(route)
         # the fields a suppression looks at: the excluded ones (all but the included, with `include`)
         self.unselected: tuple[str, ...] | None = None if route.include else tuple(route.exclude)
-        self._befores: dict[bytes, fields.Before] = {}
+        self._befores = _Decoded()  # fields.Before by the stored bytes
         # `tolerance` and `changed_attributes` (`filter.core.tolerance`), and the references read
         self.tolerance = Tolerance(route) if route.tolerance or route.changed_attributes else None
-        self._references: dict[bytes, Reference | None] = {}
+        self._references = _Decoded()  # Reference | None by the stored bytes
         self._forwarded: dict[bytes, forwarded_rows.ForwardedRows] = {}
         self._forwarded_count = 0  # rows held in `_forwarded`, at most `forwarded_rows.MAX_KEPT_ROWS`
 
@@ -91,22 +112,22 @@ class RouteRules:
         """The reference the last forward stored with its row state, decoded once per stored value."""
         if not blob:
             return None
-        if blob not in self._references:
-            self.keep_reference(blob, read(blob))
-        return self._references[blob]
+        if blob in self._references:
+            return self._references[blob]  # type: ignore[no-any-return]
+        reference = read(blob)
+        self.keep_reference(blob, reference)
+        return reference
 
     def keep_reference(self, blob: bytes, reference: Reference | None) -> None:
         """Keep `reference` as what `blob` holds: a forward keeps what it stores (`keep_fields_state`)."""
-        if len(self._references) >= _KEPT_STATES:
-            self._references.pop(next(iter(self._references)), None)
-        self._references[blob] = reference
+        self._references.keep(blob, reference)
 
     def fields_before(self, blob: bytes | None) -> fields.Before | None:
         """The stored field state, decoded once per stored value: a key's suppressions between
         two forwards all read the same blob."""
         if not blob:
             return None
-        seen = self._befores.get(blob)
+        seen: fields.Before | None = self._befores.get(blob)
         if seen is None:
             seen = fields.decode(blob)
             if seen is None:
@@ -118,9 +139,7 @@ class RouteRules:
         """Keep `before` as what `blob` decodes to. A forward keeps the state it stores: the
         next decision for its key reads that blob back and finds it decoded (in this process;
         another decodes it once)."""
-        if len(self._befores) >= _KEPT_STATES:
-            self._befores.pop(next(iter(self._befores)), None)
-        self._befores[blob] = before
+        self._befores.keep(blob, before)
 
     def typed_rows(self, data: bytes) -> TypedRows | None:
         """The rows as the fingerprint's fast path decodes them (included fields only), if it vouches for them."""
