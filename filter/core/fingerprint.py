@@ -148,7 +148,9 @@ def _rows(route: Route, payload: Any) -> list[Any]:
     return rows
 
 
-def _selector(route: Route) -> Callable[[Any], Any]:
+def selector(route: Route) -> Callable[[Any], Any]:
+    """A row's counted fields (include minus exclude), as the fingerprint selects them; a row
+    that is not an object, as it is."""
     exclude = frozenset(route.exclude)
     include = tuple(k for k in route.include if k not in exclude)
     if include:
@@ -174,7 +176,7 @@ def _selector(route: Route) -> Callable[[Any], Any]:
 
 
 def _canonical(route: Route) -> Callable[[Any], str]:
-    select = _selector(route)
+    select = selector(route)
     row_key = tuple(route.row_key)
     ordered = ordered_rows(
         itemgetter(*row_key) if row_key else None, lambda r: [_get(r, k) for k in row_key], encode_sorted

@@ -26,7 +26,7 @@ Pure: no I/O. The decision reads it through `filter.core.judge`.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ import msgspec
 
 from filter.core.canonical import encode_sorted
 from filter.core.config import Route
+from filter.core.fingerprint import selector
 from filter.core.tolerance_amount import CHANGED_PREFIX, Amount, parse_amount
 
 #: The reason of a suppression whose only changes are moves within tolerance.
@@ -139,15 +140,6 @@ def largest(into: dict[str, int | float], moves: Mapping[str, int | float]) -> N
     for f, m in moves.items():
         if m > into.get(f, -1):
             into[f] = m
-
-
-def selector(route: Route) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
-    """A row's counted fields, as the fingerprint selects them (include minus exclude)."""
-    exclude = frozenset(route.exclude)
-    include = tuple(k for k in route.include if k not in exclude)
-    if include:
-        return lambda row: {k: row[k] for k in include if k in row}
-    return lambda row: {k: v for k, v in row.items() if k not in exclude}
 
 
 _ABSENT = object()
