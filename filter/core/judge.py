@@ -293,7 +293,7 @@ def _every_flag(rules: RouteRules) -> Mapping[str, str]:
     return rules.tolerance.every_flag if rules.tolerance is not None else {}
 
 
-def _tolerance_details(listed: tuple[str, ...], sent: tolerance_look.Forward, details: dict[str, Any]) -> None:
+def _tolerance_details(listed: tuple[str, ...], sent: tolerance_look.ForwardPlan, details: dict[str, Any]) -> None:
     """For the record: the fields a forward flags as changed (`changed_attributes`), the rows
     it held back as moved within tolerance, and a reference it could not keep."""
     if listed:

@@ -121,7 +121,7 @@ def rows_by_key(
 
 
 @dataclass
-class Forward:
+class ForwardPlan:
     """What a forward on a tolerance route stores and flags."""
 
     blob: bytes | None  # the row state with the new reference after it
@@ -140,7 +140,7 @@ def whole_forward(
     state: KeyState | None,
     known: bool,
     changed_all: list[str] | None,
-) -> Forward:
+) -> ForwardPlan:
     """A whole-payload forward: the payload's reference, and the flags (all, unless `known`)."""
     entry = tol.entry(payload)
     kept = Reference({fields.PAYLOAD: entry})
@@ -150,14 +150,14 @@ def whole_forward(
     # kept or not, the state is stored: without a reference, the next change is forwarded
     new_blob = new_blob or blob
     if not known or changed_all is None or state is None:
-        return Forward(new_blob, dict(tol.every_flag), unkept=unkept, reference=reference)
+        return ForwardPlan(new_blob, dict(tol.every_flag), unkept=unkept, reference=reference)
     before = rules.reference_of(state.rows)
     old = before.rows.get(fields.PAYLOAD) if before is not None else None
     changed = set(changed_all)
     if old is not None:
         beyond = tol.compare(old, entry).beyond
         changed = {f for f in changed if f not in tol.names} | beyond
-    return Forward(new_blob, tol.flags(changed), unkept=unkept, reference=reference)
+    return ForwardPlan(new_blob, tol.flags(changed), unkept=unkept, reference=reference)
 
 
 def rows_forward(
@@ -171,7 +171,7 @@ def rows_forward(
     diff: rows.RowDiff | None,
     known: bool,
     partial: bool = False,
-) -> Forward:
+) -> ForwardPlan:
     """A rows forward: each row's reference (a row changed only within tolerance keeps its own:
     on `rows_mode: changed` it is not sent), and the flags: a field changed in any row beyond
     its tolerance, every field when a row came or went (or nothing says what changed).
@@ -181,7 +181,7 @@ def rows_forward(
     fresh = None if reference is None or diff is None else [*diff.added, *diff.changed]
     found = rows_by_key(rules, tol, digests, typed, payload, fresh)
     if found is None:
-        return Forward(blob, dict(tol.every_flag), unkept=_UNMATCHED)
+        return ForwardPlan(blob, dict(tol.every_flag), unkept=_UNMATCHED)
     entries: dict[str, Entry] = {}
     changed: set[str] = set()
     within_rows: dict[str, Moves] = {}
@@ -204,8 +204,8 @@ def rows_forward(
     if new_blob is None:
         # no reference kept (or no row state): the next change is forwarded, so no row is held back
         unkept = _TOO_LARGE if blob else None
-        return Forward(blob, flags_of(tol, known, reference, diff, changed), unkept=unkept)
-    return Forward(new_blob, flags_of(tol, known, reference, diff, changed), within_rows, reference=kept)
+        return ForwardPlan(blob, flags_of(tol, known, reference, diff, changed), unkept=unkept)
+    return ForwardPlan(new_blob, flags_of(tol, known, reference, diff, changed), within_rows, reference=kept)
 
 
 def flags_of(
