@@ -120,7 +120,7 @@ def rows_by_key(
     return out
 
 
-@dataclass
+@dataclass(frozen=True)
 class ForwardPlan:
     """What a forward on a tolerance route stores and flags."""
 
