@@ -192,6 +192,11 @@ class Engine:
             # message is answered with no decision, so say so in its record and log line.
             self._finish(route_name, msg, CANCELLED, started, trace)
             raise
+        except Exception as exc:
+            # A bug of ours (or of a library's) met on this message: a recorded `failed`, retried
+            # and in time dead-lettered, never an answer nothing recorded or counted.
+            log.exception("decision_raised", route=route_name, message_id=msg.message_id)
+            done = Done(Decision.FAILED, f"internal error: {type(exc).__name__}: {exc}", cause=Cause.INTERNAL)
         finally:
             self.in_flight -= 1
         return self._finish(route_name, msg, done, started, trace), done

@@ -52,6 +52,7 @@ class Cause(enum.StrEnum):
     PUBLISH = "publish"  # the publish failed: the lease released, the message nacked
     WORK = "work"  # the in-process caller's work raised in place of the publish
     CANCELLED = "cancelled"  # abandoned to a cancel (a shutdown past its budget, or the caller)
+    INTERNAL = "internal"  # the filter itself raised on this message (a bug): recorded, answered 500, retried
 
 
 #: Decisions after which the source message is acked (push answers 2xx).
