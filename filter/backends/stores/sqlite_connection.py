@@ -104,4 +104,6 @@ class Connection:
         thread, self._thread = self._thread, None
         if thread is not None:
             await asyncio.to_thread(thread.shutdown)  # a call under way ends within `busy_timeout`
-        self.db.close()
+        # The last connection to a WAL file checkpoints it and removes the log as it closes: file
+        # I/O, synced, that must not hold the loop (measured 0.19 s on a busy disk).
+        await asyncio.to_thread(self.db.close)
