@@ -32,7 +32,7 @@ from msgspec.structs import replace
 from filter.core.attributes import fence_attributes, forward_attributes, unpublishable
 from filter.core.canonical import MissingField
 from filter.core.config import Config, Route
-from filter.core.decision_line import Quieting, line_level
+from filter.core.decision_line import Quieting, line_level, write_line
 from filter.core.errors import FilterUsageError
 from filter.core.fingerprint import NOT_JSON, PayloadError, message_fingerprint
 from filter.core.heartbeat import Heartbeat
@@ -659,8 +659,5 @@ def _describe(exc: BaseException) -> str:
 
 
 def _log_decision(rec: DecisionRecord, quieting: Mapping[str, Quieting] | None = None) -> None:
-    fields = {k: v for k, v in rec.as_dict().items() if v is not None}
-    if rec.trace:
-        fields["trace"] = rec.trace
     level = line_level(str(rec.decision), _LEVELS[rec.decision], rec.message_id, quieting)
-    getattr(log, level)("decision", **fields)
+    write_line(log, level, rec)
