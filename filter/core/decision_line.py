@@ -5,13 +5,24 @@ Every decision line goes through structlog at its decision's level. The config's
 share of them at their level and the rest at debug. Only the line is quieted: the decision is
 recorded and counted before its line is written, whatever the line. Each engine holds its own
 config's quieting: nothing here is process-wide.
+
+A line goes through structlog as its fields (`DecisionRecord.line_fields`), or, to a chain that
+takes it so (`WholeRecord`), as the record itself: a dozen keyword arguments copied three times
+on their way through structlog were a fifth of the line's cost.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
-from typing import NamedTuple
+from collections.abc import Mapping, MutableMapping
+from typing import Any, NamedTuple
+
+import structlog
+
+from filter.core.model import DecisionRecord
+
+#: The event key a `WholeRecord` chain finds the decision's record under.
+RECORD = "decision_record"
 
 
 class Quieting(NamedTuple):
@@ -42,3 +53,22 @@ def in_sample(message_id: str, share: float) -> bool:
     same answer in every process, unlike `hash()`)."""
     digest = hashlib.blake2b(message_id.encode("utf-8", "surrogatepass"), digest_size=8).digest()
     return int.from_bytes(digest, "big") < share * 2**64
+
+
+class WholeRecord:
+    """A structlog processor that takes a decision line as its record (under `RECORD`), not as its
+    fields: `write_line` passes the record to a chain that starts with one, the fields to any other
+    (an application's own, structlog's capture in tests)."""
+
+    def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> Any:
+        raise NotImplementedError
+
+
+def write_line(log: Any, level: str, rec: DecisionRecord) -> None:
+    """Log `rec`'s line at `level` through `log`, a structlog logger."""
+    bound = log.bind()  # the bound logger itself, not found through proxies' failed attribute lookups
+    chain = structlog.get_config()["processors"]
+    if chain and isinstance(chain[0], WholeRecord):
+        getattr(bound, level)("decision", decision_record=rec)
+    else:
+        getattr(bound, level)("decision", **rec.line_fields())

@@ -222,13 +222,18 @@ class DecisionRecord(msgspec.Struct, frozen=True):
         out = _column_values(self)
         return (*out[:_DECISION_AT], str(self.decision), *out[_DECISION_AT + 1 :])
 
-    def as_dict(self) -> dict[str, Any]:
-        """The fields of the decision log line: the columns but `trace` (the engine names it
-        under Cloud Logging's trace field) and `extra` (its keys are spread into the line)."""
-        # the line's fields named once, in `DECISION_COLUMNS`; as fast as a literal dict (measured)
-        out = {name: getattr(self, name) for name in _LINE_FIELDS}
+    def line_fields(self) -> dict[str, Any]:
+        """The decision log line's fields, in line order: the columns but `extra`, whose keys are
+        spread in before `trace` (the JSON set-up names it under Cloud Logging's trace field);
+        an empty value (None, no trace) is left out."""
+        # one comprehension over one C attribute fetch: the line is written for every decision
+        out = {name: value for name, value in zip(_LINE_FIELDS, _line_values(self), strict=True) if value is not None}
         out["decision"] = str(self.decision)
-        out.update(self.extra)
+        extra = self.extra
+        if extra:
+            out.update((k, v) for k, v in extra.items() if v is not None)
+        if self.trace:
+            out["trace"] = self.trace
         return out
 
 
@@ -272,3 +277,4 @@ COLUMN_NAMES = tuple(c.name for c in DECISION_COLUMNS)
 _DECISION_AT = COLUMN_NAMES.index("decision")
 _column_values = operator.attrgetter(*COLUMN_NAMES)
 _LINE_FIELDS = tuple(n for n in COLUMN_NAMES if n not in ("trace", "extra"))
+_line_values = operator.attrgetter(*_LINE_FIELDS)

@@ -6,7 +6,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from filter.core.decision_line import Quieting, line_level
+from filter.core.decision_line import Quieting, line_level, write_line
 from filter.core.handled import Delivery, Done
 from filter.core.judge import Decided
 from filter.core.logs import get_logger
@@ -78,9 +78,6 @@ LEVELS = {
 
 
 def log_decision(rec: DecisionRecord, quieting: Mapping[str, Quieting] | None = None) -> None:
-    """The decision's one log line: the record's fields that are set."""
-    fields = {k: v for k, v in rec.as_dict().items() if v is not None}
-    if rec.trace:
-        fields["trace"] = rec.trace
+    """The decision's one log line: the record's fields that are set (`decision_line.write_line`)."""
     level = line_level(str(rec.decision), LEVELS[rec.decision], rec.message_id, quieting)
-    getattr(log, level)("decision", **fields)
+    write_line(log, level, rec)

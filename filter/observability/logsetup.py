@@ -23,7 +23,10 @@ from typing import Any, TextIO, cast
 import msgspec
 import structlog
 from opentelemetry.trace import get_current_span
+from structlog.contextvars import merge_contextvars
+from structlog.processors import format_exc_info
 
+from filter.core.decision_line import RECORD, WholeRecord
 from filter.core.times import format_time
 from filter.observability.stdlib_logs import route_stdlib
 
@@ -40,7 +43,8 @@ TRACE_FIELD = "logging.googleapis.com/trace"
 SPAN_FIELD = "logging.googleapis.com/spanId"
 LABELS_FIELD = "logging.googleapis.com/labels"
 COMPONENT = "pubsub-filter"
-_FORBIDDEN = ("authorization", "token", "payload", "data", "body")
+_FORBIDDEN = frozenset(("authorization", "token", "payload", "data", "body"))
+_ENCODER = msgspec.json.Encoder(enc_hook=str)
 
 
 class _Output:
@@ -68,23 +72,10 @@ _OUT = _Output(sys.stdout)
 
 def _scrub(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """Never let a payload or a credential reach a log line, whoever logged it."""
-    for k in _FORBIDDEN:
-        event.pop(k, None)
+    if not _FORBIDDEN.isdisjoint(event):
+        for k in _FORBIDDEN:
+            event.pop(k, None)
     return event
-
-
-def _timestamp(clock: Callable[[], float]) -> structlog.types.Processor:
-    """`time` in RFC 3339 UTC with microseconds, rounded as everywhere else (`format_time`): a
-    numeric `time` given by the caller (the decision time), else `clock()`."""
-
-    def processor(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-        t = event.get("time")
-        if t is None or t.__class__ not in (float, int):
-            t = clock()
-        event["time"] = format_time(t)
-        return event
-
-    return processor
 
 
 def _console_time(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
@@ -96,29 +87,40 @@ def _console_time(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMa
     return event
 
 
-def _span_ids(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    """A line written inside a recorded span names it (and its trace, when the surface named
-    none), so Cloud Logging joins the line to the span in Cloud Trace."""
-    span = get_current_span()
-    if span.is_recording():
-        ctx = span.get_span_context()
-        event.setdefault("span_id", format(ctx.span_id, "016x"))
-        event.setdefault("trace", format(ctx.trace_id, "032x"))
-    return event
+class _CloudJson(WholeRecord):
+    """The JSON line, in one call (each processor is a call on every line): the context merged,
+    payloads and credentials dropped, the current span named, an exception formatted, `time`
+    stamped, Cloud Logging's fields named, then encoded. A decision line comes as its record."""
 
+    def __init__(self, project: str | None, clock: Callable[[], float]) -> None:
+        self.trace_prefix = f"projects/{project}/traces/" if project else ""
+        self.clock = clock
 
-def _cloud_fields(project: str | None) -> structlog.types.Processor:
-    trace_prefix = f"projects/{project}/traces/" if project else ""
-
-    def processor(_: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
+        rec = event.pop(RECORD, None)
+        if rec is not None:
+            event = {**rec.line_fields(), **event}
+        event = _scrub(logger, method, merge_contextvars(logger, method, event))
+        span = get_current_span()
+        if span.is_recording():
+            # a line written inside a recorded span names it (and its trace, when the surface
+            # named none), so Cloud Logging joins the line to the span in Cloud Trace
+            ctx = span.get_span_context()
+            event.setdefault("span_id", format(ctx.span_id, "016x"))
+            event.setdefault("trace", format(ctx.trace_id, "032x"))
+        if "exc_info" in event:
+            event = format_exc_info(logger, method, event)
+        # RFC 3339 UTC with microseconds: a numeric `time` given by the caller (the decision time), else now
+        t = event.get("time")
+        event["time"] = format_time(t if t.__class__ in (float, int) else self.clock())
         event["severity"] = _SEVERITY.get(method, "DEFAULT")
         event["message"] = event.pop("event", "")
         trace = event.pop("trace", None)
         if trace:
-            event[TRACE_FIELD] = trace_prefix + str(trace)
-        span = event.pop("span_id", None)
-        if span:
-            event[SPAN_FIELD] = str(span)
+            event[TRACE_FIELD] = self.trace_prefix + str(trace)
+        span_id = event.pop("span_id", None)
+        if span_id:
+            event[SPAN_FIELD] = str(span_id)
         route = event.get("route")
         if route is not None:
             labels = {"component": COMPONENT, "route": str(route)}
@@ -126,14 +128,12 @@ def _cloud_fields(project: str | None) -> structlog.types.Processor:
             if decision is not None:
                 labels["decision"] = str(decision)
             event[LABELS_FIELD] = labels
-        return event
-
-    return processor
+        return _dumps(event)
 
 
-def _dumps(event: Any, **_: Any) -> str:
-    """JSONRenderer's serializer: msgspec, anything it cannot encode as its `str`."""
-    return msgspec.json.encode(event, enc_hook=str).decode()
+def _dumps(event: Any) -> str:
+    """msgspec's JSON, anything it cannot encode as its `str`."""
+    return _ENCODER.encode(event).decode()
 
 
 class _StdlibJson(logging.Formatter):
@@ -184,18 +184,10 @@ def configure(
         fmt = "console" if tty else "json"
     if fmt == "json":
         project = project or find_project()
-        processors: list[structlog.types.Processor] = [
-            structlog.contextvars.merge_contextvars,
-            _scrub,
-            _span_ids,
-            structlog.processors.format_exc_info,
-            _timestamp(clock),
-            _cloud_fields(project),
-            structlog.processors.JSONRenderer(serializer=_dumps),
-        ]
+        processors: list[structlog.types.Processor] = [_CloudJson(project, clock)]
     else:
         processors = [
-            structlog.contextvars.merge_contextvars,
+            merge_contextvars,
             _scrub,
             structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
             _console_time,

@@ -135,8 +135,8 @@ def test_the_bigquery_row_is_every_column_in_order() -> None:
     assert type(to_row(FULL)["decision"]) is str
 
 
-def test_the_log_line_fields_are_the_columns_but_trace_with_extra_spread() -> None:
-    fields = FULL.as_dict()
-    assert list(fields) == [*(n for n in COLUMN_NAMES if n not in ("trace", "extra")), "rows_changed"]
+def test_the_log_line_fields_are_the_columns_with_extra_spread_before_trace() -> None:
+    fields = FULL.line_fields()
+    assert list(fields) == [*(n for n in COLUMN_NAMES if n not in ("trace", "extra")), "rows_changed", "trace"]
     assert type(fields["decision"]) is str and fields["decision"] == "forwarded"
     assert fields["rows_changed"] == 3 and fields["publish_time"] == FULL.publish_time

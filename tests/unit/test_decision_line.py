@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import time
 from collections.abc import Iterator
@@ -9,13 +10,14 @@ from typing import Any
 
 import pytest
 import structlog
+import structlog.testing
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 
-from filter.core.model import Decision, DecisionRecord
-from filter.core.record import log_decision
+from filter.core.model import Cause, Decision, DecisionRecord
+from filter.core.record import LEVELS, log_decision
 from filter.core.times import format_time
 from filter.observability import logsetup
 
@@ -109,6 +111,69 @@ def test_a_decision_line_on_a_terminal_is_the_readable_line() -> None:
     logsetup.configure(fmt="console", stream=stream, cache=False)
     log_decision(rec)
     assert "decision" in stream.getvalue() and not stream.getvalue().startswith("{")
+
+
+# --- the line from its record: the JSON chain takes the record whole, any other its fields ---
+
+FULL = DecisionRecord(
+    time=1_767_225_600.25,
+    route="reports",
+    decision=Decision.FORWARDED,
+    enforced=False,
+    message_id="m4",
+    key="2025-01-10",
+    reason="changed",
+    fingerprint="sha256:ab",
+    destination="phase3",
+    published_id="7",
+    fence=3,
+    publish_time=1_767_225_599.5,
+    delivery_attempt=2,
+    latency_ms=0.42,
+    trace="4bf92f3577b34da6a3ce929d0e0e4736",
+    details={"rows_changed": 1, "fields_changed": None, "payload": "secret", "data": "secret"},
+    heartbeats=2,
+    committed=False,
+    cause=Cause.PUBLISH,
+)
+RECORDS = [
+    FULL,
+    DecisionRecord(time=3.0, route="r", decision=Decision.STALE, enforced=True, message_id="m5", trace=""),
+    DecisionRecord(time=4, route="r", decision=Decision.FAILED, enforced=True, message_id="m6", details={"token": "t"}),
+]
+
+
+def line_of_record(rec: DecisionRecord, level: str = "info") -> str:
+    stream = io.StringIO()
+    logsetup.configure(level=level, fmt="json", project="p", stream=stream, cache=False)
+    log_decision(rec)
+    return stream.getvalue()
+
+
+@pytest.mark.parametrize("rec", RECORDS, ids=lambda r: str(r.decision))
+@pytest.mark.parametrize("in_span", [False, True], ids=["no span", "in a recorded span"])
+def test_a_decision_line_from_its_record_is_the_line_of_its_fields(rec: DecisionRecord, in_span: bool) -> None:
+    level = LEVELS[rec.decision]
+    structlog.contextvars.bind_contextvars(trace="c" * 32, request="r1")
+    try:
+        with contextlib.ExitStack() as stack:
+            if in_span:
+                stack.enter_context(TracerProvider(id_generator=FixedIds()).get_tracer("t").start_as_current_span("d"))
+            whole, fields = line_of_record(rec, level), line_of(level, rec.line_fields())
+    finally:
+        structlog.contextvars.clear_contextvars()
+    assert whole == fields
+    assert "secret" not in whole and '"request":"r1"' in whole
+    assert ("logging.googleapis.com/spanId" in whole) is in_span
+
+
+def test_a_decision_line_through_another_chain_is_its_fields() -> None:
+    logsetup.configure(level="info", fmt="json", project="p", stream=io.StringIO(), cache=False)
+    with structlog.testing.capture_logs() as logs:
+        log_decision(FULL)
+    [line] = logs
+    assert line == {**FULL.line_fields(), "event": "decision", "log_level": "info"}
+    assert list(line)[:3] == ["time", "route", "decision"] and "decision_record" not in line
 
 
 # --- the timestamp, its date and time computed once per second --------------------------

@@ -43,7 +43,7 @@ def test_the_sqlite_reader_counts_suppressions_within_tolerance_by_name(tmp_path
 
 def test_the_log_lines_reader_counts_suppressions_within_tolerance_by_name(tmp_path: Path) -> None:
     log = tmp_path / "filter.log"
-    lines = [{"message": "decision", "time": r.time, **r.as_dict()} for r in records()]
+    lines = [{"message": "decision", "time": r.time, **r.line_fields()} for r in records()]
     log.write_text("\n".join(json.dumps(line) for line in lines))
     rows = LogLinesReader(str(log)).decision_counts(None, "route")
     assert sorted(rows, key=lambda r: r["decision"]) == EXPECTED
@@ -59,5 +59,5 @@ def test_skip_rate_shows_them_in_their_own_column_and_skips_them() -> None:
 
 
 def test_the_record_carries_the_moves_in_extra() -> None:
-    line = records()[1].as_dict()
+    line = records()[1].line_fields()
     assert line["within_tolerance"] == {"price": 4} and line["reason"] == "moved within tolerance"
