@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 import structlog
 
-from filter.observability import logsetup
+from filter.observability import logsetup, stdlib_logs
 
 
 class JsonLines:
@@ -53,7 +53,7 @@ def logs_into(stream: Any, level: str = "info", fmt: str = "json", reset: bool =
     the stream and the stdlib formatter before are put back after. `reset`: from structlog's
     defaults (loggers logsetup cached stay cached: they write through `_OUT` and `_PROCESSORS`)."""
     saved, before, processors = structlog.get_config(), logsetup._OUT.stream, list(logsetup._PROCESSORS)
-    handler = logsetup._STDLIB_HANDLER
+    handler = stdlib_logs._HANDLER
     formatter = handler.formatter if handler is not None else None
     if reset:
         structlog.reset_defaults()
