@@ -17,6 +17,7 @@ from tests.support.dlq import PullProcess
 from tests.support.emulators import PubsubEmulator
 from tests.support.pubsub_helpers import PubsubAdmin
 from tests.support.serve import write_config
+from tests.support.tolerance_routes import props_route
 
 pytestmark = [pytest.mark.emulator, pytest.mark.timeout(180)]
 
@@ -36,19 +37,7 @@ class World:
             "store": {"backend": "sqlite", "path": str(tmp_path / "state.db")},
             "publisher": {"backend": "pubsub", "timeout": "20s"},
             "records": {"backend": "sqlite", "path": str(tmp_path / "decisions.db")},
-            "routes": [
-                {
-                    "name": ROUTE,
-                    "subscription": self.sub,
-                    "destination": self.dest,
-                    "key": ["payload.game_id"],
-                    "rows": "payload.props",
-                    "row_key": ["player"],
-                    "include": ["player", "price", "status"],
-                    "tolerance": {"price": 12},
-                    "changed_attributes": ["price", "status"],
-                }
-            ],
+            "routes": [props_route(ROUTE, self.dest, subscription=self.sub)],
         }
         env = {"PUBSUB_EMULATOR_HOST": emu.host, "GOOGLE_CLOUD_PROJECT": emu.project, "LOG_LEVEL": "info"}
         self.proc = PullProcess(write_config(tmp_path / "pull.yaml", config), tmp_path / "pull.log", env=env)

@@ -16,6 +16,7 @@ from tests.support.dlq import DeadLetterRig, Result, run_replay
 from tests.support.emulators import PubsubEmulator
 from tests.support.pubsub_helpers import PubsubAdmin
 from tests.support.serve import records, write_config
+from tests.support.tolerance_routes import props_route
 
 pytestmark = [pytest.mark.emulator, pytest.mark.timeout(240)]
 
@@ -53,17 +54,7 @@ def test_through_filter_skips_a_move_within_tolerance_and_replays_a_jump_flagged
 ) -> None:
     dest = admin.topic("dest")
     downstream = rig.subscription(dest, "downstream")
-    route: dict[str, Any] = {
-        "name": ROUTE,
-        "subscription": rig.sub,
-        "destination": dest,
-        "key": ["payload.game_id"],
-        "rows": "payload.props",
-        "row_key": ["player"],
-        "include": ["player", "price", "status"],
-        "tolerance": {"price": 12},
-        "changed_attributes": ["price", "status"],
-    }
+    route: dict[str, Any] = props_route(ROUTE, dest, subscription=rig.sub)
     cfg = write_config(
         tmp_path / "filter.yaml",
         {

@@ -15,6 +15,7 @@ from filter.core.config import Config, parse
 from filter.core.model import Decision
 from filter.inprocess import Filter, Forward, SyncFilter
 from tests.support.clock import ManualClock
+from tests.support.tolerance_routes import props_route
 from tests.support.watchdog import within
 
 ROUTES: list[dict[str, Any]] = [
@@ -26,16 +27,7 @@ ROUTES: list[dict[str, Any]] = [
         "tolerance": {"price": 12},
         "changed_attributes": ["price", "status"],
     },
-    {
-        "name": "props",
-        "destination": "phase3",
-        "key": ["payload.game_id"],
-        "rows": "payload.props",
-        "row_key": ["player"],
-        "include": ["player", "price", "status"],
-        "tolerance": {"price": 12},
-        "changed_attributes": ["price", "status"],
-    },
+    props_route("props", "phase3"),
     {"name": "strict", "destination": "phase3", "key": ["payload.game_id"], "on_missing_key": "reject"},
 ]
 

@@ -20,6 +20,7 @@ from filter.core.model import Decision, DecisionRecord, KeyState, Lease, Message
 from filter.core.ports import StoreUnavailable
 from tests.support.clock import ManualClock, ManualSleep
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
+from tests.support.tolerance_routes import props_route
 
 ROUTES: list[dict[str, Any]] = [
     {
@@ -31,27 +32,8 @@ ROUTES: list[dict[str, Any]] = [
         "changed_attributes": ["price", "status", "total"],
     },
     {"name": "plain", "destination": "phase3", "key": ["payload.game_id"], "exclude": ["scraped"]},
-    {
-        "name": "props",
-        "destination": "phase3",
-        "key": ["payload.game_id"],
-        "rows": "payload.props",
-        "row_key": ["player"],
-        "include": ["player", "price", "status"],
-        "tolerance": {"price": 12},
-        "changed_attributes": ["price", "status"],
-    },
-    {
-        "name": "props-changed",
-        "destination": "phase3",
-        "key": ["payload.game_id"],
-        "rows": "payload.props",
-        "row_key": ["player"],
-        "include": ["player", "price", "status"],
-        "rows_mode": "changed",
-        "tolerance": {"price": 12},
-        "changed_attributes": ["price", "status"],
-    },
+    props_route("props", "phase3"),
+    props_route("props-changed", "phase3", rows_mode="changed"),
     {
         "name": "windowed",
         "destination": "phase3",
