@@ -13,9 +13,10 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from harness import smoking
+from harness import ROOT, smoking
 
 
 def instructions(
@@ -43,3 +44,32 @@ def instructions(
     if m is None:
         raise SystemExit(f"no instruction count from callgrind:\n{proc.stderr[-2000:]}")
     return int(m.group(1))
+
+
+#: The phases a forward-and-suppress child counts: each one decides what the one before did, then more.
+PHASES = ("prime", "forwards", "pairs", "triples")
+
+
+def per_decision(
+    child: str, modes: Iterable[str], argv: Callable[[str, str], list[str]], k: int, tmp: str
+) -> dict[str, dict[str, float]]:
+    """Instructions per forward, per suppression after a forward and per suppression after a
+    suppression, by mode: `child` run once per mode and phase (`argv(mode, phase)`), one at a
+    time (the machine is shared), each phase's count less the one before, over `k` cycles."""
+    per: dict[str, dict[str, float]] = {}
+    for mode in modes:
+        count: dict[str, int] = {}
+        for phase in PHASES:
+            count[phase] = instructions(child, argv(mode, phase), ROOT, tmp)
+            print(f"  {mode:<9} {phase:<8} {count[phase]:>15,} instructions", file=sys.stderr, flush=True)
+        per[mode] = {
+            "forward": (count["forwards"] - count["prime"]) / k,
+            "suppress": (count["pairs"] - count["forwards"]) / k,
+            "again": (count["triples"] - count["pairs"]) / k,
+        }
+    print()
+    print("| mode | instructions / forward | / suppression after a forward | / suppression after a suppression |")
+    print("| --- | ---: | ---: | ---: |")
+    for mode, p in per.items():
+        print(f"| {mode} | {p['forward']:,.0f} | {p['suppress']:,.0f} | {p['again']:,.0f} |")
+    return per

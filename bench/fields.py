@@ -52,7 +52,6 @@ from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 ROUTE = "r"
 MODES = ("tracked", "untracked")
-PHASES = ("prime", "forwards", "pairs", "triples")
 
 BASE = {
     "id": 7,
@@ -165,24 +164,12 @@ def instructions_main(args: argparse.Namespace) -> int:
     k = args.cycles
     print(harness.machine_line())
     print(f"K = {k}, warm-up {args.warmup} cycles; instructions per decision under callgrind, PYTHONHASHSEED=0")
-    per: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-fields-i-") as tmp:
-        for mode in MODES:  # one child at a time: the machine is shared
-            count: dict[str, int] = {}
-            for phase in PHASES:
-                argv = [mode, phase, str(k), str(args.warmup), str(harness.ROOT / "bench")]
-                count[phase] = callgrind.instructions(CHILD, argv, harness.ROOT, tmp)
-                print(f"  {mode:<9} {phase:<8} {count[phase]:>15,} instructions", file=sys.stderr, flush=True)
-            per[mode] = {
-                "forward": (count["forwards"] - count["prime"]) / k,
-                "suppress": (count["pairs"] - count["forwards"]) / k,
-                "again": (count["triples"] - count["pairs"]) / k,
-            }
-    print()
-    print("| mode | instructions / forward | / suppression after a forward | / suppression after a suppression |")
-    print("| --- | ---: | ---: | ---: |")
-    for mode, p in per.items():
-        print(f"| {mode} | {p['forward']:,.0f} | {p['suppress']:,.0f} | {p['again']:,.0f} |")
+
+        def argv(mode: str, phase: str) -> list[str]:
+            return [mode, phase, str(k), str(args.warmup), str(harness.ROOT / "bench")]
+
+        per = callgrind.per_decision(CHILD, MODES, argv, k, tmp)
     t, u = per["tracked"], per["untracked"]
     print(
         f"\ntracked / untracked: forward {t['forward'] / u['forward']:.3f}x (goal <= 1.10), "

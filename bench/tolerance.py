@@ -167,7 +167,7 @@ async def play(mode: str, shape: str, rows: int, phase: str, db: Path, cycles: i
         await store.close()
 
 
-PHASES = ("prime", "forwards", "pairs", "triples")
+PHASES = callgrind.PHASES
 
 CHILD = r"""
 import asyncio, logging, sys, tempfile
@@ -191,24 +191,12 @@ def instructions_main(args: argparse.Namespace) -> int:
     print(harness.machine_line())
     rows = f", {args.rows} rows" if args.shape == "rows" else ""
     print(f"shape {args.shape}{rows}, K = {k}, warm-up {args.warmup} cycles; instructions under callgrind")
-    per: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-tolerance-i-") as tmp:
-        for mode in args.modes.split(","):  # one child at a time: the machine is shared
-            count: dict[str, int] = {}
-            for phase in PHASES:
-                argv = [mode, args.shape, str(args.rows), phase, str(k), str(args.warmup), str(harness.ROOT / "bench")]
-                count[phase] = callgrind.instructions(CHILD, argv, harness.ROOT, tmp)
-                print(f"  {mode:<9} {phase:<8} {count[phase]:>15,} instructions", file=sys.stderr, flush=True)
-            per[mode] = {
-                "forward": (count["forwards"] - count["prime"]) / k,
-                "suppress": (count["pairs"] - count["forwards"]) / k,
-                "again": (count["triples"] - count["pairs"]) / k,
-            }
-    print()
-    print("| mode | instructions / forward | / suppression after a forward | / suppression after a suppression |")
-    print("| --- | ---: | ---: | ---: |")
-    for mode, p in per.items():
-        print(f"| {mode} | {p['forward']:,.0f} | {p['suppress']:,.0f} | {p['again']:,.0f} |")
+
+        def argv(mode: str, phase: str) -> list[str]:
+            return [mode, args.shape, str(args.rows), phase, str(k), str(args.warmup), str(harness.ROOT / "bench")]
+
+        per = callgrind.per_decision(CHILD, args.modes.split(","), argv, k, tmp)
     t, pl = per["tolerance"], per["plain"]
     u = per.get("unchanged", {"suppress": math.nan, "again": math.nan})
     print(
