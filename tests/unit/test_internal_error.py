@@ -14,6 +14,7 @@ from filter.core.envelope import make_envelope
 from filter.core.model import Cause, Decision
 from filter.core.routes import RouteRules
 from tests.support.fakes import MemoryRecorder
+from tests.support.jsonlogs import production_logs
 from tests.support.push_client import engine_on_sqlite, push_client
 
 ROUTES = {"routes": [{"name": "reports", "destination": "phase3", "key": ["payload.game_date"]}]}
@@ -35,9 +36,12 @@ async def test_a_message_the_filter_raises_on_is_recorded_failed_and_answered_50
 
     monkeypatch.setattr(RouteRules, "bypassed", bypassed)
     engine = engine_on_sqlite(tmp_path, ROUTES)
-    async with push_client(engine) as client:
-        failed = await client.post("/push/reports", content=body("bad", "1"))
-        fine = await client.post("/push/reports", content=body("2025-01-10", "2"))
+    with production_logs() as logs:  # the JSON lines `serve` writes
+        async with push_client(engine) as client:
+            failed = await client.post("/push/reports", content=body("bad", "1"))
+            fine = await client.post("/push/reports", content=body("2025-01-10", "2"))
+    [traceback] = logs.tracebacks
+    assert '"message":"decision_raised"' in traceback and "ZeroDivisionError: division by zero" in traceback
     assert (failed.status_code, failed.json()["decision"]) == (500, "failed")
     assert failed.json()["reason"] == "internal error: ZeroDivisionError: division by zero"
     assert (fine.status_code, fine.json()["decision"]) == (200, "forwarded")
