@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -27,13 +26,6 @@ from tests.support.pubsub_helpers import PubsubAdmin, emulator_env
 pytestmark = pytest.mark.emulator
 
 FILTER = "attributes:filter_changed_injury_status"
-
-
-@pytest.fixture
-def admin(pubsub_emulator: PubsubEmulator) -> Iterator[PubsubAdmin]:
-    a = PubsubAdmin(pubsub_emulator)
-    yield a
-    a.cleanup()
 
 
 async def test_forwards_flag_exactly_the_fields_that_changed_for_a_subscription_filter_to_select(

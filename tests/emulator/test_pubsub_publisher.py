@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Iterator
+from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 import pytest
@@ -22,13 +22,6 @@ from tests.support.pubsub_helpers import DelayProxy, PubsubAdmin, emulator_env, 
 pytestmark = pytest.mark.emulator
 
 T = TypeVar("T")
-
-
-@pytest.fixture
-def admin(pubsub_emulator: PubsubEmulator) -> Iterator[PubsubAdmin]:
-    a = PubsubAdmin(pubsub_emulator)
-    yield a
-    a.cleanup()
 
 
 @contextlib.asynccontextmanager

@@ -24,27 +24,13 @@ import pytest
 from filter.core.envelope import ATTR_ORIGINAL_TIME
 from filter.core.times import parse_time
 from filter.replay.deadletter import ATTR_COUNT, ATTR_ORIGINAL_ID
-from tests.support.dlq import DeadLetterRig, ReplayProcess, run_replay
+from tests.support.dlq import DeadLetterRig, ReplayProcess, counted, run_replay
 from tests.support.emulators import PubsubEmulator
 from tests.support.payloads import injury_report
 from tests.support.pubsub_helpers import PubsubAdmin, Pulled, emulator_env
 from tests.support.serve import records, write_config
 
 pytestmark = [pytest.mark.emulator, pytest.mark.timeout(240)]
-
-
-@pytest.fixture
-def admin(pubsub_emulator: PubsubEmulator) -> Iterator[PubsubAdmin]:
-    a = PubsubAdmin(pubsub_emulator)
-    yield a
-    a.cleanup()
-
-
-@pytest.fixture
-def rig(admin: PubsubAdmin) -> Iterator[DeadLetterRig]:
-    r = DeadLetterRig.create(admin)
-    yield r
-    r.cleanup()
 
 
 @pytest.fixture
@@ -80,13 +66,6 @@ def publish_batch(admin: PubsubAdmin, topic: str, n: int, start: int = 0, **attr
         admin.publish(topic, json.dumps({"n": i, "game_date": f"2026-01-{i + 1:02d}"}).encode(), n=str(i), **attrs)
         for i in range(start, start + n)
     ]
-
-
-def counted(result: Any, label: str) -> int:
-    for line in result.stdout.splitlines():
-        if line.strip().startswith(label + ":"):
-            return int(line.split(":", 1)[1].split()[0])
-    raise AssertionError(f"no {label!r} line in the summary:\n{result}")
 
 
 # --- republish to the source topic -------------------------------------------------------------

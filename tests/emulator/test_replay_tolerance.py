@@ -6,13 +6,12 @@ attributes of what changed."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.support.dlq import DeadLetterRig, Result, run_replay
+from tests.support.dlq import DeadLetterRig, Result, counted, run_replay
 from tests.support.emulators import PubsubEmulator
 from tests.support.pubsub_helpers import PubsubAdmin
 from tests.support.serve import records, write_config
@@ -23,30 +22,9 @@ pytestmark = [pytest.mark.emulator, pytest.mark.timeout(240)]
 ROUTE = "props"
 
 
-@pytest.fixture
-def admin(pubsub_emulator: PubsubEmulator) -> Iterator[PubsubAdmin]:
-    a = PubsubAdmin(pubsub_emulator)
-    yield a
-    a.cleanup()
-
-
-@pytest.fixture
-def rig(admin: PubsubAdmin) -> Iterator[DeadLetterRig]:
-    r = DeadLetterRig.create(admin)
-    yield r
-    r.cleanup()
-
-
 def props(*prices: int, status: str = "open") -> bytes:
     rows = [{"player": f"p{i}", "price": p, "status": status} for i, p in enumerate(prices)]
     return json.dumps({"game_id": "g1", "props": rows}).encode()
-
-
-def counted(result: Result, label: str) -> int:
-    for line in result.stdout.splitlines():
-        if line.strip().startswith(label + ":"):
-            return int(line.split(":", 1)[1].split()[0])
-    raise AssertionError(f"no {label!r} line in the summary:\n{result}")
 
 
 def test_through_filter_skips_a_move_within_tolerance_and_replays_a_jump_flagged(

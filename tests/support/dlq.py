@@ -296,3 +296,11 @@ class PullProcess(ServeProcess):
             if time.monotonic() > until:
                 raise AssertionError(f"condition not reached within {timeout:g}s:\n{self.tail()}")
             time.sleep(0.05)
+
+
+def counted(result: Any, label: str) -> int:
+    """The number a `replay` run's summary gives on its `label:` line."""
+    for line in result.stdout.splitlines():
+        if line.strip().startswith(label + ":"):
+            return int(line.split(":", 1)[1].split()[0])
+    raise AssertionError(f"no {label!r} line in the summary:\n{result}")
