@@ -23,8 +23,13 @@ def instructions(
     code: str, args: list[str], pythonpath: Path | str, cwd: Path | str | None = None, only: str | None = None
 ) -> int:
     """Run `python -c code *args` under callgrind (hash seed fixed) and return the instruction count.
-    `only`: count only inside that function (callgrind's name for it, `--toggle-collect`)."""
+    `only`: count only inside that function (callgrind's name for it, `--toggle-collect`).
+
+    `python -c` puts its working directory first on `sys.path`, before PYTHONPATH: run from a
+    checkout, it would import that checkout's `filter` whatever `pythonpath` says. So the child
+    runs in `cwd`, or else in `pythonpath` itself."""
     env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(pythonpath)}
+    cwd = pythonpath if cwd is None else cwd
     if smoking():
         t0 = time.perf_counter_ns()
         subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=cwd, check=True)
