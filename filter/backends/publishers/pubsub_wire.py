@@ -18,6 +18,7 @@ more than the RPC's own encoding. Errors come back as google-api-core's exceptio
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
@@ -68,6 +69,13 @@ class PublishWire:
             reply = await self._call(req, timeout=within, metadata=metadata)
         except grpc.aio.AioRpcError as exc:
             raise gexc.from_grpc_error(exc) from exc  # type: ignore[no-untyped-call]
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # our caller's cancel
+            # The call was cancelled under us (`close` closed the channel): a failure, never
+            # a CancelledError our caller would take for its own cancel.
+            raise gexc.Cancelled("the channel was closed") from None  # type: ignore[no-untyped-call]
         return str(reply.message_ids[0])
 
     async def close(self) -> None:
