@@ -153,8 +153,10 @@ class PubsubPublisher:
                     return await self._wire_on(loop).publish(req, within=max(deadline - loop.time(), 0.001))
         except PublishFailed:
             raise
-        except (grpc.aio.UsageError, gexc.Cancelled) as exc:  # the channel closed under it
-            raise PublishFailed("the publisher is closed (shutting down)") from exc
+        except (grpc.aio.UsageError, gexc.Cancelled) as exc:
+            if self._closed:  # `close` closed the channel under it
+                raise PublishFailed("the publisher is closed (shutting down)") from exc
+            raise PublishFailed(f"publish to {topic} failed: {_describe(exc)}") from exc
         except gexc.DeadlineExceeded:
             raise PublishFailed(
                 f"publish to {topic} not confirmed within {self.timeout:g}s ({attempts} attempt(s))"
