@@ -44,7 +44,7 @@ process, its store emulator and the Pub/Sub emulator per message (/proc, all thr
 steadier than wall time on a shared machine. The order of the systems rotates between
 rounds; figures are medians over rounds, ratios are medians of per-round ratios.
 
-`--profile DIR` runs ours under cProfile (the event loop's thread only; not the publisher's or
+`--profile DIR` runs ours under cProfile (the event loop's thread only, by its CPU time; not
 gRPC's threads), one `ours-PID.prof` per server: read them with `pstats`.
 """
 
@@ -683,9 +683,11 @@ def serve_ours(argv: list[str]) -> int:
     profile_dir = os.environ.get("BENCH_E2E_PROFILE")
     if not profile_dir:
         return filter_main(argv)
-    import cProfile  # the event loop's thread only: the publisher's and gRPC's threads are not in it
+    import cProfile  # the event loop's thread only: gRPC's and the records' threads are not in it
 
-    prof = cProfile.Profile()
+    # by the thread's CPU time: a coroutine awaiting a reply costs the loop nothing, and wall
+    # time would charge the wait to whatever frame was suspended
+    prof = cProfile.Profile(time.thread_time)
     try:
         return prof.runcall(filter_main, argv)
     finally:

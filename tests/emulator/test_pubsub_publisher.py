@@ -17,6 +17,7 @@ from filter.core.config import ConfigError
 from filter.core.ports import PublishFailed, Unpublishable
 from filter.core.pubsub_limits import PUBLISH_REQUEST_LIMIT, publish_request_bytes
 from tests.support.emulators import PubsubEmulator
+from tests.support.faultrig import FaultProxy
 from tests.support.net import free_port
 from tests.support.polling import eventually
 from tests.support.pubsub_helpers import DelayProxy, PubsubAdmin, emulator_env, unique
@@ -263,6 +264,26 @@ async def test_a_close_cut_short_by_its_share_of_the_stop_ends_the_publishes_und
             result = await asyncio.wait_for(asyncio.gather(hung, return_exceptions=True), 5)
             assert time.monotonic() - started < 1
     assert isinstance(result[0], PublishFailed) and "closed" in str(result[0]), result
+
+
+async def test_a_publish_refused_for_a_while_is_retried_and_lands_once(
+    pubsub_emulator: PubsubEmulator, admin: PubsubAdmin
+) -> None:
+    topic = admin.topic("refused")
+    sub = admin.pull_subscription(topic, ordered=True)
+    with FaultProxy(pubsub_emulator.host) as proxy:
+        async with publisher_at(proxy.host, pubsub_emulator.project, budget=20) as pub:
+            await pub.publish(topic, b"before", {}, ordering_key="k")  # the channel is up
+            proxy.refuse()
+            refused = asyncio.create_task(pub.publish(topic, b"during", {}, ordering_key="k"))
+            await eventually(lambda: proxy.refused >= 2, 10, "a second attempt after the first was refused")
+            assert not refused.done()
+            proxy.accept()
+            published_id = await asyncio.wait_for(refused, 10)
+    got = await asyncio.to_thread(admin.pull, sub, 2)
+    assert [(m.data, m.message_id) for m in got][1:] == [(b"during", published_id)]
+    assert [m.data for m in got] == [b"before", b"during"]
+    await asyncio.to_thread(admin.assert_nothing_more, sub, 1.0)
 
 
 async def test_unreachable_service_is_retried_then_fails_within_the_timeout(pubsub_emulator: PubsubEmulator) -> None:
