@@ -44,7 +44,7 @@ process, its store emulator and the Pub/Sub emulator per message (/proc, all thr
 steadier than wall time on a shared machine. The order of the systems rotates between
 rounds; figures are medians over rounds, ratios are medians of per-round ratios.
 
-`--profile DIR` runs ours under cProfile (the event loop's thread only; not the publisher's or
+`--profile DIR` runs ours under cProfile (the event loop's thread only, by its CPU time; not
 gRPC's threads), one `ours-PID.prof` per server: read them with `pstats`.
 """
 
@@ -155,7 +155,7 @@ def serve_theirs(argv: list[str]) -> int:
 
     backend = DatastoreLock(project=args.project, kind=args.kind)
     publisher = pubsub_v1.PublisherClient(
-        # the product publisher's settings: latency-tuned batches of up to 100, the same window
+        # the settings the product's publisher had before it sent each forward on its own: latency-tuned batches
         batch_settings=pubsub_v1.types.BatchSettings(max_messages=100, max_latency=args.window / 1000),
     )
     topic = publisher.topic_path(args.project, args.topic)
@@ -426,7 +426,7 @@ class World:
                 "GOOGLE_CLOUD_PROJECT": self.pubsub.project,
             },
             name="ours",
-            command=[sys.executable, str(Path(__file__).resolve()), "serve-ours", str(self.args.window)],
+            command=[sys.executable, str(Path(__file__).resolve()), "serve-ours"],
         )
         proc.start(deadline=60)
 
@@ -676,19 +676,18 @@ def _interrupt(signum: int, _frame: Any) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
-def serve_ours(window_ms: str, argv: list[str]) -> int:
-    """`pubsub-filter` with the publisher's batch window set to `window_ms`: a what-if, never a product mode."""
-    import filter.backends.publishers.pubsub
-
-    filter.backends.publishers.pubsub.MAX_LATENCY = float(window_ms) / 1000
+def serve_ours(argv: list[str]) -> int:
+    """`pubsub-filter`, under cProfile when `--profile` asked for it."""
     from filter.cli import main as filter_main
 
     profile_dir = os.environ.get("BENCH_E2E_PROFILE")
     if not profile_dir:
         return filter_main(argv)
-    import cProfile  # the event loop's thread only: the publisher's and gRPC's threads are not in it
+    import cProfile  # the event loop's thread only: gRPC's and the records' threads are not in it
 
-    prof = cProfile.Profile()
+    # by the thread's CPU time: a coroutine awaiting a reply costs the loop nothing, and wall
+    # time would charge the wait to whatever frame was suspended
+    prof = cProfile.Profile(time.thread_time)
     try:
         return prof.runcall(filter_main, argv)
     finally:
@@ -700,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] == ["serve-theirs"]:
         return serve_theirs(argv[1:])
     if argv[:1] == ["serve-ours"]:
-        return serve_ours(argv[1], argv[2:])
+        return serve_ours(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--messages", type=int, default=1000)
     ap.add_argument("--keys", type=int, default=50)
@@ -729,7 +728,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--window",
         type=float,
-        help="the publishers' batch window in ms, ours and theirs alike (default: the product's MAX_LATENCY)",
+        default=1.0,
+        help="the peer's publisher batch window in ms (ours sends each forward as its own Publish RPC)",
     )
     ap.add_argument("--json", action="store_true", help="print the full summary as JSON too")
     ap.add_argument("--keep", type=Path, help="write logs, configs and records here (kept) instead of a temp dir")
@@ -744,10 +744,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         args.profile.mkdir(parents=True, exist_ok=True)
         os.environ["BENCH_E2E_PROFILE"] = str(args.profile.resolve())  # inherited by serve-ours
-    if args.window is None:
-        from filter.backends.publishers.pubsub import MAX_LATENCY
-
-        args.window = MAX_LATENCY * 1000
     if not 0 <= args.unchanged < 1:
         ap.error("--unchanged must be in [0, 1)")
     if args.rows < 2:
@@ -774,7 +770,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.messages} messages over {args.keys} keys, {expected} new or changed "
         f"({pct(expected, args.messages)}), {args.rows} players per report (~{size / 1024:.0f} KiB); "
         f"{args.rounds} rounds, push subscriptions {'with' if args.ordered else 'without'} message ordering, "
-        f"publisher batch window {args.window:g} ms, load average {os.getloadavg()[0]:.1f}",
+        f"the peer's publisher batch window {args.window:g} ms, load average {os.getloadavg()[0]:.1f}",
         flush=True,
     )
     with contextlib.ExitStack() as stack:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
@@ -16,7 +17,9 @@ from filter.core.config import ConfigError
 from filter.core.ports import PublishFailed, Unpublishable
 from filter.core.pubsub_limits import PUBLISH_REQUEST_LIMIT, publish_request_bytes
 from tests.support.emulators import PubsubEmulator
+from tests.support.faultrig import FaultProxy
 from tests.support.net import free_port
+from tests.support.polling import eventually
 from tests.support.pubsub_helpers import DelayProxy, PubsubAdmin, emulator_env, unique
 
 pytestmark = pytest.mark.emulator
@@ -114,6 +117,45 @@ async def test_ordering_key_is_kept_in_order(publisher: PubsubPublisher, admin: 
     assert [m.data for m in got if m.ordering_key == ""] == [b"no-key"]
 
 
+async def test_publishes_of_one_key_asked_at_once_land_in_the_order_asked(
+    pubsub_emulator: PubsubEmulator, admin: PubsubAdmin
+) -> None:
+    """Publishes of a key asked for together (an unordered source, a pull worker's batch) go out
+    one at a time, each once the one before it is confirmed; other keys do not wait for them."""
+    topic = admin.topic("ordered-burst")
+    sub = admin.pull_subscription(topic, ordered=True)
+    sent = [(f"game-{i % 3}", f"{i:02d}".encode()) for i in range(30)]
+    with DelayProxy(pubsub_emulator.host, delay=0.02) as proxy:  # every RPC in flight a while
+        async with publisher_at(proxy.host, pubsub_emulator.project) as pub:
+            ids = await asyncio.gather(*(pub.publish(topic, data, {}, ordering_key=key) for key, data in sent))
+    assert len(set(ids)) == len(sent)
+    got = await asyncio.to_thread(admin.pull, sub, len(sent))
+    for key in ("game-0", "game-1", "game-2"):
+        assert [m.data for m in got if m.ordering_key == key] == [d for k, d in sent if k == key]
+
+
+async def test_a_publish_starts_no_thread(
+    publisher: PubsubPublisher, admin: PubsubAdmin, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`Thread.start()` holds the event loop until the new thread runs (~0.9 ms a forward under
+    load, bench/README.md P4): a publish, keyed or not, one or many at once, starts none."""
+    topic = admin.topic("threads")
+    await publisher.publish(topic, b"first", {}, ordering_key="k")  # the channel is made once
+    started: list[str] = []
+    start = threading.Thread.start
+
+    def counting_start(thread: threading.Thread) -> None:
+        started.append(thread.name)
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", counting_start)
+    for i in range(3):
+        await publisher.publish(topic, b"one", {}, ordering_key=f"k{i}")
+        await publisher.publish(topic, b"one", {})
+    await asyncio.gather(*(publisher.publish(topic, b"many", {}, ordering_key=f"k{i % 2}") for i in range(6)))
+    assert started == []
+
+
 async def test_missing_topic_fails_naming_the_topic(
     publisher: PubsubPublisher, pubsub_emulator: PubsubEmulator
 ) -> None:
@@ -183,6 +225,65 @@ async def test_unconfirmed_publish_fails_within_the_timeout(
             assert topic in str(result)
             assert 0.9 <= elapsed < 2.5, elapsed
             assert gap < 0.3
+
+
+async def test_a_publish_waiting_behind_a_hung_one_of_its_key_fails_within_its_own_timeout(
+    pubsub_emulator: PubsubEmulator, admin: PubsubAdmin
+) -> None:
+    topic = admin.topic("hung-key")
+    with DelayProxy(pubsub_emulator.host, delay=5.0) as proxy:
+        async with publisher_at(proxy.host, pubsub_emulator.project, budget=1.0) as pub:
+            started = time.monotonic()
+            both = await asyncio.gather(
+                pub.publish(topic, b"a", {}, ordering_key="k"),
+                pub.publish(topic, b"b", {}, ordering_key="k"),
+                return_exceptions=True,
+            )
+            elapsed = time.monotonic() - started
+    assert [type(r) for r in both] == [PublishFailed, PublishFailed], both
+    assert all("not confirmed within 1s" in str(r) for r in both), both
+    assert 0.9 <= elapsed < 2.5, elapsed
+
+
+async def test_a_close_cut_short_by_its_share_of_the_stop_ends_the_publishes_under_way(
+    pubsub_emulator: PubsubEmulator, admin: PubsubAdmin
+) -> None:
+    """`Engine.close` gives the publisher's close a share of the stop budget and cancels it there:
+    a publish that hangs then ends at once as failed (its source message nacked), rather than
+    running on to its own timeout past the stop."""
+    topic = admin.topic("hung-close")
+    with DelayProxy(pubsub_emulator.host, delay=30.0) as proxy:
+        async with publisher_at(proxy.host, pubsub_emulator.project, budget=30.0) as pub:
+            await asyncio.wait_for(pub.ping(), 1)
+            hung = asyncio.create_task(pub.publish(topic, b"x", {}, ordering_key="k"))
+            await eventually(lambda: proxy.connections, 5, "the publish's RPC on its way through the proxy")
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.3):  # what `closing.within` does at the share's end
+                    await pub.close()
+            started = time.monotonic()
+            result = await asyncio.wait_for(asyncio.gather(hung, return_exceptions=True), 5)
+            assert time.monotonic() - started < 1
+    assert isinstance(result[0], PublishFailed) and "closed" in str(result[0]), result
+
+
+async def test_a_publish_refused_for_a_while_is_retried_and_lands_once(
+    pubsub_emulator: PubsubEmulator, admin: PubsubAdmin
+) -> None:
+    topic = admin.topic("refused")
+    sub = admin.pull_subscription(topic, ordered=True)
+    with FaultProxy(pubsub_emulator.host) as proxy:
+        async with publisher_at(proxy.host, pubsub_emulator.project, budget=20) as pub:
+            await pub.publish(topic, b"before", {}, ordering_key="k")  # the channel is up
+            proxy.refuse()
+            refused = asyncio.create_task(pub.publish(topic, b"during", {}, ordering_key="k"))
+            await eventually(lambda: proxy.refused >= 2, 10, "a second attempt after the first was refused")
+            assert not refused.done()
+            proxy.accept()
+            published_id = await asyncio.wait_for(refused, 10)
+    got = await asyncio.to_thread(admin.pull, sub, 2)
+    assert [(m.data, m.message_id) for m in got][1:] == [(b"during", published_id)]
+    assert [m.data for m in got] == [b"before", b"during"]
+    await asyncio.to_thread(admin.assert_nothing_more, sub, 1.0)
 
 
 async def test_unreachable_service_is_retried_then_fails_within_the_timeout(pubsub_emulator: PubsubEmulator) -> None:

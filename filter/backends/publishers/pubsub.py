@@ -1,27 +1,28 @@
-"""The production publisher: Google Cloud Pub/Sub through google-cloud-pubsub's `PublisherClient`.
+"""The production publisher: Google Cloud Pub/Sub, one Publish RPC per message on the event loop.
 
-The source message waits for this publish to be confirmed before it is acked, so the
-client is tuned for latency (a 1 ms batch window), not throughput. Waiting never blocks
-the event loop: the client's future is bridged into an asyncio future. Transient errors
-are retried (tenacity) inside one time budget, `timeout`; everything else, and a budget
-that runs out, becomes `PublishFailed` with a reason an operator can act on.
+The source message waits for this publish to be confirmed before it is acked, so it is made for
+latency: each publish is its own RPC, sent at once (no batch window) on a `grpc.aio` channel
+(`pubsub_wire`), awaited on the loop without a thread. Ordering keys are kept here
+(`turns`): a key's publishes are sent one at a time, in the order they were asked for.
+Transient errors are retried (tenacity) inside one time budget, `timeout`; everything else,
+and a budget that runs out, becomes `PublishFailed` with a reason an operator can act on.
 
-`PUBSUB_EMULATOR_HOST` is honoured by the client library itself.
+`PUBSUB_EMULATOR_HOST`, when set as the publisher is made, sends every publish to the emulator
+(a plain channel, no credentials), as the client library does.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import os
 import time
 from collections.abc import Mapping
 from typing import Any
 
-from google import pubsub_v1 as gapic
+import google.auth
+import grpc
 from google.api_core import exceptions as gexc
-from google.cloud import pubsub_v1
-from google.cloud.pubsub_v1 import types as pubsub_types
-from google.cloud.pubsub_v1.publisher import exceptions as pub_exc
+from google.pubsub_v1.services.publisher.transports.grpc_asyncio import PublisherGrpcAsyncIOTransport
 from tenacity import (
     AsyncRetrying,
     RetryCallState,
@@ -32,34 +33,25 @@ from tenacity import (
 )
 
 from filter.backends.gcp import TRANSIENT, pubsub_path, resolve_project
+from filter.backends.publishers.pubsub_wire import PublishWire, request
+from filter.backends.publishers.turns import Turns
 from filter.core.logs import get_logger
 from filter.core.ports import PublishFailed, Unpublishable
+from filter.core.pubsub_limits import PUBLISH_REQUEST_LIMIT
 
 log = get_logger("pubsub_filter.publisher")
 
-#: `PublisherClient.publish(topic, data, ordering_key, retry, timeout, **attrs)` binds these
-#: names itself, so a message attribute with one of them cannot be passed through it: such a
-#: message goes in a `PubsubMessage` of its own, through the generated client's `publish`.
-RESERVED_ATTRIBUTES = frozenset({"self", "topic", "data", "ordering_key", "retry", "timeout"})
-
-#: How long the client may hold a message to batch it with others. Every forward waits it
-#: out; 1 ms still lets a burst on the same ordering key share RPCs (bench/publish.py).
-MAX_LATENCY = 0.001
-
-_CLIENT_STOPPED = "Batch cancelled because the publisher client has been stopped."
-
-
-class _KeyPaused(Exception):
-    """The client refused the publish because an earlier one with the same ordering key failed."""
+#: How long `close` waits for the publishes under way before it closes the channel under them
+#: (and `Engine.close` gives it at most its share of the stop budget).
+CLOSE_WAIT = 10.0
 
 
 class PubsubPublisher:
     """Publish to Pub/Sub topics and wait for the server's confirmation.
 
     `destination` is a topic id (`phase3-injury-report`, in `project`) or a full
-    `projects/P/topics/T` path. Ordering keys are kept (message ordering is enabled on the
-    client); after a failed publish with a key the key is resumed, so one failure does
-    not block every later message with that key.
+    `projects/P/topics/T` path. Ordering keys are kept: a key's next publish is sent once the
+    one before it has ended; a failed one does not block every later message with that key.
     """
 
     def __init__(self, project: str | None = None, timeout: float = 30.0):
@@ -67,13 +59,17 @@ class PubsubPublisher:
             raise ValueError("timeout must be positive")
         self.project = resolve_project(project)
         self.timeout = float(timeout)
-        self._client: Any = pubsub_v1.PublisherClient(
-            batch_settings=pubsub_v1.types.BatchSettings(max_messages=100, max_latency=MAX_LATENCY),
-            publisher_options=pubsub_v1.types.PublisherOptions(enable_message_ordering=True),
+        # Found now, where blocking is fine (a file, the metadata server), not on the loop at the
+        # first publish; the emulator takes none.
+        self._emulator = os.environ.get("PUBSUB_EMULATOR_HOST") or None
+        self._credentials: Any = (
+            None if self._emulator else google.auth.default(default_scopes=PublisherGrpcAsyncIOTransport.AUTH_SCOPES)[0]
         )
-        self._direct: Any = None  # the generated client, on the same channel: made on first use
+        self._wire: PublishWire | None = None  # made on the loop by the first publish
+        self._wire_loop: asyncio.AbstractEventLoop | None = None
+        self._turns = Turns()
         self._topics: dict[str, str] = {}
-        self._waiting: set[asyncio.Future[str]] = set()
+        self._under_way: set[asyncio.Future[None]] = set()
         self._closed = False
 
     # --- destinations -------------------------------------------------------------
@@ -104,47 +100,50 @@ class PubsubPublisher:
             raise PublishFailed("the publisher is closed (shutting down)")
         topic = self.topic_path(destination)
         key = ordering_key or ""
+        req = request(topic, data, attributes, key)
+        size = req.ByteSize()
+        if size > PUBLISH_REQUEST_LIMIT:  # what the client library refused before sending, and Pub/Sub would
+            raise Unpublishable(
+                f"message too large for {topic}: a Publish request of {size} bytes (at most {PUBLISH_REQUEST_LIMIT})"
+            )
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
-        attempts = 0
-
-        def log_retry(state: RetryCallState) -> None:
-            exc = state.outcome.exception() if state.outcome else None
-            log.warning(
-                "publish_retry",
-                topic=topic,
-                attempt=state.attempt_number,
-                error=_describe(exc),
-                wait_s=round(state.upcoming_sleep, 3),
-            )
-
+        ended = loop.create_future()
+        self._under_way.add(ended)
         try:
-            async for attempt in AsyncRetrying(
-                retry=retry_if_exception(lambda e: isinstance(e, (*TRANSIENT, _KeyPaused))),
-                stop=stop_before_delay(self.timeout),
-                wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
-                before_sleep=log_retry,
-                reraise=True,
-            ):
-                with attempt:
-                    attempts += 1
-                    remaining = deadline - loop.time()
-                    if remaining <= 0:
-                        raise TimeoutError
-                    return await self._attempt(loop, topic, data, attributes, key, remaining)
+            async with asyncio.timeout_at(deadline):
+                if not key:
+                    return await self._send(req, deadline)
+                async with self._turns.turn((topic, key)):
+                    return await self._send(req, deadline)
         except TimeoutError:
-            raise PublishFailed(
-                f"publish to {topic} not confirmed within {self.timeout:g}s ({attempts} attempt(s))"
-            ) from None
+            raise PublishFailed(f"publish to {topic} not confirmed within {self.timeout:g}s") from None
+        finally:
+            self._under_way.discard(ended)
+            ended.set_result(None)
+
+    async def _send(self, req: Any, deadline: float) -> str:
+        """The Publish RPC, retried while the error is transient and the budget lasts."""
+        topic = req.topic
+        tries = [1]
+        try:
+            try:  # most publishes take one attempt: only one that failed pays for the retry policy
+                return await self._once(req, deadline)
+            except TRANSIENT as exc:
+                return await self._retried(req, deadline, exc, tries)
         except PublishFailed:
             raise
-        except _KeyPaused:
+        except (grpc.aio.UsageError, gexc.Cancelled) as exc:
+            if self._closed:  # `close` closed the channel under it
+                raise PublishFailed("the publisher is closed (shutting down)") from exc
+            raise PublishFailed(f"publish to {topic} failed: {_describe(exc)}") from exc
+        except gexc.DeadlineExceeded:
             raise PublishFailed(
-                f"publish to {topic} failed: ordering key {key!r} stayed paused after earlier failures"
+                f"publish to {topic} not confirmed within {self.timeout:g}s ({tries[0]} attempt(s))"
             ) from None
         except TRANSIENT as exc:
             raise PublishFailed(
-                f"publish to {topic} failed after {attempts} attempt(s) in {self.timeout:g}s: {_describe(exc)}"
+                f"publish to {topic} failed after {tries[0]} attempt(s) in {self.timeout:g}s: {_describe(exc)}"
             ) from exc
         except gexc.NotFound as exc:
             raise PublishFailed(f"topic {topic} does not exist") from exc
@@ -157,123 +156,76 @@ class PubsubPublisher:
         # (4xx, dead-lettered) rather than failing it (5xx) on every delivery.
         except gexc.InvalidArgument as exc:
             raise Unpublishable(f"Pub/Sub rejected the message for {topic}: {exc.message}") from exc
-        except pub_exc.MessageTooLargeError as exc:
-            raise Unpublishable(f"message too large for {topic}: {exc}") from exc
         except gexc.GoogleAPICallError as exc:
             raise PublishFailed(f"publish to {topic} failed: {_describe(exc)}") from exc
         raise AssertionError("unreachable: the retry loop returns or raises")  # pragma: no cover
 
-    async def _attempt(
-        self,
-        loop: asyncio.AbstractEventLoop,
-        topic: str,
-        data: bytes,
-        attributes: Mapping[str, str],
-        key: str,
-        remaining: float,
-    ) -> str:
-        if not RESERVED_ATTRIBUTES.isdisjoint(attributes):
-            return await self._attempt_alone(topic, data, attributes, key, remaining)
-        try:
-            gfuture = self._client.publish(
-                # the whole remaining budget: a slow publish is waited for, never sent twice
-                topic,
-                data,
-                ordering_key=key,
-                retry=None,
-                timeout=max(remaining, 1.0),
-                **attributes,
+    async def _once(self, req: Any, deadline: float) -> str:
+        loop = asyncio.get_running_loop()
+        # the whole remaining budget: a slow publish is waited for, never sent twice
+        return await self._wire_on(loop).publish(req, within=max(deadline - loop.time(), 0.001))
+
+    async def _retried(self, req: Any, deadline: float, failed: BaseException, tries: list[int]) -> str:
+        """The attempts after a first one that failed with a transient error, under the retry
+        policy: its first turn raises that failure again, so the waits and the log lines count it."""
+        loop = asyncio.get_running_loop()
+        first: BaseException | None = failed
+
+        def log_retry(state: RetryCallState) -> None:
+            exc = state.outcome.exception() if state.outcome else None
+            log.warning(
+                "publish_retry",
+                topic=req.topic,
+                attempt=state.attempt_number,
+                error=_describe(exc),
+                wait_s=round(state.upcoming_sleep, 3),
             )
-        except RuntimeError as exc:  # the client was stopped under us
-            raise PublishFailed(f"the publisher is closed (shutting down): {exc}") from exc
-        waiter = _bridge(gfuture, loop)
-        self._waiting.add(waiter)
-        try:
-            return await asyncio.wait_for(waiter, remaining)
-        except pub_exc.PublishToPausedOrderingKeyException:
-            self._resume(topic, key)
-            raise _KeyPaused from None
-        except RuntimeError as exc:  # a batch cancelled by the client
-            if str(exc) == _CLIENT_STOPPED:
-                raise PublishFailed("the publisher is closed (shutting down)") from exc
-            self._resume(topic, key)
-            raise _KeyPaused from exc
-        except BaseException:
-            self._resume(topic, key)
-            raise
-        finally:
-            self._waiting.discard(waiter)
 
-    async def _attempt_alone(
-        self, topic: str, data: bytes, attributes: Mapping[str, str], key: str, remaining: float
-    ) -> str:
-        """One message in a Publish RPC of its own: for attributes `PublisherClient.publish` cannot
-        take (`RESERVED_ATTRIBUTES`). Not batched (such names are rare). Its order among the
-        batched publishes of its ordering key holds where the source delivers that key in order
-        (an ordered subscription): the forward is confirmed before the source message is acked,
-        so the key's next message, and its forward, come after."""
-        message = pubsub_types.PubsubMessage(data=data, attributes=dict(attributes), ordering_key=key)
-        if self._direct is None:
-            self._direct = gapic.PublisherClient(transport=self._client.transport)
-        direct = self._direct
+        async for attempt in AsyncRetrying(
+            retry=retry_if_exception(lambda e: isinstance(e, TRANSIENT)),
+            stop=stop_before_delay(max(deadline - loop.time(), 0.0)),
+            wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
+            before_sleep=log_retry,
+            reraise=True,
+        ):
+            with attempt:
+                if first is not None:
+                    again, first = first, None
+                    raise again
+                if self._closed:
+                    raise PublishFailed("the publisher is closed (shutting down)")
+                tries[0] += 1
+                return await self._once(req, deadline)
+        raise AssertionError("unreachable: the retry loop returns or raises")  # pragma: no cover
 
-        def call() -> str:
-            # the whole remaining budget: a slow publish is waited for, never sent twice
-            response = direct.publish(topic=topic, messages=[message], retry=None, timeout=max(remaining, 1.0))
-            return str(response.message_ids[0])
-
-        waiter = asyncio.ensure_future(asyncio.to_thread(call))
-        self._waiting.add(waiter)
-        try:
-            return await asyncio.wait_for(waiter, remaining)
-        finally:
-            self._waiting.discard(waiter)
-
-    def _resume(self, topic: str, key: str) -> None:
-        """Unpause an ordering key after a failure; a no-op when it is not paused (yet)."""
-        if key:
-            with contextlib.suppress(RuntimeError, ValueError):
-                self._client.resume_publish(topic, key)
+    def _wire_on(self, loop: asyncio.AbstractEventLoop) -> PublishWire:
+        """The channel of this loop: a `grpc.aio` channel belongs to the loop it was made on."""
+        if self._wire is None or self._wire_loop is not loop:
+            if self._closed:
+                raise PublishFailed("the publisher is closed (shutting down)")
+            self._wire, self._wire_loop = PublishWire(self._credentials, self._emulator), loop
+        return self._wire
 
     async def ping(self) -> None:
-        """Ready while the client runs. Asking the service (`topics.get`) would need a permission
+        """Ready while the publisher is open. Asking the service (`topics.get`) would need a permission
         a publisher is not otherwise given, and a brief outage is what the retries are for."""
         if self._closed:
             raise PublishFailed("the publisher is closed (shutting down)")
 
     async def close(self) -> None:
-        """Stop the client: flush what is batched, wait briefly for it, close the channel."""
+        """Wait briefly for the publishes under way, then close the channel (cancelling what is left)."""
         if self._closed:
             return
         self._closed = True
-        with contextlib.suppress(RuntimeError):
-            self._client.stop()
-        if self._waiting:
-            await asyncio.wait(set(self._waiting), timeout=min(self.timeout, 10.0))
-        started = time.monotonic()
-        await asyncio.to_thread(self._client.transport.close)
-        log.debug("publisher_closed", took_s=round(time.monotonic() - started, 3))
-
-
-def _bridge(gfuture: Any, loop: asyncio.AbstractEventLoop) -> asyncio.Future[str]:
-    """An asyncio future settled (on the loop's thread) when the client's future is."""
-    waiter: asyncio.Future[str] = loop.create_future()
-
-    def settle(done: Any) -> None:
-        if waiter.done():  # timed out or cancelled meanwhile
-            return
-        exc = done.exception()
-        if exc is not None:
-            waiter.set_exception(exc)
-        else:
-            waiter.set_result(str(done.result()))
-
-    def on_done(done: Any) -> None:  # runs on the client's commit thread (or right here)
-        with contextlib.suppress(RuntimeError):  # the loop is already closed: nobody waits
-            loop.call_soon_threadsafe(settle, done)
-
-    gfuture.add_done_callback(on_done)
-    return waiter
+        try:
+            if self._under_way:
+                await asyncio.wait(set(self._under_way), timeout=min(self.timeout, CLOSE_WAIT))
+        finally:
+            wire, self._wire = self._wire, None
+            if wire is not None and self._wire_loop is asyncio.get_running_loop():
+                started = time.monotonic()
+                await wire.close()
+                log.debug("publisher_closed", took_s=round(time.monotonic() - started, 3))
 
 
 def _describe(exc: BaseException | None) -> str:
