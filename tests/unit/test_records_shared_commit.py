@@ -165,3 +165,33 @@ async def test_a_record_made_while_close_waits_for_the_last_commit_is_written_be
     assert late[0] is not None
     await asyncio.wait_for(late[0], 5)  # answered, not left waiting for a writer that is gone
     assert (stored(tmp_path / "d.db"), recorder.deferred) == (["a", "late"], 0)
+
+
+async def test_past_max_waiting_rows_a_new_record_goes_to_the_batching_recorder_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk far slower than the requests: the rows waiting for the writer are bounded, and
+    what comes past the bound is written by the batching recorder instead, not lost."""
+    kept = KeptSink()
+    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(kept), max_waiting=2)
+    insert = recorder.sink.insert_apart
+    held = threading.Event()
+
+    def held_insert(rows: list[Prepared]) -> Any:
+        held.wait(10)
+        return insert(rows)
+
+    monkeypatch.setattr(recorder.sink, "insert_apart", held_insert)
+    try:
+        for message_id in ("a", "b", "c"):
+            recorder.record(suppressed_record(message_id))
+        assert (recorder.deferred, recorder.fallback.pending) == (1, 1)  # "c", at once
+        held.set()
+        committing = recorder.committing()
+        assert committing is not None
+        await committing
+        await recorder.flush()
+        assert (stored(tmp_path / "d.db"), [r.message_id for r in kept.rows]) == (["a", "b"], ["c"])
+    finally:
+        held.set()
+        await recorder.close()
