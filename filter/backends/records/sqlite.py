@@ -31,7 +31,8 @@ _present = functools.partial(operator.is_not, None)
 # INTO decisions (...) VALUES ") and one row's "(?, ...)": a decision path leaves the same
 # columns empty every time, so there are a handful.
 _insert_of: dict[tuple[bool, ...], tuple[str, str]] = {}
-#: Rows in one INSERT at most (500 rows of 21 values: well under SQLite's bound on parameters).
+#: Rows in one INSERT at most, or fewer where SQLite binds fewer parameters a statement (999
+#: before 3.32): `SqliteSink` asks its connection.
 MAX_ROWS = 500
 
 #: A record with what its INSERT binds: which columns have a value, and those values.
@@ -68,14 +69,14 @@ def _insert(mask: tuple[bool, ...], rows: int) -> str:
     return head + ", ".join(repeat(row, rows))
 
 
-def _statements(rows: list[Prepared]) -> list[tuple[str, list[Any], list[Prepared]]]:
+def _statements(rows: list[Prepared], most: int) -> list[tuple[str, list[Any], list[Prepared]]]:
     """(INSERT, its values, its rows): one for each run of consecutive rows binding the same
-    columns, in record order, of `MAX_ROWS` rows at most."""
+    columns, in record order, of `most` rows at most."""
     out = []
     for mask, same in groupby(rows, _columns_of):
         run = list(same)
-        for start in range(0, len(run), MAX_ROWS):
-            part = run[start : start + MAX_ROWS]
+        for start in range(0, len(run), most):
+            part = run[start : start + most]
             out.append((_insert(mask, len(part)), list(chain.from_iterable(map(_bound_of, part))), part))
     return out
 
@@ -119,7 +120,8 @@ class SqliteSink:
         statement that held it, which stored nothing, is made again row by row), so it costs
         only itself. Raises, having stored none, when the transaction itself fails (the file
         locked past the timeout, the disk full)."""
-        statements = _statements(rows)
+        most = min(MAX_ROWS, self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(COLUMN_NAMES))
+        statements = _statements(rows, most)
         if len(statements) == 1 and self._stored(*statements[0][:2]):
             return []  # the usual group: one statement in SQLite's own transaction
         refused: Refused = []
