@@ -20,9 +20,10 @@ values a step's rows bind are built on the loop (`sqlite.prepared`), and the thr
 the group in one multi-row INSERT in SQLite's own transaction (`SqliteSink.insert_apart`):
 the GIL is taken back three times a commit (the wake-up, after `sqlite3_step`, after the
 reset) however many rows it holds, where a `threading.Condition`, a BEGIN, an INSERT a row and
-a COMMIT took it back about twice a row. Measured (bench/README.md, P2, c=16): futex calls a
-request about halved, the writer's CPU a third lower; the server's CPU per suppressed request
-0.95x the hand-over before (median of five runs, 0.89-1.05x), committing on the loop 0.91x.
+a COMMIT took it back about twice a row. Measured (bench/README.md, P2, c=16, a loaded
+machine): the server's CPU per suppressed request 0.91-0.98x the hand-over before in five
+paired rounds of six, a sixth to a half of the way to committing on the loop; the writer's CPU
+a request up to a third lower.
 
 A locked file is waited for briefly (`LOCK_WAIT`), and once found locked, not again until a
 write gets through: meanwhile every commit fails at once. Should a write fail (the file locked,
