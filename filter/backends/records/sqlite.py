@@ -114,9 +114,9 @@ class SqliteSink:
 
     def insert_apart(self, rows: list[Prepared]) -> Refused:
         """Write rows now in one commit (the inline recorder's group of records from different
-        requests), one INSERT for each run of rows binding the same columns: one call into
-        SQLite for the usual group, so a writer thread takes the GIL back once, not once a
-        row. A row that cannot be bound or stored is left out and returned with why (the
+        requests), one INSERT for each run of rows binding the same columns: one statement
+        for the usual group, so a writer thread takes the GIL back after one `sqlite3_step`
+        and its reset, not after each row's. A row that cannot be bound or stored is left out and returned with why (the
         statement that held it, which stored nothing, is made again row by row), so it costs
         only itself. Raises, having stored none, when the transaction itself fails (the file
         locked past the timeout, the disk full)."""
