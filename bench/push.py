@@ -448,11 +448,12 @@ def serve_variant(variant: str, argv: list[str]) -> int:
         filter.runtime.wiring.make_recorder = lambda cfg: NullRecorder()  # type: ignore[assignment,return-value]
     elif variant == "records-on-loop":
         from filter.backends.records.inline import InlineSqliteRecorder
+        from filter.backends.records.sqlite import prepared
 
         def hand_over(self: InlineSqliteRecorder) -> None:
             rows, self._step = self._step, []
             if rows:
-                self._committed(self._recorded, len(rows), self.sink.insert_apart(rows))
+                self._committed(self._recorded, len(rows), self.sink.insert_apart([prepared(r) for r in rows]))
 
         InlineSqliteRecorder._hand_over = hand_over  # type: ignore[method-assign]
     else:

@@ -18,7 +18,7 @@ import pytest
 from filter.backends.publishers.outbox import read_outbox
 from filter.backends.records.batch import BatchingRecorder
 from filter.backends.records.inline import InlineSqliteRecorder
-from filter.backends.records.sqlite import SqliteSink
+from filter.backends.records.sqlite import Prepared, Refused, SqliteSink
 from filter.core.config import load
 from filter.core.engine import Engine, Handled
 from filter.core.envelope import make_envelope, parse_envelope
@@ -140,7 +140,7 @@ async def test_a_record_is_written_by_the_writer_thread_never_on_the_event_loops
     insert_apart = recorder.sink.insert_apart
     writers: set[int] = set()
 
-    def watched(rows: list[DecisionRecord]) -> list[tuple[DecisionRecord, Exception]]:
+    def watched(rows: list[Prepared]) -> Refused:
         writers.add(threading.get_ident())
         return insert_apart(rows)
 
@@ -180,8 +180,8 @@ async def test_no_answer_is_sent_before_the_commit_that_holds_its_record(
     committed: list[list[tuple[str, int]]] = []  # per commit: (message id, messages its request had sent)
     insert_apart = recorder.sink.insert_apart
 
-    def watched(rows: list[DecisionRecord]) -> list[tuple[DecisionRecord, Exception]]:
-        committed.append([(r.message_id, len(answers[r.message_id])) for r in rows])
+    def watched(rows: list[Prepared]) -> Refused:
+        committed.append([(r.message_id, len(answers[r.message_id])) for r, _, _ in rows])
         return insert_apart(rows)
 
     async def push(body: bytes, message_id: str) -> None:
@@ -394,7 +394,7 @@ async def test_a_second_cancel_while_waiting_for_the_records_commit_goes_through
     waiting = asyncio.Event()
     waiting_for = recorder.committing
 
-    def held_insert(rows: list[DecisionRecord]) -> Any:
+    def held_insert(rows: list[Prepared]) -> Any:
         held.wait(10)
         return insert(rows)
 

@@ -1,5 +1,6 @@
-"""The inline recorder's one-row write: one statement, NULLs left out, the row stored exactly
-as the batched path stores it."""
+"""The inline recorder's writes: one statement for a row alone and for a group binding the
+same columns, NULLs left out, the rows stored in record order exactly as the batched path
+stores them, and a row SQLite cannot bind costing only itself."""
 
 from __future__ import annotations
 
@@ -7,11 +8,12 @@ import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from filter.backends.records.sqlite import SqliteSink
+from filter.backends.records.sqlite import Prepared, SqliteSink, prepared
 from filter.core.model import COLUMN_NAMES, Decision, DecisionRecord
 
 SUPPRESSED = DecisionRecord(
@@ -103,3 +105,53 @@ def test_records_written_one_at_a_time_are_stored_as_a_batch_stores_them(
         alone._db.close()
         batch._db.close()
     assert _stored(where / "alone.db") == _stored(where / "batch.db")[: len(rows)]
+
+
+def test_a_group_binding_the_same_columns_is_written_in_one_statement(sink: SqliteSink) -> None:
+    """One call into SQLite for a commit's group: a writer thread takes the GIL back once, not once a row."""
+    statements: list[str] = []
+    sink._db.set_trace_callback(statements.append)
+    rows = [SUPPRESSED, *(msgspec.structs.replace(SUPPRESSED, message_id=m) for m in ("m2", "m3"))]
+    assert sink.insert_apart([prepared(r) for r in rows]) == []
+    assert len(statements) == 1 and statements[0].startswith("INSERT INTO decisions")
+    assert [m for (m,) in sink._db.execute("SELECT message_id FROM decisions ORDER BY rowid")] == ["m1", "m2", "m3"]
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(records, min_size=1, max_size=12))
+def test_records_written_as_a_group_are_stored_in_order_as_a_batch_stores_them(
+    tmp_path_factory: pytest.TempPathFactory, rows: list[DecisionRecord]
+) -> None:
+    where = tmp_path_factory.mktemp("records")
+    group, batch = SqliteSink(where / "group.db"), SqliteSink(where / "batch.db")
+    try:
+        assert group.insert_apart([prepared(r) for r in rows]) == []
+        batch.insert(rows + rows[:1])  # two rows at least: the batched path
+    finally:
+        group._db.close()
+        batch._db.close()
+    assert _stored(where / "group.db") == _stored(where / "batch.db")[: len(rows)]
+
+
+def test_a_row_that_cannot_be_bound_costs_only_itself_whichever_statement_held_it(sink: SqliteSink) -> None:
+    def suppressed(message_id: str, **fields: object) -> Prepared:
+        return prepared(msgspec.structs.replace(SUPPRESSED, message_id=message_id, **fields))
+
+    bad = suppressed("bad", reason=object())  # a value SQLite cannot bind
+    # two statements (the last two rows bind a column more): the first holds the row that fails
+    rows = [suppressed("a"), bad, suppressed("b"), suppressed("c", destination="d"), suppressed("d", destination="d")]
+    refused = sink.insert_apart(rows)
+    assert [(r.message_id, type(why)) for r, why in refused] == [("bad", sqlite3.ProgrammingError)]
+    stored = [m for (m,) in sink._db.execute("SELECT message_id FROM decisions ORDER BY rowid")]
+    assert stored == ["a", "b", "c", "d"]
+
+
+def test_a_group_longer_than_one_statement_binds_is_written_whole_in_order(sink: SqliteSink) -> None:
+    """SQLite before 3.32 binds 999 parameters a statement: a group past that is split, not failed."""
+    sink._db.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 2 * len(COLUMN_NAMES))  # two rows a statement
+    statements: list[str] = []
+    sink._db.set_trace_callback(statements.append)
+    ids = [f"m{i}" for i in range(5)]
+    assert sink.insert_apart([prepared(msgspec.structs.replace(SUPPRESSED, message_id=m)) for m in ids]) == []
+    assert [s.split(" ", 1)[0] for s in statements] == ["BEGIN", "INSERT", "INSERT", "INSERT", "COMMIT"]
+    assert [m for (m,) in sink._db.execute("SELECT message_id FROM decisions ORDER BY rowid")] == ids

@@ -8,15 +8,16 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from filter.backends.records import inline
 from filter.backends.records.batch import BatchingRecorder
 from filter.backends.records.inline import InlineSqliteRecorder
-from filter.backends.records.sqlite import SqliteSink
+from filter.backends.records.sqlite import Prepared, SqliteSink, prepared
 from filter.core.model import DecisionRecord
 from tests.support.fakes import KeptSink, suppressed_record
 
@@ -70,7 +71,7 @@ async def test_the_steps_handed_over_while_the_writer_commits_share_its_next_com
     writing, held = threading.Event(), threading.Event()
     sizes: list[int] = []
 
-    def held_insert(rows: list[DecisionRecord]) -> Any:
+    def held_insert(rows: list[Prepared]) -> Any:
         sizes.append(len(rows))
         writing.set()
         held.wait(10)
@@ -100,7 +101,7 @@ async def test_a_cancelled_waiter_leaves_every_other_waiter_of_its_commit_answer
     insert = recorder.sink.insert_apart
     held = threading.Event()
 
-    def held_insert(rows: list[DecisionRecord]) -> Any:
+    def held_insert(rows: list[Prepared]) -> Any:
         held.wait(10)
         return insert(rows)
 
@@ -116,3 +117,81 @@ async def test_a_cancelled_waiter_leaves_every_other_waiter_of_its_commit_answer
     finally:
         held.set()
     assert stored(tmp_path / "d.db") == sorted(["first"] + [f"m{i}" for i in range(8)])
+
+
+async def test_the_records_of_one_commit_are_written_by_one_statement(
+    recorder: InlineSqliteRecorder, tmp_path: Path
+) -> None:
+    """One call into SQLite a commit: each time the writer thread takes the GIL back while the
+    loop runs costs both threads a wake-up, so not once a row (nor for a BEGIN and a COMMIT)."""
+    await decided(recorder, "first")
+    statements: list[str] = []
+    recorder.sink._db.set_trace_callback(statements.append)
+    await asyncio.gather(*(decided(recorder, f"m{i}") for i in range(16)))
+    assert [s.split(" ", 1)[0] for s in statements] == ["INSERT"]
+    assert stored(tmp_path / "d.db") == sorted(["first"] + [f"m{i}" for i in range(16)])
+
+
+async def test_the_values_a_commit_binds_are_built_on_the_event_loop_not_by_the_writer_thread(
+    recorder: InlineSqliteRecorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    builders: set[int] = set()
+
+    def noted(record: DecisionRecord) -> Prepared:
+        builders.add(threading.get_ident())
+        return prepared(record)
+
+    monkeypatch.setattr(inline, "prepared", noted)
+    await asyncio.gather(*(decided(recorder, f"m{i}") for i in range(4)))
+    assert builders == {threading.get_ident()}
+
+
+async def test_a_record_made_while_close_waits_for_the_last_commit_is_written_before_the_writer_stops(
+    tmp_path: Path,
+) -> None:
+    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(KeptSink()))
+    recorder.record(suppressed_record("a"))
+    committing = recorder.committing()
+    assert isinstance(committing, asyncio.Future)
+    late: list[Awaitable[None] | None] = []
+
+    def record_late(_: object) -> None:
+        """Runs once "a" is committed, before close (waiting for that commit too) goes on to stop the writer."""
+        recorder.record(suppressed_record("late"))
+        late.append(recorder.committing())
+
+    committing.add_done_callback(record_late)
+    await recorder.close()
+    assert late[0] is not None
+    await asyncio.wait_for(late[0], 5)  # answered, not left waiting for a writer that is gone
+    assert (stored(tmp_path / "d.db"), recorder.deferred) == (["a", "late"], 0)
+
+
+async def test_past_max_waiting_rows_a_new_record_goes_to_the_batching_recorder_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk far slower than the requests: the rows waiting for the writer are bounded, and
+    what comes past the bound is written by the batching recorder instead, not lost."""
+    kept = KeptSink()
+    recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(kept), max_waiting=2)
+    insert = recorder.sink.insert_apart
+    held = threading.Event()
+
+    def held_insert(rows: list[Prepared]) -> Any:
+        held.wait(10)
+        return insert(rows)
+
+    monkeypatch.setattr(recorder.sink, "insert_apart", held_insert)
+    try:
+        for message_id in ("a", "b", "c"):
+            recorder.record(suppressed_record(message_id))
+        assert (recorder.deferred, recorder.fallback.pending) == (1, 1)  # "c", at once
+        held.set()
+        committing = recorder.committing()
+        assert committing is not None
+        await committing
+        await recorder.flush()
+        assert (stored(tmp_path / "d.db"), [r.message_id for r in kept.rows]) == (["a", "b"], ["c"])
+    finally:
+        held.set()
+        await recorder.close()

@@ -9,10 +9,21 @@ The commit never runs on the event loop: a writer thread of this recorder's own 
 insert and commit, so a file locked by someone else (a retention `DELETE`, an open `sqlite3`
 shell) or a slow disk holds up the requests waiting for their records, never the loop, the
 other requests or `/healthz`. The records made in one event-loop step are handed to the
-thread together at the end of the step (`_hand_over`) and written in one transaction, and the
+thread together at the end of the step (`_hand_over`, through a `queue.SimpleQueue`), and the
 thread takes every step waiting when it comes back for more: requests that arrive together pay
-one commit (measured: ~53 CPU µs for one row, ~21 µs a row in a commit of 16). Rows are
-written in the order they were recorded.
+one commit. Rows are written in the order they were recorded.
+
+What the thread costs is mostly not SQLite's work but the GIL: each time the thread takes it
+back while the loop runs, both threads pay futex wake-ups and context switches (uvloop lets
+the GIL go around each of its callbacks, and the waiting thread is woken each time). So the
+values a step's rows bind are built on the loop (`sqlite.prepared`), and the thread writes
+the group in one multi-row INSERT in SQLite's own transaction (`SqliteSink.insert_apart`):
+the GIL is taken back three times a commit (the wake-up, after `sqlite3_step`, after the
+reset) however many rows it holds, where a `threading.Condition`, a BEGIN, an INSERT a row and
+a COMMIT took it back about twice a row. Measured (bench/README.md, P2, c=16, a loaded
+machine): the server's CPU per suppressed request 0.91-0.98x the hand-over before in five
+paired rounds of six, a sixth to a half of the way to committing on the loop; the writer's CPU
+a request up to a third lower.
 
 A locked file is waited for briefly (`LOCK_WAIT`), and once found locked, not again until a
 write gets through: meanwhile every commit fails at once. Should a write fail (the file locked,
@@ -29,11 +40,12 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import queue
 import threading
 from collections.abc import Awaitable, Mapping
 
 from filter.backends.records.batch import BatchingRecorder
-from filter.backends.records.sqlite import SqliteSink
+from filter.backends.records.sqlite import Prepared, Refused, SqliteSink, prepared
 from filter.core.logs import get_logger
 from filter.core.model import DecisionRecord
 
@@ -46,7 +58,8 @@ LOCK_WAIT = 0.025
 #: Rows waiting for the writer thread, at most; more go straight to the batching recorder.
 MAX_WAITING = 10_000
 
-Refused = list[tuple[DecisionRecord, Exception]]
+#: A step's rows, as handed to the writer thread: the sequence number of its last row, and the rows.
+Step = tuple[int, list[Prepared]]
 
 
 class InlineSqliteRecorder:
@@ -66,9 +79,8 @@ class InlineSqliteRecorder:
         self._recorded = 0  # rows recorded so far (their sequence numbers: 1, 2, ...)
         self._done = 0  # rows through which every commit has reported
         self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
-        # shared with the writer thread, under `_ready`'s lock
-        self._ready = threading.Condition()
-        self._queue: list[tuple[int, DecisionRecord]] = []
+        # the steps handed to the writer thread (None: stop), the one thing shared with it
+        self._handed: queue.SimpleQueue[Step | None] = queue.SimpleQueue()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._locked = False  # the writer thread's: the last write found the file locked
@@ -79,7 +91,7 @@ class InlineSqliteRecorder:
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # no loop to hold up: written now, on the caller's thread
-            self._report(1, self._insert([record]))
+            self._report(1, self._insert([prepared(record)]))
             return
         if self._stopping:
             self._defer(record, "closed")  # no writer any more: the batching recorder counts it dropped
@@ -109,17 +121,16 @@ class InlineSqliteRecorder:
         return waiter
 
     def _hand_over(self) -> None:
-        """The end of a step: its records go to the writer thread, in one piece."""
+        """The end of a step: its records go to the writer thread, in one piece, with the values
+        their INSERT binds built here, so that the thread runs little more than SQLite (each time
+        it takes the GIL back while the loop runs costs both threads a wake-up)."""
         rows, self._step = self._step, []
         if not rows:
             return
-        first = self._recorded - len(rows) + 1
-        with self._ready:
-            self._queue.extend(enumerate(rows, first))
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._write_all, name="records-inline-writer", daemon=True)
-                self._thread.start()
-            self._ready.notify()
+        self._handed.put((self._recorded, [prepared(r) for r in rows]))
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._write_all, name="records-inline-writer", daemon=True)
+            self._thread.start()
 
     def _committed(self, through: int, count: int, refused: Refused) -> None:
         """The writer thread's report, run on the loop: rows through `through` are written or refused."""
@@ -146,27 +157,31 @@ class InlineSqliteRecorder:
 
     def _write_all(self) -> None:
         self._wait_for_lock(LOCK_WAIT)
+        handed = self._handed
         while True:
-            with self._ready:
-                while not self._queue and not self._stopping:
-                    self._ready.wait()
-                if not self._queue:
-                    return
-                batch, self._queue = self._queue, []
-            rows = [row for _, row in batch]
-            refused = self._insert(rows)
-            loop = self._loop
-            try:
-                assert loop is not None
-                loop.call_soon_threadsafe(self._committed, batch[-1][0], len(rows), refused)
-            except RuntimeError:  # the loop is closed: nobody waits, and nothing is left to defer to
-                log.error("records_write_unreported", sink="sqlite", rows=len(rows), refused=len(refused))
+            steps = [handed.get()]  # waits with the GIL released
+            while not handed.empty():  # the steps handed over while it committed: one commit for all
+                steps.append(handed.get())
+            stopping = steps[-1] is None  # close puts it last
+            waiting = [step for step in steps if step is not None]
+            if waiting:
+                rows = waiting[0][1] if len(waiting) == 1 else [row for _, step in waiting for row in step]
+                self._report_threadsafe(waiting[-1][0], len(rows), self._insert(rows))
+            if stopping:
+                return
 
-    def _insert(self, rows: list[DecisionRecord]) -> Refused:
+    def _report_threadsafe(self, through: int, count: int, refused: Refused) -> None:
+        try:
+            assert self._loop is not None
+            self._loop.call_soon_threadsafe(self._committed, through, count, refused)
+        except RuntimeError:  # the loop is closed: nobody waits, and nothing is left to defer to
+            log.error("records_write_unreported", sink="sqlite", rows=count, refused=len(refused))
+
+    def _insert(self, rows: list[Prepared]) -> Refused:
         try:
             refused = self.sink.insert_apart(rows)
         except Exception as failed:
-            refused = [(r, failed) for r in rows]
+            refused = [(r[0], failed) for r in rows]
             if not self._locked and "locked" in str(failed):
                 self._locked = True
                 self._wait_for_lock(0.0)  # found locked: the next commits do not wait for it again
@@ -209,9 +224,10 @@ class InlineSqliteRecorder:
                 await self.sink.close()
 
     async def _stop(self) -> None:
-        with self._ready:
-            self._stopping = True
-            self._ready.notify()
+        # a step recorded since `_written` goes to the writer before it stops; records from now on are deferred
+        self._hand_over()
+        self._stopping = True
+        self._handed.put(None)
         thread = self._thread
         if thread is not None:
             # what it is writing now is at most one commit, and a lock is waited for LOCK_WAIT at most

@@ -7,7 +7,7 @@ import functools
 import json
 import operator
 import sqlite3
-from itertools import compress
+from itertools import chain, compress, groupby, repeat
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +27,19 @@ _INSERT = f"INSERT INTO decisions ({', '.join(COLUMN_NAMES)}) VALUES ({', '.join
 _EXTRA_AT = COLUMN_NAMES.index("extra")
 _ENFORCED_AT = COLUMN_NAMES.index("enforced")
 _present = functools.partial(operator.is_not, None)
-# The statement naming the columns that have a value, by which have one: a decision path
-# leaves the same columns empty every time, so there are a handful.
-_insert_of: dict[tuple[bool, ...], str] = {}
+# The INSERT naming the columns that have a value, by which have one, as its head ("INSERT
+# INTO decisions (...) VALUES ") and one row's "(?, ...)": a decision path leaves the same
+# columns empty every time, so there are a handful.
+_insert_of: dict[tuple[bool, ...], tuple[str, str]] = {}
+#: Rows in one INSERT at most, or fewer where SQLite binds fewer parameters a statement (999
+#: before 3.32): `SqliteSink` asks its connection.
+MAX_ROWS = 500
+
+#: A record with what its INSERT binds: which columns have a value, and those values.
+Prepared = tuple[DecisionRecord, tuple[bool, ...], list[Any]]
+Refused = list[tuple[DecisionRecord, Exception]]
+_columns_of = operator.itemgetter(1)
+_bound_of = operator.itemgetter(2)
 
 
 def _values(r: DecisionRecord) -> list[Any]:
@@ -39,15 +49,36 @@ def _values(r: DecisionRecord) -> list[Any]:
     return row
 
 
-def _insert_present(row: list[Any]) -> tuple[str, list[Any]]:
-    """The INSERT of one row that binds only its non-NULL values; the columns it leaves out
-    are NULL, as a bound None would have made them (the table has no DEFAULTs)."""
+def prepared(r: DecisionRecord) -> Prepared:
+    """The record with only its non-NULL values to bind: the columns it leaves out are NULL, as
+    a bound None would have made them (the table has no DEFAULTs), and binding a None (or a
+    bool) costs the sqlite3 module an adapter lookup per value (~3,300 instructions each)."""
+    row = _values(r)
     mask = tuple(map(_present, row))
-    sql = _insert_of.get(mask)
-    if sql is None:
+    return r, mask, list(compress(row, mask))
+
+
+def _insert(mask: tuple[bool, ...], rows: int) -> str:
+    """The INSERT of `rows` rows, each binding the columns `mask` names."""
+    parts = _insert_of.get(mask)
+    if parts is None:
         names = list(compress(COLUMN_NAMES, mask))
-        sql = _insert_of[mask] = f"INSERT INTO decisions ({', '.join(names)}) VALUES ({', '.join('?' * len(names))})"
-    return sql, list(compress(row, mask))
+        head = f"INSERT INTO decisions ({', '.join(names)}) VALUES "
+        parts = _insert_of[mask] = (head, f"({', '.join('?' * len(names))})")
+    head, row = parts
+    return head + ", ".join(repeat(row, rows))
+
+
+def _statements(rows: list[Prepared], most: int) -> list[tuple[str, list[Any], list[Prepared]]]:
+    """(INSERT, its values, its rows): one for each run of consecutive rows binding the same
+    columns, in record order, of `most` rows at most."""
+    out = []
+    for mask, same in groupby(rows, _columns_of):
+        run = list(same)
+        for start in range(0, len(run), most):
+            part = run[start : start + most]
+            out.append((_insert(mask, len(part)), list(chain.from_iterable(map(_bound_of, part))), part))
+    return out
 
 
 def _connect(path: str) -> sqlite3.Connection:
@@ -70,38 +101,56 @@ class SqliteSink:
         self._db.execute(f"PRAGMA busy_timeout = {int(seconds * 1000)}")
 
     def insert(self, rows: list[DecisionRecord]) -> None:
-        """Write rows now, on the calling thread (the inline recorder; `write` runs it off the loop)."""
+        """Write rows now, on the calling thread (the batching recorder's `write` runs it off the loop)."""
         if len(rows) == 1:
-            # The inline recorder's one row per request. One statement in SQLite's own
-            # transaction: no BEGIN and COMMIT round trips. Binding a None (or a bool) costs
-            # the sqlite3 module an adapter lookup per value (~3,300 instructions each, a quarter of a
-            # suppress record's cost), so NULLs are left out of the statement instead.
-            self._db.execute(*_insert_present(_values(rows[0])))
+            # One statement in SQLite's own transaction: no BEGIN and COMMIT round trips.
+            _, mask, values = prepared(rows[0])
+            self._db.execute(_insert(mask, 1), values)
             return
         values = [_values(r) for r in rows]
         with self._db:
             self._db.execute("BEGIN")
             self._db.executemany(_INSERT, values)
 
-    def insert_apart(self, rows: list[DecisionRecord]) -> list[tuple[DecisionRecord, Exception]]:
-        """Write rows now in one commit, each row its own INSERT: a row that cannot be bound
-        or stored is left out and returned with why, so it costs only itself (the inline
-        recorder's group of records from different requests). Raises, having stored none,
-        when the transaction itself fails (the file locked past the timeout, the disk full)."""
-        if len(rows) == 1:
-            self.insert(rows)  # one request at a time: its own transaction, no BEGIN and COMMIT
-            return []
-        refused: list[tuple[DecisionRecord, Exception]] = []
+    def insert_apart(self, rows: list[Prepared]) -> Refused:
+        """Write rows now in one commit (the inline recorder's group of records from different
+        requests), one INSERT for each run of rows binding the same columns: one statement
+        for the usual group, so a writer thread takes the GIL back after one `sqlite3_step`
+        and its reset, not after each row's. A row that cannot be bound or stored is left out and returned with why (the
+        statement that held it, which stored nothing, is made again row by row), so it costs
+        only itself. Raises, having stored none, when the transaction itself fails (the file
+        locked past the timeout, the disk full)."""
+        most = min(MAX_ROWS, self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(COLUMN_NAMES))
+        statements = _statements(rows, most)
+        if len(statements) == 1 and self._stored(*statements[0][:2]):
+            return []  # the usual group: one statement in SQLite's own transaction
+        refused: Refused = []
         with self._db:  # COMMIT at the end; ROLLBACK when an OperationalError leaves it
             self._db.execute("BEGIN")
-            for r in rows:
-                try:
-                    self._db.execute(*_insert_present(_values(r)))
-                except sqlite3.OperationalError:
-                    raise  # the file, not the row: none of them is stored
-                except Exception as exc:
-                    refused.append((r, exc))  # the statement failed alone; the transaction goes on
+            for sql, values, part in statements:
+                if len(statements) == 1 or not self._stored(sql, values):  # the one statement failed above
+                    refused += [(r[0], why) for r in part if (why := self._refusal(r)) is not None]
         return refused
+
+    def _stored(self, sql: str, values: list[Any]) -> bool:
+        """False when a row's value cannot be bound or stored: the statement stored nothing."""
+        try:
+            self._db.execute(sql, values)
+        except sqlite3.OperationalError:
+            raise  # the file, not a row: none of them is stored
+        except Exception:
+            return False
+        return True
+
+    def _refusal(self, row: Prepared) -> Exception | None:
+        """None once the row is stored, else why it cannot be."""
+        try:
+            self._db.execute(_insert(row[1], 1), row[2])
+        except sqlite3.OperationalError:
+            raise
+        except Exception as exc:
+            return exc  # the statement failed alone; the transaction goes on
+        return None
 
     async def write(self, rows: list[DecisionRecord]) -> None:
         await asyncio.to_thread(self.insert, rows)
