@@ -48,8 +48,8 @@ from filter.core.ports import UNTRACED, StoreUnavailable
 from filter.observability import logsetup
 from filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
 from filter.observability.telemetry import NO_TELEMETRY, PrometheusText, Telemetry
-from filter.observability.tracing import cloud_parent
 from filter.push.app import create_app
+from filter.push.trace_headers import request_parent_of
 from filter.runtime.operational import Failure
 from filter.runtime.otel import drops_unsampled_parents, from_config, sampler
 from tests.support.clock import ManualClock, ManualSleep
@@ -665,9 +665,10 @@ async def test_new_traces_are_sampled_at_the_configured_ratio_by_the_trace_id_ru
     bound, telemetry, decisions = 2**62, rig.telemetry, 2000
     passed_on: list[int] = []
     for i in range(decisions):
-        with telemetry.decision("reports", parse_envelope(envelope(message_id=str(i)))):
+        with telemetry.decision("reports", parse_envelope(envelope(message_id=str(i)))) as traced:
             outgoing: dict[str, str] = {}
-            telemetry.inject(outgoing)
+            with traced.sending("phase3", b"", None):
+                telemetry.inject(outgoing)
             passed_on.append(int(outgoing["googclient_traceparent"].split("-")[1], 16))
     recorded = {span.context.trace_id for span in rig.finished()}
     assert 0.22 < len(recorded) / decisions < 0.28
@@ -951,14 +952,17 @@ def test_otel_sdk_disabled_turns_everything_off() -> None:
     )
 )
 def test_cloud_runs_trace_header_is_read_as_the_cloud_trace_propagator_reads_it(header: str) -> None:
-    """The parent the propagator gives, or none; a header with a number of more than 20 digits
-    names none (the propagator's int() of such options can raise) and is never handed to it."""
-    if not re.fullmatch(r"[0-9a-f]{32}/\d{1,20}(;o=\d{1,20})?", header):
-        assert cloud_parent(header) is None
-        return
+    """The parent the propagator gives, or none (an invalid one, or a header it cannot read)."""
     extracted = trace.get_current_span(CloudTraceFormatPropagator().extract({"x-cloud-trace-context": header}))
     expected = extracted.get_span_context()
-    assert cloud_parent(header) == (expected if expected.is_valid else None)
+    assert request_parent_of({b"x-cloud-trace-context": header}) == (expected if expected.is_valid else None)
+
+
+def test_a_cloud_trace_header_whose_options_number_the_propagator_cannot_read_names_no_parent() -> None:
+    """Its int() of an options number of more than 4,300 digits raises: no parent, no error."""
+    header = f"{TRACE_ID}/{int(PARENT_SPAN, 16)};o={'1' * 5000}"
+    assert request_parent_of({b"x-cloud-trace-context": header}) is None
+    assert request_parent_of({b"x-cloud-trace-context": header, b"traceparent": SAMPLED_PARENT}) is not None
 
 
 async def test_the_records_metric_counts_the_rows_of_a_batch_written_again() -> None:
