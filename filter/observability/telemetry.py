@@ -1,20 +1,12 @@
 """OpenTelemetry metrics and traces for every surface (push, pull, replay).
 
-One `Telemetry` per process, handed to the engine: the SDK's meter and tracer providers and
-the filter's instruments. The engine calls it where a decision starts and ends and where a
-lease is taken over; the store and publisher are wrapped (`instrumented`), so their latency,
-their child spans and the trace context on forwarded messages need no code in the engine.
-
-- Metrics: `GET /metrics` through the official Prometheus reader (`PrometheusText`), and
-  OTLP when the standard `OTEL_EXPORTER_OTLP_*` variables name an endpoint.
-- Spans follow OpenTelemetry's messaging conventions for `gcp_pubsub`, and are recorded only
-  when something exports them (an OTLP endpoint, or a provider a test passes in): with
-  nothing to export, the decision path does not pay for spans no one reads.
-- `OTEL_SDK_DISABLED=true`, or `telemetry.metrics` / `telemetry.traces` false in the config,
-  turn either off. `NO_TELEMETRY` does nothing, cheaply.
-
-The providers, exporters and sampler are built from the config and the environment by
-`filter.runtime.otel.from_config`.
+One `Telemetry` per process, handed to the engine: the SDK's meter and tracer providers (built
+from the config and `OTEL_*` by `filter.runtime.otel.from_config`) and the filter's instruments.
+The engine calls it where a decision starts and ends and where a lease is taken over; the store
+and publisher are wrapped (`instrumented`). Metrics: `GET /metrics` through the official
+Prometheus reader, and OTLP when `OTEL_EXPORTER_OTLP_*` names an endpoint. Spans follow
+OpenTelemetry's messaging conventions for `gcp_pubsub`, recorded only when something exports
+them. `OTEL_SDK_DISABLED=true` or the config turn either off; `NO_TELEMETRY` does nothing, cheaply.
 """
 
 from __future__ import annotations
@@ -252,12 +244,6 @@ class Telemetry:
         """Whether a decision's span is current and recorded (sampled, with something to export it)."""
         return self.tracing and _RECORDED.get() and trace.get_current_span().is_recording()
 
-    def store_span(self, operation: str, route: str) -> Span | None:
-        """A child span for one store call, never made current: nothing inside a store call reads it."""
-        if not self.recording():
-            return None
-        return self.tracer.start_span(f"store {operation}", attributes={"pubsub_filter.route": route})
-
     def sent(self, published_id: str) -> None:
         """Name the published message on the publish's span (`_Traced.sending`, current), if recorded."""
         if self.recording():
@@ -343,7 +329,7 @@ def _recorded(span: Span, traced: _Traced) -> Iterator[Traced]:
     """A recorded decision's span, current while it runs; what it yields traces its publish."""
     token = _RECORDED.set(True)
     try:
-        with trace.use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
+        with trace.use_span(span, end_on_exit=True):
             yield traced
     finally:
         _RECORDED.reset(token)

@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, SamplingResult
-from opentelemetry.trace import INVALID_SPAN, SpanKind
+from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
 from filter.backends import gcp
@@ -240,6 +240,21 @@ async def test_a_store_read_that_fails_outside_a_recorded_span_is_measured_as_an
         (s.labels["operation"], s.labels["outcome"]): s.value for s in family.samples if s.name.endswith("_count")
     }
     assert counts == {("read", "error"): 1}
+
+
+async def test_a_store_call_that_fails_in_a_recorded_decision_ends_its_span_as_an_error(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    try:
+        store = InstrumentedStore(_Unreachable(), rig.telemetry)  # type: ignore[arg-type]
+        with rig.telemetry.decision("reports", parse_envelope(envelope())), pytest.raises(StoreUnavailable):
+            await store.read("reports", "k")
+        [read] = [s for s in rig.finished() if s.name == "store read"]
+        assert read.end_time is not None and read.status.status_code is StatusCode.ERROR
+        assert read.status.description == "StoreUnavailable: down"
+        assert [e.name for e in read.events] == ["exception"]
+    finally:
+        await rig.client.aclose()
+        await rig.engine.store.close()
 
 
 async def test_a_store_read_without_metrics_or_spans_returns_the_stores_answer() -> None:
