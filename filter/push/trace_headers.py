@@ -29,25 +29,26 @@ class _HeaderGetter(Getter[Mapping[bytes, str]]):
 
 
 _HEADERS = _HeaderGetter()
-#: W3C `traceparent` (and `tracestate`) first, else Cloud Run's `X-Cloud-Trace-Context`.
-_PROPAGATORS: tuple[tuple[bytes, TextMapPropagator], ...] = (
-    (b"traceparent", W3C),
-    (b"x-cloud-trace-context", CloudTraceFormatPropagator()),
-)
+_CLOUD = CloudTraceFormatPropagator()
 
 
 def request_parent_of(headers: Mapping[bytes, str]) -> SpanContext | None:
     """The parent a push request names (`headers`: the push app's `headers_of`), as OpenTelemetry's
-    propagators read it: W3C `traceparent`, else `X-Cloud-Trace-Context`; None when neither is valid."""
-    for name, propagator in _PROPAGATORS:
-        if name in headers:
-            try:
-                parent = trace.get_current_span(propagator.extract(headers, getter=_HEADERS)).get_span_context()
-            except ValueError:  # the Cloud propagator's int() of an options number past 4,300 digits
-                continue
-            if parent.is_valid:
-                return parent
-    return None
+    propagators read it: W3C `traceparent` (and `tracestate`), else `X-Cloud-Trace-Context`; None
+    when neither is valid."""
+    if b"traceparent" in headers and (parent := _extracted(W3C, headers)) is not None:
+        return parent
+    cloud = headers.get(b"x-cloud-trace-context")
+    # The Cloud propagator's int() of the options takes any number of digits (quadratic in them,
+    # and past 4,300 it raises): options of more than 20, like its span id's bound, name no parent.
+    if cloud is None or len(cloud.partition(";o=")[2]) > 20:
+        return None
+    return _extracted(_CLOUD, headers)
+
+
+def _extracted(propagator: TextMapPropagator, headers: Mapping[bytes, str]) -> SpanContext | None:
+    parent = trace.get_current_span(propagator.extract(headers, getter=_HEADERS)).get_span_context()
+    return parent if parent.is_valid else None
 
 
 #: The log line's trace: the id `X-Cloud-Trace-Context` starts with, else `traceparent`'s.

@@ -967,14 +967,18 @@ def test_otel_sdk_disabled_turns_everything_off() -> None:
     )
 )
 def test_cloud_runs_trace_header_is_read_as_the_cloud_trace_propagator_reads_it(header: str) -> None:
-    """The parent the propagator gives, or none (an invalid one, or a header it cannot read)."""
+    """The parent the propagator gives, or none; a header whose options number has more than 20
+    digits names none (the propagator's int() of it is quadratic, and raises past 4,300)."""
+    read = request_parent_of({b"x-cloud-trace-context": header})
+    if len(header.partition(";o=")[2]) > 20:
+        assert read is None
+        return
     extracted = trace.get_current_span(CloudTraceFormatPropagator().extract({"x-cloud-trace-context": header}))
     expected = extracted.get_span_context()
-    assert request_parent_of({b"x-cloud-trace-context": header}) == (expected if expected.is_valid else None)
+    assert read == (expected if expected.is_valid else None)
 
 
-def test_a_cloud_trace_header_whose_options_number_the_propagator_cannot_read_names_no_parent() -> None:
-    """Its int() of an options number of more than 4,300 digits raises: no parent, no error."""
+def test_a_cloud_trace_header_with_options_past_20_digits_names_no_parent_and_leaves_traceparent_be() -> None:
     header = f"{TRACE_ID}/{int(PARENT_SPAN, 16)};o={'1' * 5000}"
     assert request_parent_of({b"x-cloud-trace-context": header}) is None
     assert request_parent_of({b"x-cloud-trace-context": header, b"traceparent": SAMPLED_PARENT}) is not None
