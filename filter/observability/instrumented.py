@@ -8,30 +8,15 @@ commit refusals or the trace context a forwarded message carries.
 from __future__ import annotations
 
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Generic, Protocol, TypeVar
-
-from opentelemetry.trace import Span, Status, StatusCode
+from collections.abc import Awaitable, Mapping
+from typing import Generic, TypeVar
 
 from filter.core.model import KeyState
 from filter.core.ports import Publisher, StateStore
 from filter.observability.telemetry import Telemetry
 
 T = TypeVar("T")
-
-
-class _Backend(Protocol):
-    async def ping(self) -> None: ...
-    async def close(self) -> None: ...
-
-
-Inner = TypeVar("Inner", bound=_Backend)
-
-
-def _failed(span: Span | None, exc: BaseException) -> None:
-    if span is not None:
-        span.record_exception(exc)
-        span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+Inner = TypeVar("Inner", StateStore, Publisher)
 
 
 class _Instrumented(Generic[Inner]):
@@ -54,28 +39,28 @@ class InstrumentedStore(_Instrumented[StateStore]):
             elapsed = time.perf_counter() - started
             self.telemetry.latency["store"].record(elapsed, {"operation": operation, "outcome": outcome})
 
-    async def _timed(self, operation: str, route: str, call: Callable[[], Awaitable[T]]) -> T:
+    async def _timed(self, operation: str, route: str, call: Awaitable[T]) -> T:
         t = self.telemetry
         started = time.perf_counter()
         outcome = "error"
-        span = t.store_span(operation, route)
         try:
-            result = await call()
+            if t.recording():
+                # a child span, never made current (nothing inside a store call reads it); the
+                # SDK's span records what the call raised, and ends, as it leaves
+                with t.tracer.start_span(f"store {operation}", attributes={"pubsub_filter.route": route}):
+                    result = await call
+            else:
+                result = await call
             outcome = "ok"
             return result
-        except BaseException as exc:
-            _failed(span, exc)
-            raise
         finally:
-            if span is not None:
-                span.end()
             self._measured(operation, started, outcome)
 
     async def read(self, route: str, key: str) -> KeyState | None:
-        return await self._timed("read", route, lambda: self.inner.read(route, key))
+        return await self._timed("read", route, self.inner.read(route, key))
 
     async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
-        return await self._timed("claim", route, lambda: self.inner.claim(route, key, seen, new))
+        return await self._timed("claim", route, self.inner.claim(route, key, seen, new))
 
     async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
         # A heartbeat: an event on the publish it keeps alive (`Heartbeat`), not a span of its own.
@@ -92,13 +77,13 @@ class InstrumentedStore(_Instrumented[StateStore]):
         return extended
 
     async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
-        committed = await self._timed("commit", route, lambda: self.inner.commit(route, key, held, new))
+        committed = await self._timed("commit", route, self.inner.commit(route, key, held, new))
         if not committed and self.telemetry.metrics:
             self.telemetry.counters["commit_refusals"].add(1, {"route": route})
         return committed
 
     async def release(self, route: str, key: str, held: KeyState) -> None:
-        await self._timed("release", route, lambda: self.inner.release(route, key, held))
+        await self._timed("release", route, self.inner.release(route, key, held))
 
 
 class InstrumentedPublisher(_Instrumented[Publisher]):

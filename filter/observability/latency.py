@@ -51,8 +51,10 @@ class LatencyHistogram:
             s[0][bisect.bisect_left(self.bounds, value)] += 1
             s[1] += 1
             s[2] += value
-            s[3] = min(s[3], value)
-            s[4] = max(s[4], value)
+            if value < s[3]:
+                s[3] = value
+            if value > s[4]:
+                s[4] = value
 
     def points(self) -> list[tuple[dict[str, str], list[int], int, float, float, float]]:
         with self.lock:

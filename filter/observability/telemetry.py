@@ -1,31 +1,22 @@
 """OpenTelemetry metrics and traces for every surface (push, pull, replay).
 
-One `Telemetry` per process, handed to the engine: the SDK's meter and tracer providers and
-the filter's instruments. The engine calls it where a decision starts and ends and where a
-lease is taken over; the store and publisher are wrapped (`instrumented`), so their latency,
-their child spans and the trace context on forwarded messages need no code in the engine.
-
-- Metrics: `GET /metrics` through the official Prometheus reader (`PrometheusText`), and
-  OTLP when the standard `OTEL_EXPORTER_OTLP_*` variables name an endpoint.
-- Spans follow OpenTelemetry's messaging conventions for `gcp_pubsub`, and are recorded only
-  when something exports them (an OTLP endpoint, or a provider a test passes in): with
-  nothing to export, the decision path does not pay for spans no one reads.
-- `OTEL_SDK_DISABLED=true`, or `telemetry.metrics` / `telemetry.traces` false in the config,
-  turn either off. `NO_TELEMETRY` does nothing, cheaply.
-
-The providers, exporters and sampler are built from the config and the environment by
-`filter.runtime.otel.from_config`.
+One `Telemetry` per process, handed to the engine: the SDK's meter and tracer providers (built
+from the config and `OTEL_*` by `filter.runtime.otel.from_config`) and the filter's instruments.
+The engine calls it where a decision starts and ends and where a lease is taken over; the store
+and publisher are wrapped (`instrumented`). Metrics: `GET /metrics` through the official
+Prometheus reader, and OTLP when `OTEL_EXPORTER_OTLP_*` names an endpoint. Spans follow
+OpenTelemetry's messaging conventions for `gcp_pubsub`, recorded only when something exports
+them. `OTEL_SDK_DISABLED=true` or the config turn either off; `NO_TELEMETRY` does nothing, cheaply.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator, MutableMapping
+from collections.abc import Iterable, Iterator, MutableMapping
 from contextvars import ContextVar
 from typing import Any
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Observation
@@ -34,7 +25,16 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
-from opentelemetry.trace import NonRecordingSpan, Span, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import (
+    INVALID_SPAN_CONTEXT,
+    NonRecordingSpan,
+    Span,
+    SpanContext,
+    SpanKind,
+    Status,
+    StatusCode,
+    TraceFlags,
+)
 
 from filter.core.model import Decision, DecisionRecord, Message
 from filter.core.ports import UNTRACED, Traced
@@ -56,6 +56,7 @@ SCOPE = "pubsub_filter"
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 
+_RANDOM_IDS = RandomIdGenerator()
 _HISTOGRAMS = {
     "decision": "Time from a message's arrival to its decision, by route and decision.",
     "store": "State store calls (read, claim, extend, commit, release) by operation and outcome.",
@@ -105,7 +106,7 @@ class Telemetry:
         #: the tracer provider's sampler drops a decision whose remote parent is not sampled
         #: (`filter.runtime.otel.drops_unsampled_parents`): such a decision asks the SDK for no span at all.
         self.drops_unsampled_parents = drops_unsampled_parents
-        self._ids = tracer_provider.id_generator if tracer_provider is not None else RandomIdGenerator()
+        self._ids = tracer_provider.id_generator if tracer_provider is not None else _RANDOM_IDS
         self.prometheus = prometheus
         self.metrics = meter_provider is not None
         self.tracing = tracer_provider is not None
@@ -186,11 +187,10 @@ class Telemetry:
     # --- the decision -------------------------------------------------------------------
 
     def decision(self, route: str, msg: Message) -> contextlib.AbstractContextManager[Traced]:
-        """The span of one decision, current while it runs, and the handle its publish and
-        heartbeat are traced through (`UNTRACED` for one not recorded; one dropped without
-        the SDK is `DROPPED_SPAN`). Its parent: the push request's
-        trace (`tracing.REQUEST_PARENT`), else what the surface made current, else the context
-        a traced publisher left in the message's attributes."""
+        """The span of one decision, current while it runs when recorded, and the handle its
+        publish and heartbeat are traced through. Its parent: the push request's trace
+        (`tracing.REQUEST_PARENT`), else what the surface made current, else the context a
+        traced publisher left in the message's attributes."""
         if not self.tracing:
             return _UNTRACED_DECISION
         parent = REQUEST_PARENT.get()
@@ -198,17 +198,15 @@ class Telemetry:
             parent = message_parent(msg.attributes)
         if parent is not None and not parent.trace_flags.sampled and self.drops_unsampled_parents:
             # The sampler drops it (Cloud Run's front end leaves most requests unsampled): the
-            # span the SDK would make for it, without asking the SDK. It is not made current
-            # (the push app, and a decision whose parent is its message's, have none current):
-            # nothing reads a dropped span but a forward's `inject`, which is given it.
-            return _Current(_DroppedChild(parent, self._ids), DROPPED_SPAN.set, DROPPED_SPAN.reset)
+            # SDK is not asked, and the span it would make is made only for a forward to pass on.
+            return _Unrecorded(None, parent, self._ids)
         # A request's or a message's parent goes to the SDK alone in its context, as a propagator extracts it.
         context = None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent), Context())
         subscription = short_name(msg.subscription)
         route = self.route_label(route)
         span = self.tracer.start_span(f"{subscription or route} process", context, SpanKind.CONSUMER)
-        if not span.is_recording():  # a dropped decision builds no attributes, and has nothing to end
-            return _Current(span, _in_context, otel_context.detach)
+        if not span.is_recording():  # dropped: no attributes, nothing to end
+            return _Unrecorded(span)
         span.set_attributes(_decision_attributes(route, msg, subscription))
         return _recorded(span, _Traced(self.tracer))
 
@@ -246,12 +244,6 @@ class Telemetry:
         """Whether a decision's span is current and recorded (sampled, with something to export it)."""
         return self.tracing and _RECORDED.get() and trace.get_current_span().is_recording()
 
-    def store_span(self, operation: str, route: str) -> Span | None:
-        """A child span for one store call, never made current: nothing inside a store call reads it."""
-        if not self.recording():
-            return None
-        return self.tracer.start_span(f"store {operation}", attributes={"pubsub_filter.route": route})
-
     def sent(self, published_id: str) -> None:
         """Name the published message on the publish's span (`_Traced.sending`, current), if recorded."""
         if self.recording():
@@ -260,64 +252,44 @@ class Telemetry:
     def inject(self, attributes: MutableMapping[str, str]) -> None:
         """Write the current trace context into outgoing message attributes, as the Pub/Sub
         client library does (`googclient_traceparent`), so a traced consumer continues it."""
-        if not self.tracing:
-            return
-        if (dropped := DROPPED_SPAN.get()) is not None:
-            W3C.inject(attributes, trace.set_span_in_context(dropped), ATTRIBUTES_SET)
-        elif trace.get_current_span().get_span_context().is_valid:
+        if self.tracing and trace.get_current_span().get_span_context().is_valid:
             W3C.inject(attributes, setter=ATTRIBUTES_SET)
 
 
-class _DroppedChild(NonRecordingSpan):
-    """The span the SDK's tracer makes for a child its sampler drops: the parent's trace and
-    trace state, a span id of its own, not sampled (the random-trace-id flag kept). Its context
-    is made when first asked for (a forward passes it on), not on every decision."""
+class _Unrecorded:
+    """A decision whose span the sampler dropped: its context manager and its `Traced`. Nothing
+    is made current while it runs (nothing reads a span that records nothing) but during a
+    forward's send, whose trace context it passes on. Dropped without asking the SDK (`span`
+    None), its span is the one the SDK makes for a dropped child, made when a forward first asks:
+    the parent's trace and trace state, a span id of its own, not sampled, the random-trace-id
+    flag kept."""
 
-    def __init__(self, parent: SpanContext, ids: IdGenerator) -> None:
-        super().__init__(parent)
-        self.parent = parent
-        self.ids = ids
-        self.made: SpanContext | None = None
+    __slots__ = ("ids", "parent", "span")
 
-    def get_span_context(self) -> SpanContext:
-        if self.made is None:
-            parent = self.parent
-            self.made = SpanContext(
-                parent.trace_id,
-                self.ids.generate_span_id(),
-                is_remote=False,
-                trace_flags=TraceFlags(parent.trace_flags & TraceFlags.RANDOM_TRACE_ID),
-                trace_state=parent.trace_state,
-            )
-        return self.made
-
-
-#: The decision under way when it was dropped without the SDK (`Telemetry.decision`).
-DROPPED_SPAN: ContextVar[Span | None] = ContextVar("pubsub_filter_dropped_span", default=None)
-
-
-class _Current:
-    """A span that records nothing, current while a decision runs: `enter` puts it in place and
-    returns what `leave` takes back. The SDK's non-recording span goes in OpenTelemetry's context
-    (`trace.use_span` without what it adds for a recording span: the exception recorded, the
-    status, the end, and its generator's cost on every request); one dropped without the SDK
-    only in `DROPPED_SPAN`."""
-
-    __slots__ = ("enter", "leave", "span", "token")
-
-    def __init__(self, span: Span, enter: Callable[[Span], Any], leave: Callable[[Any], object]) -> None:
-        self.span, self.enter, self.leave = span, enter, leave
+    def __init__(
+        self, span: Span | None, parent: SpanContext = INVALID_SPAN_CONTEXT, ids: IdGenerator = _RANDOM_IDS
+    ) -> None:
+        self.span, self.parent, self.ids = span, parent, ids
 
     def __enter__(self) -> Traced:
-        self.token = self.enter(self.span)
-        return UNTRACED
+        return self
 
     def __exit__(self, *_: object) -> None:
-        self.leave(self.token)
+        return None
 
+    def sending(
+        self, destination: str, data: bytes, ordering_key: str | None
+    ) -> contextlib.AbstractContextManager[Span]:
+        if self.span is None:
+            p = self.parent
+            flags = TraceFlags(p.trace_flags & TraceFlags.RANDOM_TRACE_ID)
+            self.span = NonRecordingSpan(
+                SpanContext(p.trace_id, self.ids.generate_span_id(), False, flags, p.trace_state)
+            )
+        return trace.use_span(self.span)
 
-def _in_context(span: Span) -> object:
-    return otel_context.attach(trace.set_span_in_context(span))
+    def heartbeat(self, event: str, **attributes: str) -> None:
+        pass
 
 
 #: A recorded decision is under way: its store calls and publish have spans (`Telemetry.recording`).
@@ -357,7 +329,7 @@ def _recorded(span: Span, traced: _Traced) -> Iterator[Traced]:
     """A recorded decision's span, current while it runs; what it yields traces its publish."""
     token = _RECORDED.set(True)
     try:
-        with trace.use_span(span, end_on_exit=True, record_exception=True, set_status_on_exception=True):
+        with trace.use_span(span, end_on_exit=True):
             yield traced
     finally:
         _RECORDED.reset(token)

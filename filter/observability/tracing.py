@@ -4,13 +4,11 @@ where the process's telemetry is built (`filter.runtime.otel`)."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, MutableMapping
 from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.propagators.cloud_trace_propagator import CloudTraceFormatPropagator
 from opentelemetry.propagators.textmap import Getter, Setter
 from opentelemetry.trace import SpanContext
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -21,13 +19,6 @@ ATTRIBUTE_PREFIX = "googclient_"
 MESSAGE_TRACEPARENT = ATTRIBUTE_PREFIX + "traceparent"
 
 W3C = TraceContextTextMapPropagator()
-#: `X-Cloud-Trace-Context` as the Cloud Trace propagator reads it, up to 20 digits a number (its
-#: int() of the options raises past 4,300): a header it could not read names no parent (its
-#: trace id is still logged, `filter.push.trace_headers.trace_of`).
-_CLOUD_READABLE = re.compile(r"([0-9a-f]{32})/(\d{1,20})(?:;o=(\d{1,20}))?")
-
-
-_CLOUD = CloudTraceFormatPropagator()
 
 
 class _AttributeGetter(Getter[Mapping[str, str]]):
@@ -49,17 +40,6 @@ ATTRIBUTES_SET = _AttributeSetter()
 
 #: The parent the push request names, while its decision runs (set by the push app).
 REQUEST_PARENT: ContextVar[SpanContext | None] = ContextVar("pubsub_filter_request_parent", default=None)
-
-
-def cloud_parent(value: str) -> SpanContext | None:
-    """`X-Cloud-Trace-Context` read by OpenTelemetry's `CloudTraceFormatPropagator`, once the
-    header is one it can read (`_CLOUD_READABLE`). A reader of our own saved ~3 % of a request with
-    spans exported (T 1.13x against 1.094x, bench/README.md), under the 10 % a fast path of ours
-    must pay: the library reads it."""
-    if _CLOUD_READABLE.fullmatch(value) is None:
-        return None
-    parent = trace.get_current_span(_CLOUD.extract({"x-cloud-trace-context": value})).get_span_context()
-    return parent if parent.is_valid else None
 
 
 def message_parent(attributes: Mapping[str, str]) -> SpanContext | None:

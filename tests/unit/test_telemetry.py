@@ -33,7 +33,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, SamplingResult
-from opentelemetry.trace import INVALID_SPAN, SpanKind
+from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
 from filter.backends import gcp
@@ -48,8 +48,8 @@ from filter.core.ports import UNTRACED, StoreUnavailable
 from filter.observability import logsetup
 from filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
 from filter.observability.telemetry import NO_TELEMETRY, PrometheusText, Telemetry
-from filter.observability.tracing import cloud_parent
 from filter.push.app import create_app
+from filter.push.trace_headers import request_parent_of
 from filter.runtime.operational import Failure
 from filter.runtime.otel import drops_unsampled_parents, from_config, sampler
 from tests.support.clock import ManualClock, ManualSleep
@@ -240,6 +240,21 @@ async def test_a_store_read_that_fails_outside_a_recorded_span_is_measured_as_an
         (s.labels["operation"], s.labels["outcome"]): s.value for s in family.samples if s.name.endswith("_count")
     }
     assert counts == {("read", "error"): 1}
+
+
+async def test_a_store_call_that_fails_in_a_recorded_decision_ends_its_span_as_an_error(tmp_path: Path) -> None:
+    rig = Rig(tmp_path)
+    try:
+        store = InstrumentedStore(_Unreachable(), rig.telemetry)  # type: ignore[arg-type]
+        with rig.telemetry.decision("reports", parse_envelope(envelope())), pytest.raises(StoreUnavailable):
+            await store.read("reports", "k")
+        [read] = [s for s in rig.finished() if s.name == "store read"]
+        assert read.end_time is not None and read.status.status_code is StatusCode.ERROR
+        assert read.status.description == "StoreUnavailable: down"
+        assert [e.name for e in read.events] == ["exception"]
+    finally:
+        await rig.client.aclose()
+        await rig.engine.store.close()
 
 
 async def test_a_store_read_without_metrics_or_spans_returns_the_stores_answer() -> None:
@@ -665,9 +680,10 @@ async def test_new_traces_are_sampled_at_the_configured_ratio_by_the_trace_id_ru
     bound, telemetry, decisions = 2**62, rig.telemetry, 2000
     passed_on: list[int] = []
     for i in range(decisions):
-        with telemetry.decision("reports", parse_envelope(envelope(message_id=str(i)))):
+        with telemetry.decision("reports", parse_envelope(envelope(message_id=str(i)))) as traced:
             outgoing: dict[str, str] = {}
-            telemetry.inject(outgoing)
+            with traced.sending("phase3", b"", None):
+                telemetry.inject(outgoing)
             passed_on.append(int(outgoing["googclient_traceparent"].split("-")[1], 16))
     recorded = {span.context.trace_id for span in rig.finished()}
     assert 0.22 < len(recorded) / decisions < 0.28
@@ -951,14 +967,21 @@ def test_otel_sdk_disabled_turns_everything_off() -> None:
     )
 )
 def test_cloud_runs_trace_header_is_read_as_the_cloud_trace_propagator_reads_it(header: str) -> None:
-    """The parent the propagator gives, or none; a header with a number of more than 20 digits
-    names none (the propagator's int() of such options can raise) and is never handed to it."""
-    if not re.fullmatch(r"[0-9a-f]{32}/\d{1,20}(;o=\d{1,20})?", header):
-        assert cloud_parent(header) is None
+    """The parent the propagator gives, or none; a header whose options number has more than 20
+    digits names none (the propagator's int() of it is quadratic, and raises past 4,300)."""
+    read = request_parent_of({b"x-cloud-trace-context": header})
+    if len(header.partition(";o=")[2]) > 20:
+        assert read is None
         return
     extracted = trace.get_current_span(CloudTraceFormatPropagator().extract({"x-cloud-trace-context": header}))
     expected = extracted.get_span_context()
-    assert cloud_parent(header) == (expected if expected.is_valid else None)
+    assert read == (expected if expected.is_valid else None)
+
+
+def test_a_cloud_trace_header_with_options_past_20_digits_names_no_parent_and_leaves_traceparent_be() -> None:
+    header = f"{TRACE_ID}/{int(PARENT_SPAN, 16)};o={'1' * 5000}"
+    assert request_parent_of({b"x-cloud-trace-context": header}) is None
+    assert request_parent_of({b"x-cloud-trace-context": header, b"traceparent": SAMPLED_PARENT}) is not None
 
 
 async def test_the_records_metric_counts_the_rows_of_a_batch_written_again() -> None:
