@@ -5,7 +5,7 @@ stores them, and a row SQLite cannot bind costing only itself."""
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -90,21 +90,31 @@ def test_a_record_alone_binds_no_null(sink: SqliteSink) -> None:
     assert "NULL" not in insert and "destination" not in insert
 
 
+def assert_stored_as_a_batch_stores(
+    tmp_path_factory: pytest.TempPathFactory, rows: list[DecisionRecord], write: Callable[[SqliteSink], None]
+) -> None:
+    """`write` stores `rows` in one file, the batched path in another: the files hold the same rows."""
+    where = tmp_path_factory.mktemp("records")
+    written, batch = SqliteSink(where / "written.db"), SqliteSink(where / "batch.db")
+    try:
+        write(written)
+        batch.insert(rows + rows[:1])  # two rows at least: the batched path
+    finally:
+        written._db.close()
+        batch._db.close()
+    assert _stored(where / "written.db") == _stored(where / "batch.db")[: len(rows)]
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.lists(records, min_size=1, max_size=12))
 def test_records_written_one_at_a_time_are_stored_as_a_batch_stores_them(
     tmp_path_factory: pytest.TempPathFactory, rows: list[DecisionRecord]
 ) -> None:
-    where = tmp_path_factory.mktemp("records")
-    alone, batch = SqliteSink(where / "alone.db"), SqliteSink(where / "batch.db")
-    try:
+    def alone(sink: SqliteSink) -> None:
         for r in rows:
-            alone.insert([r])
-        batch.insert(rows + rows[:1])  # two rows at least: the batched path
-    finally:
-        alone._db.close()
-        batch._db.close()
-    assert _stored(where / "alone.db") == _stored(where / "batch.db")[: len(rows)]
+            sink.insert([r])
+
+    assert_stored_as_a_batch_stores(tmp_path_factory, rows, alone)
 
 
 def test_a_group_binding_the_same_columns_is_written_in_one_statement(sink: SqliteSink) -> None:
@@ -122,15 +132,10 @@ def test_a_group_binding_the_same_columns_is_written_in_one_statement(sink: Sqli
 def test_records_written_as_a_group_are_stored_in_order_as_a_batch_stores_them(
     tmp_path_factory: pytest.TempPathFactory, rows: list[DecisionRecord]
 ) -> None:
-    where = tmp_path_factory.mktemp("records")
-    group, batch = SqliteSink(where / "group.db"), SqliteSink(where / "batch.db")
-    try:
-        assert group.insert_apart([prepared(r) for r in rows]) == []
-        batch.insert(rows + rows[:1])  # two rows at least: the batched path
-    finally:
-        group._db.close()
-        batch._db.close()
-    assert _stored(where / "group.db") == _stored(where / "batch.db")[: len(rows)]
+    def group(sink: SqliteSink) -> None:
+        assert sink.insert_apart([prepared(r) for r in rows]) == []
+
+    assert_stored_as_a_batch_stores(tmp_path_factory, rows, group)
 
 
 def test_a_row_that_cannot_be_bound_costs_only_itself_whichever_statement_held_it(sink: SqliteSink) -> None:

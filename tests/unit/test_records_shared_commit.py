@@ -45,6 +45,24 @@ async def decided(recorder: InlineSqliteRecorder, message_id: str) -> None:
     await committing
 
 
+class HeldCommits:
+    """The writer's commits held until `held` is set: `writing` is set as one begins, `sizes`
+    counts the rows of each."""
+
+    def __init__(self, recorder: InlineSqliteRecorder, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.writing, self.held = threading.Event(), threading.Event()
+        self.sizes: list[int] = []
+        insert = recorder.sink.insert_apart
+
+        def held_insert(rows: list[Prepared]) -> Any:
+            self.sizes.append(len(rows))
+            self.writing.set()
+            self.held.wait(10)
+            return insert(rows)
+
+        monkeypatch.setattr(recorder.sink, "insert_apart", held_insert)
+
+
 async def test_the_decisions_of_one_commit_are_answered_by_one_report_from_the_writer(
     recorder: InlineSqliteRecorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -67,17 +85,8 @@ async def test_the_decisions_of_one_commit_are_answered_by_one_report_from_the_w
 async def test_the_steps_handed_over_while_the_writer_commits_share_its_next_commit(
     recorder: InlineSqliteRecorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    insert = recorder.sink.insert_apart
-    writing, held = threading.Event(), threading.Event()
-    sizes: list[int] = []
-
-    def held_insert(rows: list[Prepared]) -> Any:
-        sizes.append(len(rows))
-        writing.set()
-        held.wait(10)
-        return insert(rows)
-
-    monkeypatch.setattr(recorder.sink, "insert_apart", held_insert)
+    commits = HeldCommits(recorder, monkeypatch)
+    writing, held = commits.writing, commits.held
     try:
         first = asyncio.create_task(decided(recorder, "a"))
         await asyncio.to_thread(writing.wait, 10)  # the writer holds "a"'s commit
@@ -90,7 +99,7 @@ async def test_the_steps_handed_over_while_the_writer_commits_share_its_next_com
         await asyncio.gather(first, *later)
     finally:
         held.set()
-    assert sizes == [1, 2]
+    assert commits.sizes == [1, 2]
     assert stored(tmp_path / "d.db") == ["a", "b", "c"]
 
 
@@ -98,14 +107,7 @@ async def test_a_cancelled_waiter_leaves_every_other_waiter_of_its_commit_answer
     recorder: InlineSqliteRecorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     await decided(recorder, "first")
-    insert = recorder.sink.insert_apart
-    held = threading.Event()
-
-    def held_insert(rows: list[Prepared]) -> Any:
-        held.wait(10)
-        return insert(rows)
-
-    monkeypatch.setattr(recorder.sink, "insert_apart", held_insert)
+    held = HeldCommits(recorder, monkeypatch).held
     try:
         waiters = [asyncio.create_task(decided(recorder, f"m{i}")) for i in range(8)]
         await asyncio.sleep(0)  # all eight recorded and waiting, in one step
@@ -174,14 +176,7 @@ async def test_past_max_waiting_rows_a_new_record_goes_to_the_batching_recorder_
     what comes past the bound is written by the batching recorder instead, not lost."""
     kept = KeptSink()
     recorder = InlineSqliteRecorder(SqliteSink(tmp_path / "d.db"), BatchingRecorder(kept), max_waiting=2)
-    insert = recorder.sink.insert_apart
-    held = threading.Event()
-
-    def held_insert(rows: list[Prepared]) -> Any:
-        held.wait(10)
-        return insert(rows)
-
-    monkeypatch.setattr(recorder.sink, "insert_apart", held_insert)
+    held = HeldCommits(recorder, monkeypatch).held
     try:
         for message_id in ("a", "b", "c"):
             recorder.record(suppressed_record(message_id))
