@@ -36,7 +36,7 @@ threads) and divides it by the requests served: on a shared 2-core machine, wher
 and other people's jobs take CPU too, CPU µs per request is the steadier figure of cost.
 Every server started here is stopped at the end (SIGTERM, then SIGKILL).
 
-`--variants no-store-timeout,no-records,records-on-loop` adds what-if filter servers with one cost
+`--variants no-store-timeout,no-records,records-on-loop,writer-without-sqlite` adds what-if filter servers with one cost
 removed (monkeypatched in the server process, never a product mode), to measure what
 that cost is: the answer to "where does the time go" at the server level.
 """
@@ -341,7 +341,7 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
     checks = {}
     for i, (name, variant, _) in enumerate(filters):
-        if variant == "no-records":
+        if variant in ("no-records", "writer-without-sqlite"):  # nothing is written
             continue
         d = tmp / f"filter{i}"
         counts = decisions(d / "filter-decisions.db")
@@ -412,6 +412,9 @@ VARIANTS = {
     "no-store-timeout": "GuardedStore calls the store directly, without asyncio.timeout (SQLite never suspends)",
     "no-records": "decision records are not kept (a recorder whose record() does nothing)",
     "records-on-loop": "the inline recorder commits a step's records on the event loop, not on its writer thread",
+    "writer-without-sqlite": (
+        "the inline recorder's writer thread reports each commit without writing it: the hand-off alone"
+    ),
 }
 
 
@@ -456,6 +459,10 @@ def serve_variant(variant: str, argv: list[str]) -> int:
                 self._committed(self._recorded, len(rows), self.sink.insert_apart([prepared(r) for r in rows]))
 
         InlineSqliteRecorder._hand_over = hand_over  # type: ignore[method-assign]
+    elif variant == "writer-without-sqlite":
+        from filter.backends.records.sqlite import SqliteSink
+
+        SqliteSink.insert_apart = lambda self, rows: []  # type: ignore[method-assign,assignment]
     else:
         raise SystemExit(f"unknown variant {variant!r}: {', '.join(VARIANTS)}")
     from filter.cli import main as filter_main
