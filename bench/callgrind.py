@@ -56,16 +56,22 @@ PHASES = ("prime", "forwards", "pairs", "triples")
 
 
 def per_decision(
-    child: str, modes: Iterable[str], argv: Callable[[str, str], list[str]], k: int, tmp: str
+    child: str,
+    modes: Iterable[str],
+    argv: Callable[[str, str], list[str]],
+    k: int,
+    tmp: str,
+    only: str | None = None,
 ) -> dict[str, dict[str, float]]:
     """Instructions per forward, per suppression after a forward and per suppression after a
     suppression, by mode: `child` run once per mode and phase (`argv(mode, phase)`), one at a
-    time (the machine is shared), each phase's count less the one before, over `k` cycles."""
+    time (the machine is shared), each phase's count less the one before, over `k` cycles
+    (`only`: counted inside that function alone, as `instructions` counts)."""
     per: dict[str, dict[str, float]] = {}
     for mode in modes:
         count: dict[str, int] = {}
         for phase in PHASES:
-            count[phase] = instructions(child, argv(mode, phase), ROOT, tmp)
+            count[phase] = instructions(child, argv(mode, phase), ROOT, tmp, only=only)
             print(f"  {mode:<9} {phase:<8} {count[phase]:>15,} instructions", file=sys.stderr, flush=True)
         per[mode] = {
             "forward": (count["forwards"] - count["prime"]) / k,

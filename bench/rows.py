@@ -34,9 +34,9 @@ after another, each under callgrind with PYTHONHASHSEED fixed, on the same strea
 here once, pickled, loaded by every child, so building it costs every child the same):
 the warm-up and the first report (`prime`); then `--forwards` forwards only (`forwards`);
 then the forward/suppress pairs as above (`pairs`); then each pair followed by a second
-rescrape of the same statuses (`pairs+again`). Instructions per forward =
+rescrape of the same statuses (`triples`). Instructions per forward =
 (forwards - prime) / K; per suppress = (pairs - forwards) / K, a suppress after a forward
-as in the stream above; per suppress after a suppress = (pairs+again - pairs) / K, the
+as in the stream above; per suppress after a suppress = (triples - pairs) / K, the
 check that the subtraction holds (a forward costs the same after a suppress as after a
 forward, or the two suppress figures part). Every decision is checked in the child.
 
@@ -52,7 +52,6 @@ import asyncio
 import cProfile
 import json
 import logging
-import os
 import pickle
 import pstats
 import shutil
@@ -201,7 +200,6 @@ def check(run: Run, forwards: int, changed: int, rows: int) -> list[str]:
 
 # --- instructions (callgrind) and the forward's profile -----------------------------------
 
-PHASES = ("prime", "forwards", "pairs", "pairs+again")
 
 # The child: load the pickled stream, play one phase of it on fresh SQLite state, exit.
 # Every child loads the same file and warms up the same way, so start-up, imports, the
@@ -267,7 +265,7 @@ async def play(
             if phase == "forwards":
                 continue
             await expect(suppress, Decision.SUPPRESSED)
-            if phase == "pairs+again":
+            if phase == "triples":
                 await expect(extra, Decision.SUPPRESSED)
     finally:
         await store.close()
@@ -297,38 +295,17 @@ def instructions_main(args: argparse.Namespace) -> int:
         "pairs; instructions per decision under callgrind, PYTHONHASHSEED=0, SQLite store"
         + (f"; only inside {args.only}" if args.only else "")
     )
-    per: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-rows-i-") as tmp:
         path = Path(tmp) / "stream.pickle"
         path.write_bytes(pickle.dumps(stream))
-        for mode in MODES:  # one child at a time: the machine is shared
-            count: dict[str, int] = {}
-            for phase in PHASES:
-                t0, l0 = time.monotonic(), os.getloadavg()[0]
-                argv = [mode, phase, str(path), str(ROOT / "bench")]
-                count[phase] = callgrind.instructions(CHILD, argv, ROOT, tmp, only=args.only)
-                print(
-                    f"  {mode:<8} {phase:<12} {count[phase]:>15,} instructions  "
-                    f"({time.monotonic() - t0:.0f} s, load {l0:.1f})",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            per[mode] = {
-                "fwd": (count["forwards"] - count["prime"]) / k,
-                "sup": (count["pairs"] - count["forwards"]) / k,
-                "sup_again": (count["pairs+again"] - count["pairs"]) / k,
-            }
-    print()
-    print("| rows_mode | instructions / forward | / suppress (after a forward) | / suppress (after a suppress) |")
-    print("| --- | ---: | ---: | ---: |")
-    for mode, p in per.items():
-        name = mode if mode != "no-rows" else "whole, no row_key (ref)"
-        print(f"| {name} | {p['fwd']:,.0f} | {p['sup']:,.0f} | {p['sup_again']:,.0f} |")
+        per = callgrind.per_decision(
+            CHILD, MODES, lambda mode, phase: [mode, phase, str(path), str(ROOT / "bench")], k, tmp, args.only
+        )
     print()
     ref = per["no-rows"]
     for mode in ("changed", "whole"):
         p = per[mode]
-        p5, p5b, again = p["fwd"] / ref["fwd"], p["sup"] / ref["sup"], p["sup_again"] / ref["sup_again"]
+        p5, p5b, again = p["forward"] / ref["forward"], p["suppress"] / ref["suppress"], p["again"] / ref["again"]
         print(f"P5 {mode}: {p5:.3f}x (goal <= 2)   P5b {mode}: {p5b:.3f}x (goal <= 1.1, after a suppress {again:.3f}x)")
     return 0
 
