@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -294,6 +295,8 @@ async def test_unreachable_service_is_retried_then_fails_within_the_timeout(pubs
     assert "ServiceUnavailable" in str(result) or "not confirmed" in str(result), str(result)
     assert f"projects/{pubsub_emulator.project}/topics/anything" in str(result)
     # Retried (the log shows each attempt) until another attempt would not fit in the budget.
+    attempts = re.search(r"(\d+) attempt\(s\)", str(result))
+    assert attempts is None or int(attempts.group(1)) > 1, str(result)
     assert 0.5 <= elapsed < 2.5, elapsed
     assert gap < 0.3
 

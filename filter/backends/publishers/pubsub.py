@@ -125,12 +125,13 @@ class PubsubPublisher:
     async def _send(self, req: Any, deadline: float) -> str:
         """The Publish RPC, retried while the error is transient and the budget lasts."""
         topic = req.topic
-        tries = [1]
+        retrying: AsyncRetrying | None = None
         try:
             try:  # most publishes take one attempt: only one that failed pays for the retry policy
                 return await self._once(req, deadline)
             except TRANSIENT as exc:
-                return await self._retried(req, deadline, exc, tries)
+                retrying = self._retrying(req.topic, deadline)
+                return await self._retried(retrying, req, deadline, exc)
         except PublishFailed:
             raise
         except (grpc.aio.UsageError, gexc.Cancelled) as exc:
@@ -139,11 +140,12 @@ class PubsubPublisher:
             raise PublishFailed(f"publish to {topic} failed: {_describe(exc)}") from exc
         except gexc.DeadlineExceeded:
             raise PublishFailed(
-                f"publish to {topic} not confirmed within {self.timeout:g}s ({tries[0]} attempt(s))"
+                f"publish to {topic} not confirmed within {self.timeout:g}s ({_attempts(retrying)} attempt(s))"
             ) from None
         except TRANSIENT as exc:
             raise PublishFailed(
-                f"publish to {topic} failed after {tries[0]} attempt(s) in {self.timeout:g}s: {_describe(exc)}"
+                f"publish to {topic} failed after {_attempts(retrying)} attempt(s) in {self.timeout:g}s: "
+                f"{_describe(exc)}"
             ) from exc
         except gexc.NotFound as exc:
             raise PublishFailed(f"topic {topic} does not exist") from exc
@@ -165,36 +167,39 @@ class PubsubPublisher:
         # the whole remaining budget: a slow publish is waited for, never sent twice
         return await self._wire_on(loop).publish(req, within=max(deadline - loop.time(), 0.001))
 
-    async def _retried(self, req: Any, deadline: float, failed: BaseException, tries: list[int]) -> str:
-        """The attempts after a first one that failed with a transient error, under the retry
-        policy: its first turn raises that failure again, so the waits and the log lines count it."""
-        loop = asyncio.get_running_loop()
-        first: BaseException | None = failed
+    def _retrying(self, topic: str, deadline: float) -> AsyncRetrying:
+        """The retry policy of one publish, within what is left of its budget."""
 
         def log_retry(state: RetryCallState) -> None:
             exc = state.outcome.exception() if state.outcome else None
             log.warning(
                 "publish_retry",
-                topic=req.topic,
+                topic=topic,
                 attempt=state.attempt_number,
                 error=_describe(exc),
                 wait_s=round(state.upcoming_sleep, 3),
             )
 
-        async for attempt in AsyncRetrying(
+        return AsyncRetrying(
             retry=retry_if_exception(lambda e: isinstance(e, TRANSIENT)),
-            stop=stop_before_delay(max(deadline - loop.time(), 0.0)),
+            stop=stop_before_delay(max(deadline - asyncio.get_running_loop().time(), 0.0)),
             wait=wait_exponential(multiplier=0.1, max=2.0) + wait_random(0, 0.1),
             before_sleep=log_retry,
             reraise=True,
-        ):
+        )
+
+    async def _retried(self, retrying: AsyncRetrying, req: Any, deadline: float, failed: BaseException) -> str:
+        """The attempts after a first one that failed with a transient error, under the retry
+        policy: its first turn raises that failure again, so the waits, the log lines and its
+        attempt count (`_attempts`) count it."""
+        first: BaseException | None = failed
+        async for attempt in retrying:
             with attempt:
                 if first is not None:
                     again, first = first, None
                     raise again
                 if self._closed:
                     raise PublishFailed("the publisher is closed (shutting down)")
-                tries[0] += 1
                 return await self._once(req, deadline)
         raise AssertionError("unreachable: the retry loop returns or raises")  # pragma: no cover
 
@@ -226,6 +231,11 @@ class PubsubPublisher:
                 started = time.monotonic()
                 await wire.close()
                 log.debug("publisher_closed", took_s=round(time.monotonic() - started, 3))
+
+
+def _attempts(retrying: AsyncRetrying | None) -> int:
+    """Attempts made: one, or as many as the retry policy counted (the first included)."""
+    return 1 if retrying is None else int(retrying.statistics.get("attempt_number", 1))
 
 
 def _describe(exc: BaseException | None) -> str:
