@@ -6,9 +6,9 @@ SQLite store does: a local write takes microseconds.
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 
+from filter.backends.sqlite_file import open_wal
 from filter.core.fence import Seen
 
 _SCHEMA = """
@@ -23,9 +23,7 @@ CREATE TABLE IF NOT EXISTS fences (
 
 class SqliteFences:
     def __init__(self, path: str | Path):
-        self._db = sqlite3.connect(path, isolation_level=None, timeout=30, check_same_thread=False)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(_SCHEMA)
+        self._db = open_wal(str(path), 30.0, lambda db: db.execute(_SCHEMA), synchronous="FULL")
 
     async def read(self, identity: str) -> Seen | None:
         row = self._db.execute(

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from filter.backends.records.extra import encode_extra
+from filter.backends.sqlite_file import open_wal
 from filter.core.model import COLUMN_NAMES, DECISION_COLUMNS, DecisionRecord
 from filter.core.ports import Bucket, DecisionCount, DecisionRow
 from filter.core.tolerance import WITHIN, WITHIN_TOLERANCE
@@ -19,9 +20,10 @@ from filter.core.tolerance import WITHIN, WITHIN_TOLERANCE
 _TYPES = {"time": "REAL", "text": "TEXT", "bool": "INTEGER", "int": "INTEGER", "float": "REAL", "json": "TEXT"}
 # SQLite keeps this text as written in sqlite_master: it spells today's tables byte for byte
 _SCHEMA = (
-    "\nCREATE TABLE IF NOT EXISTS decisions (\n"
+    "CREATE TABLE IF NOT EXISTS decisions (\n"
     + ",\n".join(f"    {c.name} {_TYPES[c.kind]}{'' if c.nullable else ' NOT NULL'}" for c in DECISION_COLUMNS)
-    + "\n);\nCREATE INDEX IF NOT EXISTS decisions_time ON decisions (time, route);\n"
+    + "\n)",
+    "CREATE INDEX IF NOT EXISTS decisions_time ON decisions (time, route)",
 )
 _INSERT = f"INSERT INTO decisions ({', '.join(COLUMN_NAMES)}) VALUES ({', '.join('?' * len(COLUMN_NAMES))})"
 _EXTRA_AT = COLUMN_NAMES.index("extra")
@@ -81,12 +83,13 @@ def _statements(rows: list[Prepared], most: int) -> list[tuple[str, list[Any], l
     return out
 
 
+def _create(db: sqlite3.Connection) -> None:
+    for statement in _SCHEMA:
+        db.execute(statement)
+
+
 def _connect(path: str) -> sqlite3.Connection:
-    db = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
-    db.execute("PRAGMA journal_mode=WAL")
-    db.execute("PRAGMA synchronous=NORMAL")
-    db.executescript(_SCHEMA)
-    return db
+    return open_wal(path, 10.0, _create)
 
 
 class SqliteSink:

@@ -37,6 +37,7 @@ from typing import Any
 
 import msgspec
 
+from filter.backends.sqlite_file import open_wal
 from filter.backends.stores.sqlite_connection import Connection, Locked, connect
 from filter.backends.stores.sqlite_schema import READ, create_or_upgrade, read_sql
 from filter.core.model import KeyState, Lease
@@ -187,10 +188,7 @@ class SqliteStore:
         self._next_purge = 0.0
         self._purging: float | None = None  # the time the purge under way deletes keys expired before
         try:
-            self._db = connect(self.path, busy_timeout)
-            self._db.execute("PRAGMA journal_mode=WAL")
-            self._db.execute("PRAGMA synchronous=NORMAL")
-            create_or_upgrade(self._db)
+            self._db = open_wal(self.path, busy_timeout, create_or_upgrade)
             self._writer = Connection(self._db, self.path, busy_timeout, "writer")
             # Opened once the schema is there; it never writes (`query_only`), and reads what is committed.
             self._reader = Connection(connect(self.path, busy_timeout), self.path, busy_timeout, "reader")

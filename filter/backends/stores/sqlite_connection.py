@@ -23,6 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
+from filter.backends.sqlite_file import is_locked
 from filter.core.ports import StoreUnavailable
 
 T = TypeVar("T")
@@ -32,11 +33,6 @@ class Locked(StoreUnavailable):
     """Another connection holds the file's lock (SQLITE_BUSY) and the statement waited as long as
     it was allowed to: on the event loop, not at all. From `Connection.now`, also: the connection
     is in use by its thread. Either way the call changed nothing and may be made elsewhere."""
-
-
-def is_locked(exc: sqlite3.Error) -> bool:
-    code = getattr(exc, "sqlite_errorcode", None)  # extended codes (BUSY_SNAPSHOT, ...) keep BUSY's low byte
-    return code is not None and code & 0xFF == sqlite3.SQLITE_BUSY
 
 
 def connect(path: str, busy_timeout: float) -> sqlite3.Connection:
