@@ -131,5 +131,24 @@ def test_a_rolling_deploy_hands_every_message_on_at_once_and_exactly_once(
     by_old = sum(d["decision"] == "forwarded" for d in old.decisions())
     assert last < PROMPT, (
         f"the last message reached downstream {last:.1f}s after the old worker's SIGTERM "
-        f"(it stopped in {stopped_after:.1f}s and forwarded {by_old}; the new one forwarded the rest)"
+        f"(it stopped in {stopped_after:.1f}s and forwarded {by_old}; the new one forwarded the rest)\n"
+        + late_story({mid for t, mid in got if t - terminated >= PROMPT}, old, new)
     )
+
+
+def late_story(late: set[str], old: PullProcess, new: PullProcess) -> str:
+    """What each worker logged about the late messages, and the old worker's stop: what a
+    failure needs to be told apart (a nack lost at the stop, a lease left held, a lost stream)."""
+    lines = [f"late: {len(late)} messages, e.g. {sorted(late)[:5]}"]
+    keys = {e.get("key") for proc in (old, new) for e in proc.decisions() if e.get("message_id") in late}
+    for proc in (old, new):
+        about = [
+            e
+            for e in proc.events()
+            if e.get("message_id") in late
+            or e.get("key") in keys
+            or not str(e.get("message")).startswith(("decision", "lease_"))
+        ]
+        lines += [f"--- {proc.name}: {len(about)} lines about them or the worker (the last 40)"]
+        lines += [json.dumps(e)[:400] for e in about[-40:]]
+    return "\n".join(lines)
