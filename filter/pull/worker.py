@@ -17,12 +17,13 @@ subscriptions a retry policy (`pubsub-filter provision` sets 10 s to 600 s), or 
 `contended` key is retried as fast as Pub/Sub redelivers.
 
 SIGTERM or SIGINT begins a stop inside one budget, `server.shutdown_budget` (filter.core.stopping):
-nothing new is started; the messages in flight get the first half to finish; the streams stay
-open meanwhile, and until what Pub/Sub had already sent on them has arrived, and each message
-that arrives is nacked at once, so another worker gets it within seconds (a stream cancelled
-with messages on their way loses them until their ack deadline). Then the streams close; the
-engine's close takes the rest (what still runs is cancelled: lease released, message nacked,
-except that a publish already handed over is waited for); exit 0. A second signal gives up the
+nothing new is started; the messages in flight get the first half to finish, and what still
+runs then is cancelled by the engine's close (lease released, message nacked, except that a
+publish already handed over is waited for). The streams stay open meanwhile, and until what the
+client library held past its flow control and what Pub/Sub had already sent on them has
+arrived; each message that arrives is nacked at once, so another worker gets it within seconds
+(a stream cancelled with messages on their way, or held by the library, loses them until their
+ack deadline). Then the streams close, the engine's close ends; exit 0. A second signal gives up the
 wait for the messages in flight. Once the streams are cancelled the library sends no more acks,
 so the last acks and nacks go out as unary `Acknowledge` / `ModifyAckDeadline(0)` calls. The
 client's channel is closed only once the library's stream threads have ended (a thread still
@@ -348,9 +349,14 @@ class PullWorker:
     async def _close_streams(self, stop: Stop) -> tuple[bool, bool]:
         """Settle the streams, then cancel them and send what came late: (whether Pub/Sub
         answered the settle, whether a stream did not stop in time)."""
-        # Only now can what the library holds past its flow control reach us (the messages in
-        # flight held every slot): the settle has until the cancels, not just the drain's share,
-        # and a drain that took its whole share still leaves it a round trip to Pub/Sub.
+        # What the library holds past its flow control reaches us only as the messages in flight
+        # free their slots: by themselves, or when the engine cancels them and they are nacked.
+        # So the settle begins once none is left (or at the cancels' share): a stream cancelled
+        # while the library still holds messages leaves their nacks to its own shutdown, which
+        # comes after the cancel, and the emulator then sends them to the cancelled stream,
+        # where they wait out their ack deadline. The settle has until the cancels' share, and a
+        # stop that took it whole still leaves it a round trip to Pub/Sub.
+        await self._in_flight_settled(stop)
         reached = await self._settle_streams(stop, RELEASE)
         with self._late_lock:
             self._closing = True
@@ -379,6 +385,13 @@ class PullWorker:
             hurry.cancel()
         if in_flight:
             log.warning("in_flight_past_drain", count=len(in_flight), budget_s=stop.budget)
+
+    async def _in_flight_settled(self, stop: Stop) -> None:
+        """Wait until no message is in flight (each acked or nacked on its open stream), or the
+        stop's share for the cancels has passed."""
+        while (in_flight := self.engine.under_way()) and (remaining := stop.left(RELEASE)) > 0:
+            await asyncio.wait(in_flight, timeout=remaining)
+        await asyncio.sleep(0)  # the done-callbacks that ack or nack them
 
     async def _settle_streams(self, stop: Stop, share: float) -> bool:
         """Keep reading the streams, giving back what comes, until what Pub/Sub already sent on
