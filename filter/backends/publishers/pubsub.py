@@ -142,8 +142,9 @@ class PubsubPublisher:
             raise self._failure(exc, topic, _attempts(retrying)) from exc
         raise AssertionError("unreachable: the retry loop returns or raises")  # pragma: no cover
 
-    def _failure(self, exc: BaseException, topic: str, attempts: int) -> PublishFailed | Unpublishable:
-        """What a publish that ended in `exc` fails with, in words an operator can act on."""
+    def _failure(self, exc: BaseException, topic: str, attempts: int) -> PublishFailed:
+        """What a publish that ended in `exc` fails with, in words an operator can act on
+        (`Unpublishable`: the message itself is refused)."""
         if isinstance(exc, (grpc.aio.UsageError, gexc.Cancelled)) and self._closed:  # `close` closed the channel
             return PublishFailed("the publisher is closed (shutting down)")
         if isinstance(exc, TRANSIENT):
