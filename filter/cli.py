@@ -189,6 +189,11 @@ def with_config(sp: argparse.ArgumentParser) -> None:
 # Each `_add_*` adds one command to `sub`, what add_subparsers returns (argparse's type for it is private).
 
 
+def _one_of(sp: argparse.ArgumentParser, option: str, choices: Sequence[str], help: str) -> None:
+    """An option that takes one of `choices`, the first by default (`--help` lists them as its value)."""
+    sp.add_argument(option, choices=choices, default=choices[0], metavar="|".join(choices), help=help)
+
+
 def _add_pull(sub: Any) -> None:
     sp = sub.add_parser("pull", help="run the streaming-pull worker (beside a workload) until SIGTERM")
     with_config(sp)
@@ -338,9 +343,7 @@ def _add_explain(sub: Any) -> None:
     sp = sub.add_parser("explain", help="what the filter would decide for a payload, and why (no side effects)")
     with_config(sp)
     _message_arguments(sp, "the route whose rules and state apply")
-    sp.add_argument(
-        "--format", choices=["text", "json"], default="text", metavar="text|json", help="text (default) or json"
-    )
+    _one_of(sp, "--format", ["text", "json"], help="text (default) or json")
     sp.set_defaults(func=cmd_explain)
 
 
@@ -348,20 +351,8 @@ def _add_skip_rate(sub: Any) -> None:
     sp = sub.add_parser("skip-rate", help="decisions and skip rate per route, hour or day")
     with_config(sp)
     sp.add_argument("--since", default="24h", metavar="WHEN", help="how far back (e.g. 1h, 24h, 7d; default 24h)")
-    sp.add_argument(
-        "--by",
-        choices=["route", "hour", "day"],
-        default="route",
-        metavar="route|hour|day",
-        help="one row per route (default), or per route and hour or day",
-    )
-    sp.add_argument(
-        "--format",
-        choices=["table", "json", "csv"],
-        default="table",
-        metavar="table|json|csv",
-        help="table (default), json or csv",
-    )
+    _one_of(sp, "--by", ["route", "hour", "day"], help="one row per route (default), or per route and hour or day")
+    _one_of(sp, "--format", ["table", "json", "csv"], help="table (default), json or csv")
     sp.add_argument(
         "--log", metavar="FILE|-", help="read decision log lines from FILE (- for stdin) instead of the records backend"
     )
@@ -392,9 +383,7 @@ def _add_tune(sub: Any) -> None:
         metavar="F=AMOUNT",
         help="what if number F had this tolerance: a number, or N%% of the last forwarded value (repeatable)",
     )
-    sp.add_argument(
-        "--format", choices=["table", "json"], default="table", metavar="table|json", help="table (default) or json"
-    )
+    _one_of(sp, "--format", ["table", "json"], help="table (default) or json")
     sp.add_argument(
         "--log", metavar="FILE|-", help="read decision log lines from FILE (- for stdin) instead of the records backend"
     )

@@ -134,33 +134,35 @@ class PubsubPublisher:
                 return await self._retried(retrying, req, deadline, exc)
         except PublishFailed:
             raise
-        except (grpc.aio.UsageError, gexc.Cancelled) as exc:
-            if self._closed:  # `close` closed the channel under it
-                raise PublishFailed("the publisher is closed (shutting down)") from exc
-            raise PublishFailed(f"publish to {topic} failed: {_describe(exc)}") from exc
         except gexc.DeadlineExceeded:
             raise PublishFailed(
                 f"publish to {topic} not confirmed within {self.timeout:g}s ({_attempts(retrying)} attempt(s))"
             ) from None
-        except TRANSIENT as exc:
-            raise PublishFailed(
-                f"publish to {topic} failed after {_attempts(retrying)} attempt(s) in {self.timeout:g}s: "
-                f"{_describe(exc)}"
-            ) from exc
-        except gexc.NotFound as exc:
-            raise PublishFailed(f"topic {topic} does not exist") from exc
-        except gexc.PermissionDenied as exc:
-            raise PublishFailed(
+        except (grpc.aio.UsageError, gexc.GoogleAPICallError, *TRANSIENT) as exc:
+            raise self._failure(exc, topic, _attempts(retrying)) from exc
+        raise AssertionError("unreachable: the retry loop returns or raises")  # pragma: no cover
+
+    def _failure(self, exc: BaseException, topic: str, attempts: int) -> PublishFailed:
+        """What a publish that ended in `exc` fails with, in words an operator can act on
+        (`Unpublishable`: the message itself is refused)."""
+        if isinstance(exc, (grpc.aio.UsageError, gexc.Cancelled)) and self._closed:  # `close` closed the channel
+            return PublishFailed("the publisher is closed (shutting down)")
+        if isinstance(exc, TRANSIENT):
+            return PublishFailed(
+                f"publish to {topic} failed after {attempts} attempt(s) in {self.timeout:g}s: {_describe(exc)}"
+            )
+        if isinstance(exc, gexc.NotFound):
+            return PublishFailed(f"topic {topic} does not exist")
+        if isinstance(exc, gexc.PermissionDenied):
+            return PublishFailed(
                 f"permission denied publishing to {topic}: the service account needs roles/pubsub.publisher "
                 f"on it ({exc.message})"
-            ) from exc
+            )
         # The message itself is refused: the same on every attempt, so the engine rejects it
         # (4xx, dead-lettered) rather than failing it (5xx) on every delivery.
-        except gexc.InvalidArgument as exc:
-            raise Unpublishable(f"Pub/Sub rejected the message for {topic}: {exc.message}") from exc
-        except gexc.GoogleAPICallError as exc:
-            raise PublishFailed(f"publish to {topic} failed: {_describe(exc)}") from exc
-        raise AssertionError("unreachable: the retry loop returns or raises")  # pragma: no cover
+        if isinstance(exc, gexc.InvalidArgument):
+            return Unpublishable(f"Pub/Sub rejected the message for {topic}: {exc.message}")
+        return PublishFailed(f"publish to {topic} failed: {_describe(exc)}")
 
     async def _once(self, req: Any, deadline: float) -> str:
         loop = asyncio.get_running_loop()
