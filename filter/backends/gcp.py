@@ -176,3 +176,12 @@ def timestamp(value: Any) -> float | None:
     if nanos is None:
         nanos = value.microsecond * 1000
     return float(seconds + nanos / 1e9) if nanos else float(seconds)
+
+
+def describe_error(exc: BaseException | None) -> str:
+    """An error for a log line: its type and what it says (a Google API error's own `message`,
+    without the status details its `str` repeats)."""
+    if exc is None:
+        return "unknown error"
+    text = getattr(exc, "message", None) or str(exc)
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

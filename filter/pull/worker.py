@@ -47,6 +47,7 @@ import structlog
 
 from filter.backends.gcp import (
     acknowledge,
+    describe_error,
     modify_ack_deadline,
     pubsub_path,
 )
@@ -203,7 +204,7 @@ class PullWorker:
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     loop.remove_signal_handler(sig)
         if self._failure is not None:
-            log.error("pull_failed", route=self._failed_route, error=_describe(self._failure))
+            log.error("pull_failed", route=self._failed_route, error=describe_error(self._failure))
             return 1
         return 0
 
@@ -278,7 +279,7 @@ class PullWorker:
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # never ack what was not decided; never let it kill the worker
-            log.exception("pull_handle_failed", route=route, message_id=received.message_id, error=_describe(exc))
+            log.exception("pull_handle_failed", route=route, message_id=received.message_id, error=describe_error(exc))
             return False
         self.handled += 1
         return answer_for(handled.record).ack
@@ -428,9 +429,9 @@ class PullWorker:
             # What is not settled here is redelivered later: an ack the engine answers as a
             # duplicate, a nack after its ack deadline.
             for count, exc in acknowledge(self.subscriber, path, ids["ack"], timeout=timeout):
-                log.warning("late_ack_failed", subscription=path, count=count, error=_describe(exc))
+                log.warning("late_ack_failed", subscription=path, count=count, error=describe_error(exc))
             for count, exc in modify_ack_deadline(self.subscriber, path, ids["nack"], 0, timeout=timeout):
-                log.warning("late_nack_failed", subscription=path, count=count, error=_describe(exc))
+                log.warning("late_nack_failed", subscription=path, count=count, error=describe_error(exc))
 
     def _join_streams(self, timeout: float) -> bool:
         """Wait for the streaming-pull futures; whether one did not stop in time."""
@@ -442,7 +443,7 @@ class PullWorker:
                 stuck = True
                 log.warning("stream_did_not_stop", route=route)
             except Exception as exc:  # already reported by _stream_done
-                log.debug("stream_ended", route=route, error=_describe(exc))
+                log.debug("stream_ended", route=route, error=describe_error(exc))
         return stuck
 
     def _join_stream_threads(self, timeout: float) -> list[str]:
@@ -451,10 +452,3 @@ class PullWorker:
         for thread in self._stream_threads:
             thread.join(max(0.0, deadline - time.monotonic()))
         return [t.name for t in self._stream_threads if t.is_alive()]
-
-
-def _describe(exc: BaseException | None) -> str:
-    if exc is None:
-        return "unknown error"
-    text = getattr(exc, "message", None) or str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -32,7 +32,7 @@ from tenacity import (
     wait_random,
 )
 
-from filter.backends.gcp import TRANSIENT, pubsub_path, resolve_project
+from filter.backends.gcp import TRANSIENT, describe_error, pubsub_path, resolve_project
 from filter.backends.publishers.pubsub_wire import PublishWire, request
 from filter.backends.publishers.turns import Turns
 from filter.core.logs import get_logger
@@ -149,7 +149,7 @@ class PubsubPublisher:
             return PublishFailed("the publisher is closed (shutting down)")
         if isinstance(exc, TRANSIENT):
             return PublishFailed(
-                f"publish to {topic} failed after {attempts} attempt(s) in {self.timeout:g}s: {_describe(exc)}"
+                f"publish to {topic} failed after {attempts} attempt(s) in {self.timeout:g}s: {describe_error(exc)}"
             )
         if isinstance(exc, gexc.NotFound):
             return PublishFailed(f"topic {topic} does not exist")
@@ -162,7 +162,7 @@ class PubsubPublisher:
         # (4xx, dead-lettered) rather than failing it (5xx) on every delivery.
         if isinstance(exc, gexc.InvalidArgument):
             return Unpublishable(f"Pub/Sub rejected the message for {topic}: {exc.message}")
-        return PublishFailed(f"publish to {topic} failed: {_describe(exc)}")
+        return PublishFailed(f"publish to {topic} failed: {describe_error(exc)}")
 
     async def _once(self, req: Any, deadline: float) -> str:
         loop = asyncio.get_running_loop()
@@ -178,7 +178,7 @@ class PubsubPublisher:
                 "publish_retry",
                 topic=topic,
                 attempt=state.attempt_number,
-                error=_describe(exc),
+                error=describe_error(exc),
                 wait_s=round(state.upcoming_sleep, 3),
             )
 
@@ -238,10 +238,3 @@ class PubsubPublisher:
 def _attempts(retrying: AsyncRetrying | None) -> int:
     """Attempts made: one, or as many as the retry policy counted (the first included)."""
     return 1 if retrying is None else int(retrying.statistics.get("attempt_number", 1))
-
-
-def _describe(exc: BaseException | None) -> str:
-    if exc is None:
-        return "unknown error"
-    text = getattr(exc, "message", None) or str(exc)
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
