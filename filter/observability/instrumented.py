@@ -1,9 +1,5 @@
-"""The store and the publisher, measured and traced, around whatever backends the config names.
-
-Composed outside `GuardedStore` (a store call's latency and span include its retries), so the
-engine needs no code for store and publish latency, their child spans, heartbeat events,
-commit refusals or the trace context a forwarded message carries.
-"""
+"""The store and the publisher, measured and traced, around whatever backends the config names:
+outside `GuardedStore`, so that a store call's latency and span include its retries."""
 
 from __future__ import annotations
 
@@ -26,6 +22,10 @@ class _Instrumented(Generic[Inner]):
         self.inner: Inner = inner
         self.telemetry = telemetry
 
+    def _measured(self, histogram: str, started: float, **labels: str) -> None:
+        if self.telemetry.metrics:
+            self.telemetry.latency[histogram].record(time.perf_counter() - started, labels)
+
     async def ping(self) -> None:
         await self.inner.ping()
 
@@ -34,19 +34,14 @@ class _Instrumented(Generic[Inner]):
 
 
 class InstrumentedStore(_Instrumented[StateStore]):
-    def _measured(self, operation: str, started: float, outcome: str) -> None:
-        if self.telemetry.metrics:
-            elapsed = time.perf_counter() - started
-            self.telemetry.latency["store"].record(elapsed, {"operation": operation, "outcome": outcome})
-
     async def _timed(self, operation: str, route: str, call: Awaitable[T]) -> T:
         t = self.telemetry
         started = time.perf_counter()
         outcome = "error"
         try:
             if t.recording():
-                # a child span, never made current (nothing inside a store call reads it); the
-                # SDK's span records what the call raised, and ends, as it leaves
+                # a child span, not made current (nothing inside a store call reads it), that
+                # records what the call raised, and ends, as it leaves
                 with t.tracer.start_span(f"store {operation}", attributes={"pubsub_filter.route": route}):
                     result = await call
             else:
@@ -54,7 +49,7 @@ class InstrumentedStore(_Instrumented[StateStore]):
             outcome = "ok"
             return result
         finally:
-            self._measured(operation, started, outcome)
+            self._measured("store", started, operation=operation, outcome=outcome)
 
     async def read(self, route: str, key: str) -> KeyState | None:
         return await self._timed("read", route, self.inner.read(route, key))
@@ -69,11 +64,11 @@ class InstrumentedStore(_Instrumented[StateStore]):
         try:
             extended = await self.inner.extend(route, key, held, expires_at)
         except Exception:  # a cancelled heartbeat (its publish ended) is not measured
-            self._measured("extend", started, "error")
+            self._measured("store", started, operation="extend", outcome="error")
             if t.metrics:
                 t.counters["heartbeat_failures"].add(1, {"route": route})
             raise
-        self._measured("extend", started, "ok")
+        self._measured("store", started, operation="extend", outcome="ok")
         return extended
 
     async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
@@ -102,7 +97,4 @@ class InstrumentedPublisher(_Instrumented[Publisher]):
             outcome = "ok"
             return published
         finally:
-            if t.metrics:
-                t.latency["publish"].record(
-                    time.perf_counter() - started, {"destination": destination, "outcome": outcome}
-                )
+            self._measured("publish", started, destination=destination, outcome=outcome)

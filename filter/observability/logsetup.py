@@ -1,13 +1,10 @@
 """structlog set-up: Cloud Logging's structured JSON on a pipe, readable lines on a terminal.
 
-Cloud Run forwards stdout lines to Cloud Logging, which lifts `severity`, `time`,
-`logging.googleapis.com/trace`, `logging.googleapis.com/spanId` and
-`logging.googleapis.com/labels` out of the JSON into the LogEntry; the rest, `message`
-included, stays in `jsonPayload`. One decision is one line (`message` "decision"); lifecycle
-events are lines of the same shape whose `message` is the event name (`skip-rate --log`
-reads them back: `filter.backends.records.log_lines`). `_scrub` keeps payloads and
-credentials off every line. `configure` may be called again: cached loggers follow (all but
-their level), because the processor list is edited in place and every line goes through `_OUT`.
+Cloud Logging lifts `severity`, `time` and the `logging.googleapis.com/*` fields out of a
+stdout JSON line into the LogEntry; the rest stays in `jsonPayload`. A decision is one line
+(`message` "decision"), a lifecycle event one line named by its `message` (`skip-rate --log`
+reads both back). `configure` may be called again: cached loggers follow (all but their
+level), because the processor list is edited in place and every line goes through `_OUT`.
 """
 
 from __future__ import annotations
@@ -30,21 +27,15 @@ from filter.core.decision_line import RECORD, WholeRecord
 from filter.core.times import format_time
 from filter.observability.stdlib_logs import route_stdlib
 
-_SEVERITY = {
-    "debug": "DEBUG",
-    "info": "INFO",
-    "warning": "WARNING",
-    "warn": "WARNING",
-    "error": "ERROR",
-    "critical": "CRITICAL",
-    "exception": "ERROR",
-}
+#: structlog's method names as Cloud Logging's severities
+_SEVERITY = {m: m.upper() for m in ("debug", "info", "warning", "error", "critical")}
+_SEVERITY.update(warn="WARNING", exception="ERROR")
 TRACE_FIELD = "logging.googleapis.com/trace"
 SPAN_FIELD = "logging.googleapis.com/spanId"
 LABELS_FIELD = "logging.googleapis.com/labels"
 COMPONENT = "pubsub-filter"
 _FORBIDDEN = frozenset(("authorization", "token", "payload", "data", "body"))
-_ENCODER = msgspec.json.Encoder(enc_hook=str)
+_ENCODER = msgspec.json.Encoder(enc_hook=str)  # what JSON cannot encode, as its `str`
 
 
 class _Output:
@@ -67,9 +58,6 @@ class _Output:
 _OUT = _Output(sys.stdout)
 
 
-# --- processors -------------------------------------------------------------------
-
-
 def _scrub(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     """Never let a payload or a credential reach a log line, whoever logged it."""
     if not _FORBIDDEN.isdisjoint(event):
@@ -79,61 +67,47 @@ def _scrub(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[s
 
 
 def _console_time(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    """On a terminal a caller's numeric `time` (the decision time) is the line's readable
-    timestamp; left as a field, it would print as a raw epoch beside it."""
-    t = event.get("time")
-    if t.__class__ in (float, int):
+    """A caller's numeric `time` (the decision time) as the readable timestamp, not a raw epoch."""
+    if event.get("time").__class__ in (float, int):
         event["timestamp"] = time.strftime("%H:%M:%S", time.localtime(event.pop("time")))
     return event
 
 
 class _CloudJson(WholeRecord):
-    """The JSON line, in one call (each processor is a call on every line): the context merged,
-    payloads and credentials dropped, the current span named, an exception formatted, `time`
-    stamped, Cloud Logging's fields named, then encoded. A decision line comes as its record."""
+    """The whole JSON chain in one processor (each is a call on every line). A decision line
+    comes as its record (`WholeRecord`)."""
 
     def __init__(self, project: str | None, clock: Callable[[], float]) -> None:
         self.trace_prefix = f"projects/{project}/traces/" if project else ""
         self.clock = clock
 
     def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
-        rec = event.pop(RECORD, None)
-        if rec is not None:
+        if (rec := event.pop(RECORD, None)) is not None:
             event = {**rec.line_fields(), **event}
         event = _scrub(logger, method, merge_contextvars(logger, method, event))
         span = get_current_span()
         if span.is_recording():
-            # a line written inside a recorded span names it (and its trace, when the surface
-            # named none), so Cloud Logging joins the line to the span in Cloud Trace
+            # so that Cloud Logging joins the line to its span in Cloud Trace
             ctx = span.get_span_context()
             event.setdefault("span_id", format(ctx.span_id, "016x"))
             event.setdefault("trace", format(ctx.trace_id, "032x"))
         if "exc_info" in event:
             event = format_exc_info(logger, method, event)
-        # RFC 3339 UTC with microseconds: a numeric `time` given by the caller (the decision time), else now
+        # a numeric `time` is the caller's (the decision time)
         t = event.get("time")
         event["time"] = format_time(t if t.__class__ in (float, int) else self.clock())
         event["severity"] = _SEVERITY.get(method, "DEFAULT")
         event["message"] = event.pop("event", "")
-        trace = event.pop("trace", None)
-        if trace:
+        if trace := event.pop("trace", None):
             event[TRACE_FIELD] = self.trace_prefix + str(trace)
-        span_id = event.pop("span_id", None)
-        if span_id:
+        if span_id := event.pop("span_id", None):
             event[SPAN_FIELD] = str(span_id)
-        route = event.get("route")
-        if route is not None:
+        if (route := event.get("route")) is not None:
             labels = {"component": COMPONENT, "route": str(route)}
-            decision = event.get("decision")
-            if decision is not None:
+            if (decision := event.get("decision")) is not None:
                 labels["decision"] = str(decision)
             event[LABELS_FIELD] = labels
-        return _dumps(event)
-
-
-def _dumps(event: Any) -> str:
-    """msgspec's JSON, anything it cannot encode as its `str`."""
-    return _ENCODER.encode(event).decode()
+        return _ENCODER.encode(event).decode()
 
 
 class _StdlibJson(logging.Formatter):
@@ -149,10 +123,8 @@ class _StdlibJson(logging.Formatter):
         }
         if record.exc_info:
             event["exception"] = self.formatException(record.exc_info)
-        return _dumps(event)
+        return _ENCODER.encode(event).decode()
 
-
-# --- configuration ------------------------------------------------------------------
 
 #: The processor list structlog holds: edited in place, so that cached loggers follow `configure`.
 _PROCESSORS: list[structlog.types.Processor] = []
@@ -167,13 +139,10 @@ def configure(
     cache: bool = True,
     find_project: Callable[[], str | None] = lambda: None,
 ) -> None:
-    """`fmt`: json | console | auto (console on a terminal). Env: LOG_LEVEL, LOG_FORMAT.
-
-    `project` names traces `projects/PROJECT/traces/ID` (default: what `find_project` finds,
-    asked only for JSON lines: `filter.backends.gcp.detect_project` asks the metadata server);
-    `clock` stamps lines that carry no numeric `time` of their own. `cache=False` keeps
-    structlog from caching loggers, so that a test can put the previous set-up back.
-    """
+    """`fmt`: json | console | auto (console on a terminal); env LOG_LEVEL, LOG_FORMAT. `project`
+    names traces `projects/PROJECT/traces/ID` (default: `find_project()`, asked only for JSON
+    lines); `clock` stamps lines without a numeric `time`. `cache=False`: structlog caches no
+    logger, so that a test can put the previous set-up back."""
     level = (level or os.environ.get("LOG_LEVEL") or "info").lower()
     fmt = (fmt or os.environ.get("LOG_FORMAT") or "auto").lower()
     if fmt not in ("json", "console", "auto"):

@@ -1,13 +1,6 @@
-"""OpenTelemetry metrics and traces for every surface (push, pull, replay).
-
-One `Telemetry` per process, handed to the engine: the SDK's meter and tracer providers (built
-from the config and `OTEL_*` by `filter.runtime.otel.from_config`) and the filter's instruments.
-The engine calls it where a decision starts and ends and where a lease is taken over; the store
-and publisher are wrapped (`instrumented`). Metrics: `GET /metrics` through the official
-Prometheus reader, and OTLP when `OTEL_EXPORTER_OTLP_*` names an endpoint. Spans follow
-OpenTelemetry's messaging conventions for `gcp_pubsub`, recorded only when something exports
-them. `OTEL_SDK_DISABLED=true` or the config turn either off; `NO_TELEMETRY` does nothing, cheaply.
-"""
+"""OpenTelemetry metrics and traces for every surface: one `Telemetry` per process
+(`filter.runtime.otel.from_config`), which the engine calls where a decision starts and ends and
+where a lease is taken over; the store and publisher are wrapped (`instrumented`)."""
 
 from __future__ import annotations
 
@@ -17,36 +10,18 @@ from collections.abc import Iterable, Iterator, MutableMapping
 from contextvars import ContextVar
 from typing import Any
 
-from opentelemetry import trace
+from opentelemetry import metrics, trace
 from opentelemetry.context import Context
-from opentelemetry.metrics import CallbackOptions, Observation
-from opentelemetry.metrics import Counter as MetricCounter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
-from opentelemetry.trace import (
-    INVALID_SPAN_CONTEXT,
-    NonRecordingSpan,
-    Span,
-    SpanContext,
-    SpanKind,
-    Status,
-    StatusCode,
-    TraceFlags,
-)
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
 
 from filter.core.model import Decision, DecisionRecord, Message
-from filter.core.ports import UNTRACED, Traced
+from filter.core.ports import UNTRACED, Traced, Untraced
 from filter.observability.latency import Latencies, LatencyHistogram
-from filter.observability.tracing import (
-    ATTRIBUTES_SET,
-    REQUEST_PARENT,
-    W3C,
-    message_parent,
-    messaging_attributes,
-    short_name,
-)
+from filter.observability.tracing import ATTRIBUTES, REQUEST_PARENT, W3C, message_parent, messaging_attributes
 
 #: The one label every route name that is not configured shares (a request may name any).
 UNKNOWN_ROUTE = "(unknown)"
@@ -101,24 +76,21 @@ class Telemetry:
         *,
         drops_unsampled_parents: bool = False,
     ) -> None:
-        self.meter_provider = meter_provider
-        self.tracer_provider = tracer_provider
-        #: the tracer provider's sampler drops a decision whose remote parent is not sampled
-        #: (`filter.runtime.otel.drops_unsampled_parents`): such a decision asks the SDK for no span at all.
+        self.meter_provider, self.tracer_provider, self.prometheus = meter_provider, tracer_provider, prometheus
+        self.metrics, self.tracing = meter_provider is not None, tracer_provider is not None
+        #: the sampler drops a decision whose remote parent is not sampled
+        #: (`filter.runtime.otel.drops_unsampled_parents`): the SDK is not asked for its span
         self.drops_unsampled_parents = drops_unsampled_parents
         self._ids = tracer_provider.id_generator if tracer_provider is not None else _RANDOM_IDS
-        self.prometheus = prometheus
-        self.metrics = meter_provider is not None
-        self.tracing = tracer_provider is not None
         self.tracer = tracer_provider.get_tracer(SCOPE) if tracer_provider is not None else trace.NoOpTracer()
-        #: the configured routes (`watch_engine`); any other name a request makes up is counted,
-        #: timed and named on spans as `UNKNOWN_ROUTE`, so it adds no series. None: every name is one.
+        #: the configured routes (`watch_engine`): any other name is labelled `UNKNOWN_ROUTE`,
+        #: so a request adds no series. None: every name is its own label.
         self.routes: frozenset[str] | None = None
         self._engine: Any = None
         self.latency: dict[str, LatencyHistogram] = {}
-        self.counters: dict[str, MetricCounter] = {}
-        #: decisions by (route, decision, enforced), read by the SDK at collection time: an
-        #: increment on every decision instead of a synchronous counter's add() (~8 µs a call).
+        self.counters: dict[str, metrics.Counter] = {}
+        #: decisions by (route, decision, enforced), read at collection: an increment, not a
+        #: synchronous counter's add() (~8 µs) on every decision
         self._decisions: Counter[tuple[str, str, str]] = Counter()
         if meter_provider is None:
             return
@@ -146,69 +118,67 @@ class Telemetry:
             "pubsub_filter_in_flight", [self._observe_in_flight], "1", "Messages being decided now."
         )
 
-    # --- wiring -----------------------------------------------------------------------
-
     def watch_engine(self, engine: Any) -> None:
         self.routes = frozenset(engine.rules)
         self._engine = engine
-        if self.metrics:
-            # Every route's counters exist from the start, at zero: an alert or a rate() on a series
-            # that appears only at its first event sees nothing (or a jump) instead of zero.
-            for counter in self.counters.values():
-                for route in self.routes:
-                    counter.add(0, {"route": route})
+        # every route's counters exist from the start, at zero: an alert or a rate() on a
+        # series that appears only at its first event sees nothing (or a jump) instead
+        for counter in self.counters.values():
+            for route in self.routes:
+                counter.add(0, {"route": route})
 
     def route_label(self, route: str) -> str:
-        """`route` as metrics and spans name it: itself when configured, else `UNKNOWN_ROUTE`."""
         return route if self.routes is None or route in self.routes else UNKNOWN_ROUTE
 
-    def _observe_decisions(self, _: CallbackOptions) -> Iterable[Observation]:
+    def _observe_decisions(self, _: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
         for labels, count in list(self._decisions.items()):  # a C-level copy: safe beside the loop
-            yield Observation(count, dict(zip(("route", "decision", "enforced"), labels, strict=True)))
+            yield metrics.Observation(count, dict(zip(("route", "decision", "enforced"), labels, strict=True)))
 
-    def _observe_records(self, _: CallbackOptions) -> Iterable[Observation]:
-        """written / retried / dropped, from the recorder and the batching recorder behind it."""
-        if self._engine is None:
-            return
-        for outcome, value in self._engine.recorder.outcomes().items():
-            yield Observation(value, {"outcome": outcome})
-
-    def _observe_in_flight(self, _: CallbackOptions) -> Iterable[Observation]:
+    def _observe_records(self, _: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
         if self._engine is not None:
-            yield Observation(self._engine.in_flight)
+            for outcome, value in self._engine.recorder.outcomes().items():
+                yield metrics.Observation(value, {"outcome": outcome})
+
+    def _observe_in_flight(self, _: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
+        if self._engine is not None:
+            yield metrics.Observation(self._engine.in_flight)
 
     def shutdown(self) -> None:
         """Flush what OTLP has not sent yet (the end of a serve, pull or replay)."""
-        if self.tracer_provider is not None:
-            self.tracer_provider.shutdown()
-        if self.meter_provider is not None:
-            self.meter_provider.shutdown()
-
-    # --- the decision -------------------------------------------------------------------
+        for provider in (self.tracer_provider, self.meter_provider):
+            if provider is not None:
+                provider.shutdown()
 
     def decision(self, route: str, msg: Message) -> contextlib.AbstractContextManager[Traced]:
-        """The span of one decision, current while it runs when recorded, and the handle its
-        publish and heartbeat are traced through. Its parent: the push request's trace
-        (`tracing.REQUEST_PARENT`), else what the surface made current, else the context a
-        traced publisher left in the message's attributes."""
+        """The decision's span, current while it runs when recorded. Its parent: the push
+        request's trace (`tracing.REQUEST_PARENT`), else what the surface made current, else
+        the context a traced publisher left in the message's attributes."""
         if not self.tracing:
             return _UNTRACED_DECISION
         parent = REQUEST_PARENT.get()
         if parent is None and not trace.get_current_span().get_span_context().is_valid:
             parent = message_parent(msg.attributes)
         if parent is not None and not parent.trace_flags.sampled and self.drops_unsampled_parents:
-            # The sampler drops it (Cloud Run's front end leaves most requests unsampled): the
-            # SDK is not asked, and the span it would make is made only for a forward to pass on.
+            # Cloud Run's front end leaves most requests unsampled: the SDK is not asked for a
+            # span the sampler drops; one is made only for a forward to pass on
             return _Unrecorded(None, parent, self._ids)
-        # A request's or a message's parent goes to the SDK alone in its context, as a propagator extracts it.
+        # a request's or a message's parent goes to the SDK alone in its context, as a propagator extracts it
         context = None if parent is None else trace.set_span_in_context(NonRecordingSpan(parent), Context())
-        subscription = short_name(msg.subscription)
+        subscription = _short_name(msg.subscription)
         route = self.route_label(route)
         span = self.tracer.start_span(f"{subscription or route} process", context, SpanKind.CONSUMER)
         if not span.is_recording():  # dropped: no attributes, nothing to end
             return _Unrecorded(span)
-        span.set_attributes(_decision_attributes(route, msg, subscription))
-        return _recorded(span, _Traced(self.tracer))
+        # OpenTelemetry's messaging attributes for a `gcp_pubsub` consumer, and the route
+        attributes = messaging_attributes("process", subscription, len(msg.data), msg.ordering_key)
+        attributes["messaging.message.id"] = msg.message_id
+        attributes["pubsub_filter.route"] = route
+        if subscription:
+            attributes["messaging.destination.subscription.name"] = subscription
+        if msg.delivery_attempt is not None:
+            attributes["messaging.gcp_pubsub.message.delivery_attempt"] = msg.delivery_attempt
+        span.set_attributes(attributes)
+        return _Traced(self.tracer).running(span)
 
     def decided(self, rec: DecisionRecord) -> None:
         """Count a finished decision (every one, rejected included) and describe it on its span."""
@@ -232,47 +202,36 @@ class Telemetry:
             span = trace.get_current_span()
             span.set_attributes({k: v for k, v in described.items() if v is not None})
             if rec.decision in (Decision.FAILED, Decision.FAIL_OPEN):
-                span.set_status(Status(StatusCode.ERROR, rec.reason))
+                span.set_status(trace.StatusCode.ERROR, rec.reason)
 
     def lease_taken_over(self, route: str) -> None:
         if self.metrics:
             self.counters["lease_takeovers"].add(1, {"route": self.route_label(route)})
 
-    # --- children -----------------------------------------------------------------------
-
     def recording(self) -> bool:
-        """Whether a decision's span is current and recorded (sampled, with something to export it)."""
+        """Whether a decision's span is current and recorded: its store calls and publish have spans."""
         return self.tracing and _RECORDED.get() and trace.get_current_span().is_recording()
 
     def sent(self, published_id: str) -> None:
-        """Name the published message on the publish's span (`_Traced.sending`, current), if recorded."""
+        """Name the published message on the current publish's span (`_Traced.sending`)."""
         if self.recording():
             trace.get_current_span().set_attribute("messaging.message.id", published_id)
 
     def inject(self, attributes: MutableMapping[str, str]) -> None:
-        """Write the current trace context into outgoing message attributes, as the Pub/Sub
-        client library does (`googclient_traceparent`), so a traced consumer continues it."""
+        """Write the current trace context into outgoing message attributes as the Pub/Sub client
+        library does (`googclient_traceparent`), so that a traced consumer continues it."""
         if self.tracing and trace.get_current_span().get_span_context().is_valid:
-            W3C.inject(attributes, setter=ATTRIBUTES_SET)
+            W3C.inject(attributes, setter=ATTRIBUTES)
 
 
-class _Unrecorded:
-    """A decision whose span the sampler dropped: its context manager and its `Traced`. Nothing
-    is made current while it runs (nothing reads a span that records nothing) but during a
-    forward's send, whose trace context it passes on. Dropped without asking the SDK (`span`
-    None), its span is the one the SDK makes for a dropped child, made when a forward first asks:
-    the parent's trace and trace state, a span id of its own, not sampled, the random-trace-id
-    flag kept."""
+class _Unrecorded(Untraced, contextlib.AbstractContextManager["_Unrecorded"]):
+    """A decision the sampler dropped: nothing is current while it runs but its forward's send,
+    whose trace context it passes on. Dropped without asking the SDK (`span` None), it makes the
+    span the SDK makes for a dropped child when a forward first asks: the parent's trace and trace
+    state, a span id of its own, not sampled, the random-trace-id flag kept."""
 
-    __slots__ = ("ids", "parent", "span")
-
-    def __init__(
-        self, span: Span | None, parent: SpanContext = INVALID_SPAN_CONTEXT, ids: IdGenerator = _RANDOM_IDS
-    ) -> None:
+    def __init__(self, span: Span | None, parent: SpanContext = INVALID_SPAN_CONTEXT, ids: IdGenerator = _RANDOM_IDS):
         self.span, self.parent, self.ids = span, parent, ids
-
-    def __enter__(self) -> Traced:
-        return self
 
     def __exit__(self, *_: object) -> None:
         return None
@@ -281,18 +240,13 @@ class _Unrecorded:
         self, destination: str, data: bytes, ordering_key: str | None
     ) -> contextlib.AbstractContextManager[Span]:
         if self.span is None:
-            p = self.parent
+            p, span_id = self.parent, self.ids.generate_span_id()
             flags = TraceFlags(p.trace_flags & TraceFlags.RANDOM_TRACE_ID)
-            self.span = NonRecordingSpan(
-                SpanContext(p.trace_id, self.ids.generate_span_id(), False, flags, p.trace_state)
-            )
+            self.span = NonRecordingSpan(SpanContext(p.trace_id, span_id, False, flags, p.trace_state))
         return trace.use_span(self.span)
 
-    def heartbeat(self, event: str, **attributes: str) -> None:
-        pass
 
-
-#: A recorded decision is under way: its store calls and publish have spans (`Telemetry.recording`).
+#: A recorded decision is under way (`Telemetry.recording`).
 _RECORDED: ContextVar[bool] = ContextVar("pubsub_filter_recorded", default=False)
 _UNTRACED_DECISION = contextlib.nullcontext(UNTRACED)
 
@@ -305,46 +259,33 @@ class _Traced:
 
     def __init__(self, tracer: trace.Tracer) -> None:
         self.tracer = tracer
-        self.publish: Span | None = None
+        self.publish: Span = trace.INVALID_SPAN
+
+    @contextlib.contextmanager
+    def running(self, span: Span) -> Iterator[Traced]:
+        """The decision's span current while it runs, and ended after."""
+        token = _RECORDED.set(True)
+        try:
+            with trace.use_span(span, end_on_exit=True):
+                yield self
+        finally:
+            _RECORDED.reset(token)
 
     @contextlib.contextmanager
     def sending(self, destination: str, data: bytes, ordering_key: str | None) -> Iterator[Span]:
-        topic = short_name(destination) or destination
+        topic = _short_name(destination) or destination
         described = messaging_attributes("send", topic, len(data), ordering_key)
         with self.tracer.start_as_current_span(f"{topic} send", kind=SpanKind.PRODUCER, attributes=described) as span:
             self.publish = span
-            try:
-                yield span
-            finally:
-                self.publish = None
+            yield span
 
     def heartbeat(self, event: str, **attributes: str) -> None:
-        span = self.publish
-        if span is not None and span.is_recording():
-            span.add_event(event, attributes)
+        if self.publish.is_recording():  # not once the publish has ended
+            self.publish.add_event(event, attributes)
 
 
-@contextlib.contextmanager
-def _recorded(span: Span, traced: _Traced) -> Iterator[Traced]:
-    """A recorded decision's span, current while it runs; what it yields traces its publish."""
-    token = _RECORDED.set(True)
-    try:
-        with trace.use_span(span, end_on_exit=True):
-            yield traced
-    finally:
-        _RECORDED.reset(token)
-
-
-def _decision_attributes(route: str, msg: Message, subscription: str | None) -> dict[str, Any]:
-    """OpenTelemetry's messaging attributes for a `gcp_pubsub` consumer, and the route."""
-    attributes = messaging_attributes("process", subscription, len(msg.data), msg.ordering_key)
-    attributes["messaging.message.id"] = msg.message_id
-    attributes["pubsub_filter.route"] = route
-    if subscription:
-        attributes["messaging.destination.subscription.name"] = subscription
-    if msg.delivery_attempt is not None:
-        attributes["messaging.gcp_pubsub.message.delivery_attempt"] = msg.delivery_attempt
-    return attributes
+def _short_name(path: str | None) -> str | None:
+    return path.rsplit("/", 1)[-1] if path else path
 
 
 NO_TELEMETRY = Telemetry()

@@ -1,6 +1,5 @@
-"""Trace context in and out, through OpenTelemetry's propagators: a push request's headers, a
-message's attributes (the way the Pub/Sub client library carries it). The sampler is chosen
-where the process's telemetry is built (`filter.runtime.otel`)."""
+"""Trace context in a message's attributes, the way the Pub/Sub client library carries it,
+through OpenTelemetry's W3C propagator; and the push request's parent while its decision runs."""
 
 from __future__ import annotations
 
@@ -13,7 +12,6 @@ from opentelemetry.propagators.textmap import Getter, Setter
 from opentelemetry.trace import SpanContext
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-SYSTEM = "gcp_pubsub"
 #: The google-cloud-pubsub client's prefix for trace context in message attributes.
 ATTRIBUTE_PREFIX = "googclient_"
 MESSAGE_TRACEPARENT = ATTRIBUTE_PREFIX + "traceparent"
@@ -21,7 +19,9 @@ MESSAGE_TRACEPARENT = ATTRIBUTE_PREFIX + "traceparent"
 W3C = TraceContextTextMapPropagator()
 
 
-class _AttributeGetter(Getter[Mapping[str, str]]):
+class _Prefixed(Getter[Mapping[str, str]], Setter[MutableMapping[str, str]]):
+    """Message attributes as a propagator's carrier: its keys under the client library's prefix."""
+
     def get(self, carrier: Mapping[str, str], key: str) -> list[str] | None:
         value = carrier.get(ATTRIBUTE_PREFIX + key)
         return None if value is None else [value]
@@ -29,14 +29,11 @@ class _AttributeGetter(Getter[Mapping[str, str]]):
     def keys(self, carrier: Mapping[str, str]) -> list[str]:
         return [k[len(ATTRIBUTE_PREFIX) :] for k in carrier if k.startswith(ATTRIBUTE_PREFIX)]
 
-
-class _AttributeSetter(Setter[MutableMapping[str, str]]):
     def set(self, carrier: MutableMapping[str, str], key: str, value: str) -> None:
         carrier[ATTRIBUTE_PREFIX + key] = value
 
 
-ATTRIBUTES_GET = _AttributeGetter()
-ATTRIBUTES_SET = _AttributeSetter()
+ATTRIBUTES = _Prefixed()
 
 #: The parent the push request names, while its decision runs (set by the push app).
 REQUEST_PARENT: ContextVar[SpanContext | None] = ContextVar("pubsub_filter_request_parent", default=None)
@@ -46,7 +43,7 @@ def message_parent(attributes: Mapping[str, str]) -> SpanContext | None:
     """The parent a traced publisher left in the message's attributes (`googclient_traceparent`)."""
     if MESSAGE_TRACEPARENT not in attributes:
         return None
-    parent = trace.get_current_span(W3C.extract(attributes, getter=ATTRIBUTES_GET)).get_span_context()
+    parent = trace.get_current_span(W3C.extract(attributes, getter=ATTRIBUTES)).get_span_context()
     return parent if parent.is_valid else None
 
 
@@ -55,7 +52,7 @@ def messaging_attributes(
 ) -> dict[str, Any]:
     """OpenTelemetry's messaging attributes for one `gcp_pubsub` operation (`process`, `send`)."""
     attributes: dict[str, Any] = {
-        "messaging.system": SYSTEM,
+        "messaging.system": "gcp_pubsub",
         "messaging.operation.name": operation,
         "messaging.operation.type": operation,
         "messaging.message.body.size": size,
@@ -65,7 +62,3 @@ def messaging_attributes(
     if ordering_key:
         attributes["messaging.gcp_pubsub.message.ordering_key"] = ordering_key
     return attributes
-
-
-def short_name(path: str | None) -> str | None:
-    return path.rsplit("/", 1)[-1] if path else path
