@@ -38,6 +38,16 @@ async def publisher_at(host: str, project: str, budget: float = 10.0) -> AsyncIt
         await pub.close()
 
 
+@contextlib.asynccontextmanager
+async def publisher_behind(
+    emulator: PubsubEmulator, delay: float, budget: float = 10.0
+) -> AsyncIterator[PubsubPublisher]:
+    """A publisher whose every request reaches the emulator `delay` seconds late."""
+    with DelayProxy(emulator.host, delay=delay) as proxy:
+        async with publisher_at(proxy.host, emulator.project, budget) as pub:
+            yield pub
+
+
 @pytest.fixture
 async def publisher(pubsub_emulator: PubsubEmulator) -> AsyncIterator[PubsubPublisher]:
     async with publisher_at(pubsub_emulator.host, pubsub_emulator.project) as pub:
@@ -126,9 +136,8 @@ async def test_publishes_of_one_key_asked_at_once_land_in_the_order_asked(
     topic = admin.topic("ordered-burst")
     sub = admin.pull_subscription(topic, ordered=True)
     sent = [(f"game-{i % 3}", f"{i:02d}".encode()) for i in range(30)]
-    with DelayProxy(pubsub_emulator.host, delay=0.02) as proxy:  # every RPC in flight a while
-        async with publisher_at(proxy.host, pubsub_emulator.project) as pub:
-            ids = await asyncio.gather(*(pub.publish(topic, data, {}, ordering_key=key) for key, data in sent))
+    async with publisher_behind(pubsub_emulator, 0.02) as pub:  # every RPC in flight a while
+        ids = await asyncio.gather(*(pub.publish(topic, data, {}, ordering_key=key) for key, data in sent))
     assert len(set(ids)) == len(sent)
     got = await asyncio.to_thread(admin.pull, sub, len(sent))
     for key in ("game-0", "game-1", "game-2"):
@@ -205,9 +214,8 @@ async def test_slow_confirmation_does_not_block_the_event_loop(
 ) -> None:
     topic = admin.topic("slow")
     sub = admin.pull_subscription(topic)
-    with DelayProxy(pubsub_emulator.host, delay=0.6) as proxy:
-        async with publisher_at(proxy.host, pubsub_emulator.project, budget=10) as pub:
-            result, elapsed, gap = await with_loop_watch(pub.publish(topic, b"slow", {"a": "b"}, ordering_key="k"))
+    async with publisher_behind(pubsub_emulator, 0.6, budget=10) as pub:
+        result, elapsed, gap = await with_loop_watch(pub.publish(topic, b"slow", {"a": "b"}, ordering_key="k"))
     assert isinstance(result, str), result
     assert elapsed >= 0.6
     assert gap < 0.3, f"the event loop stalled for {gap:.3f}s while a publish was being confirmed"
@@ -219,28 +227,26 @@ async def test_unconfirmed_publish_fails_within_the_timeout(
     pubsub_emulator: PubsubEmulator, admin: PubsubAdmin
 ) -> None:
     topic = admin.topic("hung")
-    with DelayProxy(pubsub_emulator.host, delay=5.0) as proxy:
-        async with publisher_at(proxy.host, pubsub_emulator.project, budget=1.0) as pub:
-            result, elapsed, gap = await with_loop_watch(pub.publish(topic, b"x", {}, ordering_key="k"))
-            assert isinstance(result, PublishFailed), result
-            assert topic in str(result)
-            assert 0.9 <= elapsed < 2.5, elapsed
-            assert gap < 0.3
+    async with publisher_behind(pubsub_emulator, 5.0, budget=1.0) as pub:
+        result, elapsed, gap = await with_loop_watch(pub.publish(topic, b"x", {}, ordering_key="k"))
+        assert isinstance(result, PublishFailed), result
+        assert topic in str(result)
+        assert 0.9 <= elapsed < 2.5, elapsed
+        assert gap < 0.3
 
 
 async def test_a_publish_waiting_behind_a_hung_one_of_its_key_fails_within_its_own_timeout(
     pubsub_emulator: PubsubEmulator, admin: PubsubAdmin
 ) -> None:
     topic = admin.topic("hung-key")
-    with DelayProxy(pubsub_emulator.host, delay=5.0) as proxy:
-        async with publisher_at(proxy.host, pubsub_emulator.project, budget=1.0) as pub:
-            started = time.monotonic()
-            both = await asyncio.gather(
-                pub.publish(topic, b"a", {}, ordering_key="k"),
-                pub.publish(topic, b"b", {}, ordering_key="k"),
-                return_exceptions=True,
-            )
-            elapsed = time.monotonic() - started
+    async with publisher_behind(pubsub_emulator, 5.0, budget=1.0) as pub:
+        started = time.monotonic()
+        both = await asyncio.gather(
+            pub.publish(topic, b"a", {}, ordering_key="k"),
+            pub.publish(topic, b"b", {}, ordering_key="k"),
+            return_exceptions=True,
+        )
+        elapsed = time.monotonic() - started
     assert [type(r) for r in both] == [PublishFailed, PublishFailed], both
     assert all("not confirmed within 1s" in str(r) for r in both), both
     assert 0.9 <= elapsed < 2.5, elapsed

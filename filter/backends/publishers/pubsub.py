@@ -44,6 +44,8 @@ log = get_logger("pubsub_filter.publisher")
 #: How long `close` waits for the publishes under way before it closes the channel under them
 #: (and `Engine.close` gives it at most its share of the stop budget).
 CLOSE_WAIT = 10.0
+#: What a publish to a closed (or closing) publisher fails with.
+CLOSED = "the publisher is closed (shutting down)"
 
 
 class PubsubPublisher:
@@ -97,7 +99,7 @@ class PubsubPublisher:
         self, destination: str, data: bytes, attributes: Mapping[str, str], ordering_key: str | None = None
     ) -> str:
         if self._closed:
-            raise PublishFailed("the publisher is closed (shutting down)")
+            raise PublishFailed(CLOSED)
         topic = self.topic_path(destination)
         key = ordering_key or ""
         req = request(topic, data, attributes, key)
@@ -146,7 +148,7 @@ class PubsubPublisher:
         """What a publish that ended in `exc` fails with, in words an operator can act on
         (`Unpublishable`: the message itself is refused)."""
         if isinstance(exc, (grpc.aio.UsageError, gexc.Cancelled)) and self._closed:  # `close` closed the channel
-            return PublishFailed("the publisher is closed (shutting down)")
+            return PublishFailed(CLOSED)
         if isinstance(exc, TRANSIENT):
             return PublishFailed(
                 f"publish to {topic} failed after {attempts} attempt(s) in {self.timeout:g}s: {describe_error(exc)}"
@@ -201,7 +203,7 @@ class PubsubPublisher:
                     again, first = first, None
                     raise again
                 if self._closed:
-                    raise PublishFailed("the publisher is closed (shutting down)")
+                    raise PublishFailed(CLOSED)
                 return await self._once(req, deadline)
         raise AssertionError("unreachable: the retry loop returns or raises")  # pragma: no cover
 
@@ -209,7 +211,7 @@ class PubsubPublisher:
         """The channel of this loop: a `grpc.aio` channel belongs to the loop it was made on."""
         if self._wire is None or self._wire_loop is not loop:
             if self._closed:
-                raise PublishFailed("the publisher is closed (shutting down)")
+                raise PublishFailed(CLOSED)
             self._wire, self._wire_loop = PublishWire(self._credentials, self._emulator), loop
         return self._wire
 
@@ -217,7 +219,7 @@ class PubsubPublisher:
         """Ready while the publisher is open. Asking the service (`topics.get`) would need a permission
         a publisher is not otherwise given, and a brief outage is what the retries are for."""
         if self._closed:
-            raise PublishFailed("the publisher is closed (shutting down)")
+            raise PublishFailed(CLOSED)
 
     async def close(self) -> None:
         """Wait briefly for the publishes under way, then close the channel (cancelling what is left)."""

@@ -125,34 +125,26 @@ class SqliteSink:
         locked past the timeout, the disk full)."""
         most = min(MAX_ROWS, self._db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) // len(COLUMN_NAMES))
         statements = _statements(rows, most)
-        if len(statements) == 1 and self._stored(*statements[0][:2]):
+        if len(statements) == 1 and self._failure(*statements[0][:2]) is None:
             return []  # the usual group: one statement in SQLite's own transaction
         refused: Refused = []
         with self._db:  # COMMIT at the end; ROLLBACK when an OperationalError leaves it
             self._db.execute("BEGIN")
             for sql, values, part in statements:
-                if len(statements) == 1 or not self._stored(sql, values):  # the one statement failed above
-                    refused += [(r[0], why) for r in part if (why := self._refusal(r)) is not None]
+                # a statement that failed (the only one: above) is made again row by row: a refused row costs itself
+                if len(statements) == 1 or self._failure(sql, values) is not None:
+                    refused += [(r[0], why) for r in part if (why := self._failure(_insert(r[1], 1), r[2])) is not None]
         return refused
 
-    def _stored(self, sql: str, values: list[Any]) -> bool:
-        """False when a row's value cannot be bound or stored: the statement stored nothing."""
+    def _failure(self, sql: str, values: list[Any]) -> Exception | None:
+        """Why a row's value cannot be bound or stored (the statement stored nothing), or None
+        once it is stored. Raises the file's own errors (`OperationalError`): none is stored."""
         try:
             self._db.execute(sql, values)
         except sqlite3.OperationalError:
-            raise  # the file, not a row: none of them is stored
-        except Exception:
-            return False
-        return True
-
-    def _refusal(self, row: Prepared) -> Exception | None:
-        """None once the row is stored, else why it cannot be."""
-        try:
-            self._db.execute(_insert(row[1], 1), row[2])
-        except sqlite3.OperationalError:
             raise
         except Exception as exc:
-            return exc  # the statement failed alone; the transaction goes on
+            return exc
         return None
 
     async def write(self, rows: list[DecisionRecord]) -> None:
