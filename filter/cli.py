@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from filter import __version__
@@ -74,6 +74,7 @@ def _port(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    """validate a config file; exit 1 with every problem listed"""
     source = args.file or args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG
     cfg = _config(source)
     preflight.check(cfg, source)  # the files it names, as `serve` will open them from here
@@ -83,6 +84,7 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    """run the push endpoint (Cloud Run)"""
     from filter.push.serve import serve
 
     port = _port(args)
@@ -110,6 +112,7 @@ def _message(args: argparse.Namespace) -> Message:
 
 
 def cmd_fingerprint(args: argparse.Namespace) -> int:
+    """print the payload fingerprint of a message's data for a route (a file, - for stdin, or a push envelope)"""
     from filter.core.fingerprint import NOT_JSON, message_fingerprint
     from filter.core.routes import RouteRules
 
@@ -130,6 +133,7 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
+    """what the filter would decide for a payload, and why (no side effects)"""
     from filter.tools.explain import run
 
     cfg = _config(args.config)
@@ -141,12 +145,14 @@ def cmd_explain(args: argparse.Namespace) -> int:
 
 
 def cmd_skip_rate(args: argparse.Namespace) -> int:
+    """decisions and skip rate per route, hour or day"""
     from filter.tools.skiprate import run
 
     return run(args)
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
+    """which fields churn, and what another selection would have skipped"""
     from filter.tools.tune import run
 
     return run(args)
@@ -156,6 +162,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    """run the streaming-pull worker (beside a workload) until SIGTERM"""
     from filter.pull.command import run
 
     cfg = _config(args.config)
@@ -165,6 +172,12 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    """republish what a dead-letter subscription holds (or run it through the filter)
+
+    Pull a dead-letter subscription and republish each message to the topic it came from (or --to TOPIC, or
+    --through-filter). A message is acked only after its republish is confirmed; whatever is not replayed stays
+    in the dead-letter subscription for a rerun.
+    """
     from filter.replay.command import run
 
     def probe(cfg: Config | None) -> None:
@@ -174,6 +187,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_provision(args: argparse.Namespace) -> int:
+    """create the topics and subscriptions the config needs (idempotent)
+
+    Create each route's destination topic, source topic, subscription (push or pull, ack deadline =
+    lease.ack_deadline, retry 10s-600s, dead-letter policy) and dead-letter topic <subscription>-dlq with its
+    pull subscription <subscription>-dlq-sub. A second run changes nothing.
+    """
     from filter.tools.provision import run
 
     cfg = _config(args.config)
@@ -182,11 +201,23 @@ def cmd_provision(args: argparse.Namespace) -> int:
     return run(cfg, args)
 
 
-def with_config(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument("--config", "-c", metavar="F", help=f"config file (default: ${CONFIG_ENV}, then ./filter.yaml)")
+CONFIG_HELP = f"config file (default: ${CONFIG_ENV}, then ./filter.yaml)"
 
 
 # Each `_add_*` adds one command to `sub`, what add_subparsers returns (argparse's type for it is private).
+
+
+def _command(
+    sub: Any, run: Callable[[argparse.Namespace], int], config_help: str = CONFIG_HELP
+) -> argparse.ArgumentParser:
+    """The parser of the command `run` answers, with its `--config`: `cmd_skip_rate` is `skip-rate`, its
+    docstring's first paragraph the line `--help` lists it with, the rest what its own `--help` says first."""
+    what, _, more = (run.__doc__ or "").strip().partition("\n\n")
+    name = run.__name__.removeprefix("cmd_").replace("_", "-")
+    sp: argparse.ArgumentParser = sub.add_parser(name, help=" ".join(what.split()), description=more or None)
+    sp.add_argument("--config", "-c", metavar="F", help=config_help)
+    sp.set_defaults(func=run)
+    return sp
 
 
 def _one_of(sp: argparse.ArgumentParser, option: str, choices: Sequence[str], help: str) -> None:
@@ -195,8 +226,7 @@ def _one_of(sp: argparse.ArgumentParser, option: str, choices: Sequence[str], he
 
 
 def _add_pull(sub: Any) -> None:
-    sp = sub.add_parser("pull", help="run the streaming-pull worker (beside a workload) until SIGTERM")
-    with_config(sp)
+    sp = _command(sub, cmd_pull)
     sp.add_argument(
         "--route", "-r", action="append", default=[], metavar="NAME", help="pull only this route (repeatable)"
     )
@@ -207,16 +237,14 @@ def _add_pull(sub: Any) -> None:
         metavar="P",
         help="serve /healthz, /readyz and /metrics on this port (default: pull.health_port; off when unset)",
     )
-    sp.set_defaults(func=cmd_pull)
 
 
 def _add_replay(sub: Any) -> None:
-    sp = sub.add_parser(
-        "replay",
-        help="republish what a dead-letter subscription holds (or run it through the filter)",
-        description="Pull a dead-letter subscription and republish each message to the topic it came from "
-        "(or --to TOPIC, or --through-filter). A message is acked only after its republish is confirmed; "
-        "whatever is not replayed stays in the dead-letter subscription for a rerun.",
+    sp = _command(
+        sub,
+        cmd_replay,
+        config_help=f"config file (default: ${CONFIG_ENV}, then ./filter.yaml when there); "
+        "needed by --through-filter and --route",
     )
     sp.add_argument(
         "subscription",
@@ -224,13 +252,6 @@ def _add_replay(sub: Any) -> None:
         metavar="SUBSCRIPTION",
         help="the dead-letter subscription (id or projects/P/subscriptions/S); "
         "default with --config and --route: <route subscription>-dlq-sub",
-    )
-    sp.add_argument(
-        "--config",
-        "-c",
-        metavar="F",
-        help=f"config file (default: ${CONFIG_ENV}, then ./filter.yaml when there); "
-        "needed by --through-filter and --route",
     )
     sp.add_argument("--project", metavar="P", help="default: the config's project, then $GOOGLE_CLOUD_PROJECT")
     sp.add_argument("--route", "-r", metavar="NAME", help="the route whose dead letters these are")
@@ -258,18 +279,10 @@ def _add_replay(sub: Any) -> None:
         "--wait", type=float, default=5.0, metavar="S", help="how long a pull waits for messages (default 5)"
     )
     sp.add_argument("--verbose", "-v", action="store_true", help="log every replayed message to stderr")
-    sp.set_defaults(func=cmd_replay)
 
 
 def _add_provision(sub: Any) -> None:
-    sp = sub.add_parser(
-        "provision",
-        help="create the topics and subscriptions the config needs (idempotent)",
-        description="Create each route's destination topic, source topic, subscription (push or pull, "
-        "ack deadline = lease.ack_deadline, retry 10s-600s, dead-letter policy) and dead-letter topic "
-        "<subscription>-dlq with its pull subscription <subscription>-dlq-sub. A second run changes nothing.",
-    )
-    with_config(sp)
+    sp = _command(sub, cmd_provision)
     how = sp.add_mutually_exclusive_group(required=True)
     how.add_argument("--push-endpoint", metavar="BASE_URL", help="push subscriptions to BASE_URL/push/ROUTE")
     how.add_argument("--pull", action="store_true", help="pull subscriptions (for pubsub-filter pull)")
@@ -290,12 +303,10 @@ def _add_provision(sub: Any) -> None:
         help="before dead-lettering (5-100; default ceil(lease.duration / 10s) + 5, the rule infra/ uses)",
     )
     sp.add_argument("--dry-run", action="store_true", help="print what would be created or updated; change nothing")
-    sp.set_defaults(func=cmd_provision)
 
 
 def _add_serve(sub: Any) -> None:
-    sp = sub.add_parser("serve", help="run the push endpoint (Cloud Run)")
-    with_config(sp)
+    sp = _command(sub, cmd_serve)
     sp.add_argument(
         "--host",
         default=os.environ.get("HOST", "0.0.0.0"),
@@ -303,27 +314,19 @@ def _add_serve(sub: Any) -> None:
         help="address to listen on (default: $HOST, then 0.0.0.0)",
     )
     sp.add_argument("--port", type=int, default=None, metavar="P", help="port to listen on (default: $PORT, then 8080)")
-    sp.set_defaults(func=cmd_serve)
 
 
 def _add_check(sub: Any) -> None:
-    sp = sub.add_parser("check", help="validate a config file; exit 1 with every problem listed")
+    sp = _command(sub, cmd_check)
     sp.add_argument(
         "file", nargs="?", metavar="F", help="the config file (default: --config, $PUBSUB_FILTER_CONFIG, ./filter.yaml)"
     )
-    with_config(sp)
-    sp.set_defaults(func=cmd_check)
 
 
 def _add_fingerprint(sub: Any) -> None:
-    sp = sub.add_parser(
-        "fingerprint",
-        help="print the payload fingerprint of a message's data for a route (a file, - for stdin, or a push envelope)",
-    )
-    with_config(sp)
+    sp = _command(sub, cmd_fingerprint)
     _message_arguments(sp, "the route whose rules apply")
     sp.add_argument("--verbose", "-v", action="store_true", help="also print the key and message fingerprint")
-    sp.set_defaults(func=cmd_fingerprint)
 
 
 def _message_arguments(sp: Any, route_help: str) -> None:
@@ -339,35 +342,35 @@ def _message_arguments(sp: Any, route_help: str) -> None:
     )
 
 
-def _add_explain(sub: Any) -> None:
-    sp = sub.add_parser("explain", help="what the filter would decide for a payload, and why (no side effects)")
-    with_config(sp)
-    _message_arguments(sp, "the route whose rules and state apply")
-    _one_of(sp, "--format", ["text", "json"], help="text (default) or json")
-    sp.set_defaults(func=cmd_explain)
-
-
-def _add_skip_rate(sub: Any) -> None:
-    sp = sub.add_parser("skip-rate", help="decisions and skip rate per route, hour or day")
-    with_config(sp)
-    sp.add_argument("--since", default="24h", metavar="WHEN", help="how far back (e.g. 1h, 24h, 7d; default 24h)")
-    _one_of(sp, "--by", ["route", "hour", "day"], help="one row per route (default), or per route and hour or day")
-    _one_of(sp, "--format", ["table", "json", "csv"], help="table (default), json or csv")
+def _log_lines(sp: Any) -> None:
+    """Where `skip-rate` and `tune` read decisions from, when not from the records backend."""
     sp.add_argument(
         "--log", metavar="FILE|-", help="read decision log lines from FILE (- for stdin) instead of the records backend"
     )
+
+
+def _add_explain(sub: Any) -> None:
+    sp = _command(sub, cmd_explain)
+    _message_arguments(sp, "the route whose rules and state apply")
+    _one_of(sp, "--format", ["text", "json"], help="text (default) or json")
+
+
+def _add_skip_rate(sub: Any) -> None:
+    sp = _command(sub, cmd_skip_rate)
+    sp.add_argument("--since", default="24h", metavar="WHEN", help="how far back (e.g. 1h, 24h, 7d; default 24h)")
+    _one_of(sp, "--by", ["route", "hour", "day"], help="one row per route (default), or per route and hour or day")
+    _one_of(sp, "--format", ["table", "json", "csv"], help="table (default), json or csv")
+    _log_lines(sp)
     sp.add_argument("--watch", type=float, metavar="N", help="refresh every N seconds until Ctrl-C (not with --log -)")
     sp.add_argument(
         "--chart",
         metavar="FILE.png",
         help="also draw the skip rate per route over time to a PNG (by hour unless --by day; needs the chart extra)",
     )
-    sp.set_defaults(func=cmd_skip_rate)
 
 
 def _add_tune(sub: Any) -> None:
-    sp = sub.add_parser("tune", help="which fields churn, and what another selection would have skipped")
-    with_config(sp)
+    sp = _command(sub, cmd_tune)
     sp.add_argument("--route", required=True, metavar="R", help="the route to look at")
     sp.add_argument("--since", default="7d", metavar="WHEN", help="how far back (e.g. 24h, 7d; default 7d)")
     sp.add_argument(
@@ -384,10 +387,7 @@ def _add_tune(sub: Any) -> None:
         help="what if number F had this tolerance: a number, or N%% of the last forwarded value (repeatable)",
     )
     _one_of(sp, "--format", ["table", "json"], help="table (default) or json")
-    sp.add_argument(
-        "--log", metavar="FILE|-", help="read decision log lines from FILE (- for stdin) instead of the records backend"
-    )
-    sp.set_defaults(func=cmd_tune)
+    _log_lines(sp)
 
 
 def build_parser() -> argparse.ArgumentParser:
