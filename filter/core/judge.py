@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from filter.core import fields, forwarded_rows, rows, tolerance_look
 from filter.core.config import Route
@@ -49,16 +50,14 @@ CHANGED = "content changed"
 UNKNOWN_DOWNSTREAM = "what the destination holds is unknown: a forward may have landed unrecorded"
 
 
-@dataclass(frozen=True, slots=True)
-class Verdict:
+class Verdict(msgspec.Struct, frozen=True):
     decision: Decision
     reason: str
     #: this message id was forwarded with this content: the caller may be handed the result kept with it
     redelivery: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Outgoing:
+class Outgoing(msgspec.Struct, frozen=True):
     """What a forward publishes (the data, possibly only the changed rows) and then commits."""
 
     data: bytes
@@ -67,8 +66,7 @@ class Outgoing:
     full_fingerprint: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class Decided:
+class Decided(msgspec.Struct, frozen=True):
     """`decide`'s answer: the verdict, the state it was decided on, what a forward sends, and
     details for the record (which rows and fields changed). One per look at the state.
 
@@ -78,7 +76,7 @@ class Decided:
     verdict: Verdict
     state: KeyState | None
     out: Outgoing
-    details: Mapping[str, Any] = field(default_factory=dict)
+    details: Mapping[str, Any] = msgspec.field(default_factory=dict)
     kept: Kept | None = None
 
     @property
