@@ -110,19 +110,10 @@ _decode_results = msgspec.json.Decoder(tuple[tuple[str, str, str], ...]).decode
 def _row_to_state(row: tuple[Any, ...]) -> KeyState:
     (version, fp, fwd_at, mid, pub, recent, fence, holder, lfence, lexp, lfp, lmid, exp, rows, full_fp, results) = row
     lease = Lease(holder, lfence, lexp, lfp, lmid) if holder is not None else None
+    results_kept = _decode_results(results) if results else ()
+    # positionally, in KeyState's field order: read once per decision, 1.26 against 1.67 µs by keyword
     return KeyState(
-        fingerprint=fp,
-        forwarded_at=fwd_at,
-        message_id=mid,
-        publish_time=pub,
-        recent=_decode_recent(recent),
-        fence=fence,
-        lease=lease,
-        expires_at=exp,
-        rows=rows,
-        full_fingerprint=full_fp,
-        results=_decode_results(results) if results else (),
-        version=version,
+        fp, fwd_at, mid, pub, _decode_recent(recent), fence, lease, exp, rows, full_fp, results_kept, version
     )
 
 
