@@ -103,17 +103,21 @@ class PubsubAdmin:
         ordered: bool = False,
         message_filter: str = "",
         ack_deadline: int = 30,
+        backoff: tuple[int, int] | None = None,
     ) -> str:
+        """`backoff`: the retry policy's (minimum, maximum) seconds; None: none (a nack comes back at once)."""
         sub_id = unique(prefix)
-        self.subscriber.create_subscription(
-            request={
-                "name": self.subscription_path(sub_id),
-                "topic": self.topic_path(topic_id),
-                "ack_deadline_seconds": ack_deadline,
-                "enable_message_ordering": ordered,
-                "filter": message_filter,  # a subscription filter on attributes (empty: every message)
-            }
-        )
+        request: dict[str, Any] = {
+            "name": self.subscription_path(sub_id),
+            "topic": self.topic_path(topic_id),
+            "ack_deadline_seconds": ack_deadline,
+            "enable_message_ordering": ordered,
+            "filter": message_filter,  # a subscription filter on attributes (empty: every message)
+        }
+        if backoff is not None:
+            low, high = backoff
+            request["retry_policy"] = {"minimum_backoff": {"seconds": low}, "maximum_backoff": {"seconds": high}}
+        self.subscriber.create_subscription(request=request)
         self._subs.append(sub_id)
         return sub_id
 
