@@ -33,7 +33,7 @@ from filter.pull.worker import PullWorker
 from filter.runtime.wiring import make_store
 from filter.tools.subscriptions import MAX_BACKOFF_S, MIN_BACKOFF_S
 from tests.support.emulators import PubsubEmulator
-from tests.support.fakes import MemoryPublisher, MemoryRecorder
+from tests.support.fakes import MemoryPublisher, MemoryRecorder, PassingStore
 from tests.support.pubsub_helpers import PubsubAdmin
 
 pytestmark = [pytest.mark.emulator, pytest.mark.timeout(60)]
@@ -48,12 +48,12 @@ MESSAGES = 12
 BUDGET = 4.0
 
 
-class ClaimGate:
+class ClaimGate(PassingStore):
     """A `StateStore` letting the first `free` claims through; every later one waits until the
     decision is cancelled (as the stop's cancels do). `blocked` is set once `SLOTS` wait."""
 
     def __init__(self, inner: StateStore, free: int) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.free = free
         self.waiting: list[str] = []
         self.cancelled: list[str] = []
@@ -72,24 +72,6 @@ class ClaimGate:
             self.cancelled.append(key)
             raise
         raise AssertionError("unreachable")
-
-    async def read(self, route: str, key: str) -> KeyState | None:
-        return await self.inner.read(route, key)
-
-    async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
-        return await self.inner.extend(route, key, held, expires_at)
-
-    async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
-        return await self.inner.commit(route, key, held, new)
-
-    async def release(self, route: str, key: str, held: KeyState) -> None:
-        await self.inner.release(route, key, held)
-
-    async def ping(self) -> None:
-        await self.inner.ping()
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 def config(emu: PubsubEmulator, tmp_path: Path, subscription: str) -> dict[str, Any]:

@@ -152,6 +152,34 @@ def suppressed_record(message_id: str, route: str = "r", **fields: Any) -> Decis
     )
 
 
+class PassingStore:
+    """A `StateStore` that passes every call to `inner`: a test overrides the calls it watches or holds."""
+
+    def __init__(self, inner: StateStore) -> None:
+        self.inner = inner
+
+    async def read(self, route: str, key: str) -> KeyState | None:
+        return await self.inner.read(route, key)
+
+    async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
+        return await self.inner.claim(route, key, seen, new)
+
+    async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
+        return await self.inner.extend(route, key, held, expires_at)
+
+    async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
+        return await self.inner.commit(route, key, held, new)
+
+    async def release(self, route: str, key: str, held: KeyState) -> None:
+        await self.inner.release(route, key, held)
+
+    async def ping(self) -> None:
+        await self.inner.ping()
+
+    async def close(self) -> None:
+        await self.inner.close()
+
+
 class SwitchStore:
     """Any `StateStore`, with switches: `down` (every call fails), `commit_fails`, `commit_refused`.
 

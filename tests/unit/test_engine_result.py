@@ -17,39 +17,21 @@ from filter.core.ports import Worked
 from filter.inprocess import Filter, Forward
 from filter.inprocess.body import BodySender
 from tests.support.clock import ManualClock
-from tests.support.fakes import MemoryPublisher, MemoryRecorder
+from tests.support.fakes import MemoryPublisher, MemoryRecorder, PassingStore
 
 ROUTE = "reports"
 
 
-class CountingStore:
+class CountingStore(PassingStore):
     """The sqlite store, counting its reads."""
 
     def __init__(self, inner: SqliteStore) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.reads = 0
 
     async def read(self, route: str, key: str) -> KeyState | None:
         self.reads += 1
         return await self.inner.read(route, key)
-
-    async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
-        return await self.inner.claim(route, key, seen, new)
-
-    async def extend(self, route: str, key: str, held: KeyState, expires_at: float) -> KeyState | None:
-        return await self.inner.extend(route, key, held, expires_at)
-
-    async def commit(self, route: str, key: str, held: KeyState, new: KeyState) -> bool:
-        return await self.inner.commit(route, key, held, new)
-
-    async def release(self, route: str, key: str, held: KeyState) -> None:
-        await self.inner.release(route, key, held)
-
-    async def ping(self) -> None:
-        await self.inner.ping()
-
-    async def close(self) -> None:
-        await self.inner.close()
 
 
 @pytest.fixture
