@@ -73,8 +73,22 @@ def _port(args: argparse.Namespace) -> int:
     return port
 
 
+Command = Callable[[argparse.Namespace], int]
+#: each command's help: the line `--help` lists it with, and what its own `--help` says first. Not its
+#: docstring: `python -OO` (PYTHONOPTIMIZE=2) strips those, and the help with them
+_HELP: dict[Command, tuple[str, str | None]] = {}
+
+
+def _says(line: str, more: str | None = None) -> Callable[[Command], Command]:
+    def registered(run: Command) -> Command:
+        _HELP[run] = (line, more)
+        return run
+
+    return registered
+
+
+@_says("validate a config file; exit 1 with every problem listed")
 def cmd_check(args: argparse.Namespace) -> int:
-    """validate a config file; exit 1 with every problem listed"""
     source = args.file or args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG
     cfg = _config(source)
     preflight.check(cfg, source)  # the files it names, as `serve` will open them from here
@@ -83,8 +97,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+@_says("run the push endpoint (Cloud Run)")
 def cmd_serve(args: argparse.Namespace) -> int:
-    """run the push endpoint (Cloud Run)"""
     from filter.push.serve import serve
 
     port = _port(args)
@@ -111,8 +125,8 @@ def _message(args: argparse.Namespace) -> Message:
     return read.message
 
 
+@_says("print the payload fingerprint of a message's data for a route (a file, - for stdin, or a push envelope)")
 def cmd_fingerprint(args: argparse.Namespace) -> int:
-    """print the payload fingerprint of a message's data for a route (a file, - for stdin, or a push envelope)"""
     from filter.core.fingerprint import NOT_JSON, message_fingerprint
     from filter.core.routes import RouteRules
 
@@ -132,8 +146,8 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
     return 0
 
 
+@_says("what the filter would decide for a payload, and why (no side effects)")
 def cmd_explain(args: argparse.Namespace) -> int:
-    """what the filter would decide for a payload, and why (no side effects)"""
     from filter.tools.explain import run
 
     cfg = _config(args.config)
@@ -144,15 +158,15 @@ def cmd_explain(args: argparse.Namespace) -> int:
     return run(cfg, route, msg, args.format)
 
 
+@_says("decisions and skip rate per route, hour or day")
 def cmd_skip_rate(args: argparse.Namespace) -> int:
-    """decisions and skip rate per route, hour or day"""
     from filter.tools.skiprate import run
 
     return run(args)
 
 
+@_says("which fields churn, and what another selection would have skipped")
 def cmd_tune(args: argparse.Namespace) -> int:
-    """which fields churn, and what another selection would have skipped"""
     from filter.tools.tune import run
 
     return run(args)
@@ -161,8 +175,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
 # --- pull, replay, provision ---------------------------------------------------------------------
 
 
+@_says("run the streaming-pull worker (beside a workload) until SIGTERM")
 def cmd_pull(args: argparse.Namespace) -> int:
-    """run the streaming-pull worker (beside a workload) until SIGTERM"""
     from filter.pull.command import run
 
     cfg = _config(args.config)
@@ -171,13 +185,13 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return run(cfg, args.route, health_port=args.health_port)
 
 
+@_says(
+    "republish what a dead-letter subscription holds (or run it through the filter)",
+    "Pull a dead-letter subscription and republish each message to the topic it came from (or --to TOPIC, or "
+    "--through-filter). A message is acked only after its republish is confirmed; whatever is not replayed stays "
+    "in the dead-letter subscription for a rerun.",
+)
 def cmd_replay(args: argparse.Namespace) -> int:
-    """republish what a dead-letter subscription holds (or run it through the filter)
-
-    Pull a dead-letter subscription and republish each message to the topic it came from (or --to TOPIC, or
-    --through-filter). A message is acked only after its republish is confirmed; whatever is not replayed stays
-    in the dead-letter subscription for a rerun.
-    """
     from filter.replay.command import run
 
     def probe(cfg: Config | None) -> None:
@@ -186,13 +200,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return run(args, probe)
 
 
+@_says(
+    "create the topics and subscriptions the config needs (idempotent)",
+    "Create each route's destination topic, source topic, subscription (push or pull, ack deadline = "
+    "lease.ack_deadline, retry 10s-600s, dead-letter policy) and dead-letter topic <subscription>-dlq with its "
+    "pull subscription <subscription>-dlq-sub. A second run changes nothing.",
+)
 def cmd_provision(args: argparse.Namespace) -> int:
-    """create the topics and subscriptions the config needs (idempotent)
-
-    Create each route's destination topic, source topic, subscription (push or pull, ack deadline =
-    lease.ack_deadline, retry 10s-600s, dead-letter policy) and dead-letter topic <subscription>-dlq with its
-    pull subscription <subscription>-dlq-sub. A second run changes nothing.
-    """
     from filter.tools.provision import run
 
     cfg = _config(args.config)
@@ -207,14 +221,12 @@ CONFIG_HELP = f"config file (default: ${CONFIG_ENV}, then ./filter.yaml)"
 # Each `_add_*` adds one command to `sub`, what add_subparsers returns (argparse's type for it is private).
 
 
-def _command(
-    sub: Any, run: Callable[[argparse.Namespace], int], config_help: str = CONFIG_HELP
-) -> argparse.ArgumentParser:
-    """The parser of the command `run` answers, with its `--config`: `cmd_skip_rate` is `skip-rate`, its
-    docstring's first paragraph the line `--help` lists it with, the rest what its own `--help` says first."""
-    what, _, more = (run.__doc__ or "").strip().partition("\n\n")
+def _command(sub: Any, run: Command, config_help: str = CONFIG_HELP) -> argparse.ArgumentParser:
+    """The parser of the command `run` answers, with its `--config` and its help (`_says`):
+    `cmd_skip_rate` is `skip-rate`."""
+    line, more = _HELP[run]
     name = run.__name__.removeprefix("cmd_").replace("_", "-")
-    sp: argparse.ArgumentParser = sub.add_parser(name, help=" ".join(what.split()), description=more or None)
+    sp: argparse.ArgumentParser = sub.add_parser(name, help=line, description=more)
     sp.add_argument("--config", "-c", metavar="F", help=config_help)
     sp.set_defaults(func=run)
     return sp

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -144,3 +146,25 @@ def table_mismatches() -> list[str]:
 def test_the_command_reference_table_matches_the_parser_option_for_option() -> None:
     mismatches = table_mismatches()
     assert not mismatches, "\n".join(mismatches)
+
+
+def test_every_command_keeps_its_help_when_python_strips_docstrings() -> None:
+    """`python -OO` (PYTHONOPTIMIZE=2, which some images set) drops docstrings: the help must not
+    come from them."""
+    shown = {}
+    for flag in ([], ["-OO"]):
+        code = (
+            "import argparse\n"
+            "from filter.cli import build_parser\n"
+            "parser = build_parser()\n"
+            "(sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]\n"
+            "print(parser.format_help())\n"
+            "for name, p in sub.choices.items():\n"
+            "    print(name, p.format_help())\n"
+        )
+        done = subprocess.run(
+            [sys.executable, *flag, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT, timeout=60
+        )
+        shown[tuple(flag)] = done.stdout
+    assert "validate a config file" in shown[()]
+    assert shown[("-OO",)] == shown[()]
