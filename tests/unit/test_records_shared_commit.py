@@ -190,3 +190,53 @@ async def test_past_max_waiting_rows_a_new_record_goes_to_the_batching_recorder_
     finally:
         held.set()
         await recorder.close()
+
+
+class HeldPause:
+    """The writer's commit delay (`inline._pause`) held until `go` is set: `pausing` is set as it begins."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.pausing, self.go = threading.Event(), threading.Event()
+        self.calls: list[float] = []
+
+        def held(seconds: float) -> None:
+            self.calls.append(seconds)
+            self.pausing.set()
+            self.go.wait(10)
+
+        monkeypatch.setattr(inline, "_pause", held)
+
+
+async def test_once_commits_are_shared_the_writer_waits_its_window_and_the_steps_handed_over_meanwhile_join_the_commit(
+    recorder: InlineSqliteRecorder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await asyncio.gather(decided(recorder, "a1"), decided(recorder, "a2"))  # a shared commit: two rows
+    pause = HeldPause(monkeypatch)
+    commits = HeldCommits(recorder, monkeypatch)
+    commits.held.set()  # counted, not held
+    try:
+        first = asyncio.create_task(decided(recorder, "b"))
+        await asyncio.to_thread(pause.pausing.wait, 10)  # the writer has "b"'s step and waits its window
+        later = asyncio.create_task(decided(recorder, "c"))
+        for _ in range(2):  # "c" recorded, then its step handed over, while the writer waits
+            await asyncio.sleep(0)
+        pause.go.set()
+        await asyncio.gather(first, later)
+    finally:
+        pause.go.set()
+    assert pause.calls == [inline.COMMIT_WINDOW]
+    assert commits.sizes == [2]  # "b" and "c": one commit
+    assert stored(tmp_path / "d.db") == ["a1", "a2", "b", "c"]
+
+
+async def test_a_lone_request_after_a_commit_of_one_row_is_not_held_up_by_the_window(
+    recorder: InlineSqliteRecorder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pause = HeldPause(monkeypatch)
+    pause.go.set()
+    for i in range(3):  # one request at a time: every commit holds one row
+        await decided(recorder, f"m{i}")
+    assert pause.calls == []
+    await asyncio.gather(decided(recorder, "x"), decided(recorder, "y"))  # together: a shared commit
+    await decided(recorder, "z")  # the next commit waits the window
+    assert pause.calls == [inline.COMMIT_WINDOW]
