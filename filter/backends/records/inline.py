@@ -80,19 +80,11 @@ class InlineSqliteRecorder:
     """A `DecisionRecorder`: `record()` queues the row for this step's commit, made by the writer
     thread; `committing()` is that commit; `fallback` takes what fails."""
 
-    def __init__(
-        self,
-        sink: SqliteSink,
-        fallback: BatchingRecorder,
-        *,
-        max_waiting: int = MAX_WAITING,
-        window: float = COMMIT_WINDOW,
-    ) -> None:
+    def __init__(self, sink: SqliteSink, fallback: BatchingRecorder, *, max_waiting: int = MAX_WAITING) -> None:
         # its own connection, used by the writer thread only: the fallback's batches use the other one
         self.sink = sink
         self.fallback = fallback
         self.max_waiting = max_waiting
-        self.window = window
         self.written = 0
         self.deferred = 0
         self.commits = 0
@@ -183,8 +175,8 @@ class InlineSqliteRecorder:
         shared = False  # the last commit held more than one row: requests are arriving together
         while True:
             steps = [handed.get()]  # waits with the GIL released
-            if shared and steps[0] is not None and self.window > 0:
-                _pause(self.window)  # the commit delay: the steps handed over meanwhile join this commit
+            if shared and steps[0] is not None:
+                _pause(COMMIT_WINDOW)  # the commit delay: the steps handed over meanwhile join this commit
             while not handed.empty():  # the steps handed over while it committed: one commit for all
                 steps.append(handed.get())
             stopping = steps[-1] is None  # close puts it last
