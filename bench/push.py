@@ -36,9 +36,9 @@ threads) and divides it by the requests served: on a shared 2-core machine, wher
 and other people's jobs take CPU too, CPU µs per request is the steadier figure of cost.
 Every server started here is stopped at the end (SIGTERM, then SIGKILL).
 
-`--variants no-store-timeout,no-records,records-on-loop,writer-without-sqlite` adds what-if filter servers with one cost
-removed (monkeypatched in the server process, never a product mode), to measure what
-that cost is: the answer to "where does the time go" at the server level.
+`--variants no-store-timeout,no-records,records-on-loop,writer-without-sqlite,no-commit-delay`
+adds what-if filter servers with one cost removed (monkeypatched in the server process, never a
+product mode), to measure what that cost is: the answer to "where does the time go" at the server level.
 """
 
 from __future__ import annotations
@@ -415,6 +415,7 @@ VARIANTS = {
     "writer-without-sqlite": (
         "the inline recorder's writer thread reports each commit without writing it: the hand-off alone"
     ),
+    "no-commit-delay": "the inline recorder's writer commits at once, even when commits are shared (COMMIT_WINDOW)",
 }
 
 
@@ -459,6 +460,10 @@ def serve_variant(variant: str, argv: list[str]) -> int:
                 self._committed(self._recorded, len(rows), self.sink.insert_apart([prepared(r) for r in rows]))
 
         InlineSqliteRecorder._hand_over = hand_over  # type: ignore[method-assign]
+    elif variant == "no-commit-delay":
+        from filter.backends.records import inline
+
+        inline._pause = lambda seconds: None
     elif variant == "writer-without-sqlite":
         from filter.backends.records.sqlite import SqliteSink
 
