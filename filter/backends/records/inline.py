@@ -11,9 +11,9 @@ shell) or a slow disk holds up the requests waiting for their records, never the
 other requests or `/healthz`. The records made in one event-loop step are handed to the
 thread together at the end of the step (`_hand_over`, through a `queue.SimpleQueue`), and the
 thread takes every step waiting when it comes back for more: requests that arrive together pay
-one commit. Once commits are shared, it waits `COMMIT_WINDOW` (a quarter of a millisecond) before each,
-so that the steps of the next few loop turns join it; a lone request is never held up. Rows are
-written in the order they were recorded.
+one commit. Once commits are shared, it waits `COMMIT_WINDOW` (a quarter of a millisecond)
+before each, so that the steps of the next few loop turns join it; a lone request is never held
+up. Rows are written in the order they were recorded.
 
 What the thread costs is mostly not SQLite's work but the GIL: each time the thread takes it
 back while the loop runs, both threads pay futex wake-ups and context switches (uvloop lets
