@@ -36,8 +36,9 @@ threads) and divides it by the requests served: on a shared 2-core machine, wher
 and other people's jobs take CPU too, CPU µs per request is the steadier figure of cost.
 Every server started here is stopped at the end (SIGTERM, then SIGKILL).
 
-`--variants no-store-timeout,no-records,records-on-loop,writer-without-sqlite,no-commit-delay`
-adds what-if filter servers with one cost removed (monkeypatched in the server process, never a
+`--variants no-store-timeout,no-records,records-on-loop,writer-without-sqlite,no-commit-delay,
+no-body-timeout,no-line` adds what-if filter servers with one cost removed (several joined by `+`
+in one server: `no-records+no-line+no-body-timeout`) (monkeypatched in the server process, never a
 product mode), to measure what that cost is: the answer to "where does the time go" at the server level.
 """
 
@@ -341,7 +342,7 @@ def bench(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 
     checks = {}
     for i, (name, variant, _) in enumerate(filters):
-        if variant in ("no-records", "writer-without-sqlite"):  # nothing is written
+        if variant is not None and {"no-records", "writer-without-sqlite"} & set(variant.split("+")):  # nothing written
             continue
         d = tmp / f"filter{i}"
         counts = decisions(d / "filter-decisions.db")
@@ -416,11 +417,23 @@ VARIANTS = {
         "the inline recorder's writer thread reports each commit without writing it: the hand-off alone"
     ),
     "no-commit-delay": "the inline recorder's writer commits at once, even when commits are shared (COMMIT_WINDOW)",
+    "no-body-timeout": "the push handler reads the body without its asyncio.timeout (server.body_timeout)",
+    "no-line": "no decision line is written (as filter-warn, but combinable)",
 }
 
 
 def serve_variant(variant: str, argv: list[str]) -> int:
-    """`pubsub-filter` with one cost removed, to measure what that cost is. Never a product mode."""
+    """`pubsub-filter` with one cost removed, or several joined by `+` (`no-records+no-line`), to
+    measure what they cost. Never a product mode."""
+    for part in variant.split("+"):
+        _remove(part)
+    from filter.cli import main as filter_main
+
+    return filter_main(argv)
+
+
+def _remove(variant: str) -> None:
+    """Monkeypatch one cost out of this process's filter."""
     if variant == "no-store-timeout":
         from collections.abc import Awaitable, Callable
 
@@ -468,11 +481,24 @@ def serve_variant(variant: str, argv: list[str]) -> int:
         from filter.backends.records.sqlite import SqliteSink
 
         SqliteSink.insert_apart = lambda self, rows: []  # type: ignore[method-assign,assignment]
+    elif variant == "no-body-timeout":
+        import filter.push.app
+
+        async def body(receive: Any, limit: int, declared: str | None, within: float) -> bytes:
+            chunks = []
+            while True:
+                message = await receive()
+                chunks.append(message.get("body", b""))
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+
+        filter.push.app._body = body
+    elif variant == "no-line":
+        import filter.core.engine
+
+        filter.core.engine.log_decision = lambda rec, quieting=None: None
     else:
         raise SystemExit(f"unknown variant {variant!r}: {', '.join(VARIANTS)}")
-    from filter.cli import main as filter_main
-
-    return filter_main(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -492,7 +518,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--variants",
         default="",
-        help=f"also run what-if filters with one cost removed, comma-separated: {', '.join(VARIANTS)}",
+        help="also run what-if filters with one cost removed, comma-separated (several in one filter joined"
+        f" by +): {', '.join(VARIANTS)}",
     )
     p.add_argument(
         "--aa",
@@ -517,7 +544,7 @@ def main(argv: list[str] | None = None) -> int:
     args.connections = [int(x) for x in args.connections.split(",")]
     args.variants = [v for v in args.variants.split(",") if v]
     args.only = [v for v in args.only.split(",") if v]
-    for v in args.variants:
+    for v in (part for joined in args.variants for part in joined.split("+")):
         if v not in VARIANTS:
             p.error(f"unknown variant {v!r} (known: {', '.join(VARIANTS)})")
     if args.rounds < 3:

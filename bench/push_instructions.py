@@ -19,6 +19,9 @@ is larger than through uvicorn; compare it between versions, not with the goal.
     .venv/bin/python bench/push_instructions.py [--requests 300] [--apps bare,filter,filter-warn] [--tree DIR]
         [--together 16]
 
+`--apps` also takes bench/push.py's what-if variants as `filter[VARIANT]`, several joined by `+`
+(`filter[no-records+no-line+no-body-timeout]`): the instructions a cost takes, in process.
+
 `--record` writes the filter's instructions per request, as a multiple of bare's, to
 `bench/instructions.json`; `--check` counts again and exits 1 when that multiple grew more
 than 10 % over the recorded one (`tests/unit/test_suppress_path_instructions.py` runs it in
@@ -66,6 +69,9 @@ else:
     from filter.push.app import create_app
     from filter.runtime.wiring import make_engine, make_telemetry
     level = "warning" if app_name == "filter-warn" else "info"
+    if app_name.startswith("filter["):  # a what-if of bench/push.py's: filter[no-records+no-line]
+        for part in app_name[len("filter["):-1].split("+"):
+            bench_push._remove(part)
     logsetup.configure(fmt="json", level=level, stream=open(os.devnull, "w"))
     os.chdir(tmp)
     with open("filter.yaml", "w") as f:
@@ -175,7 +181,11 @@ def record_or_check(args: argparse.Namespace) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--requests", type=int, default=300, help="suppressed requests per count (default 300)")
-    parser.add_argument("--apps", default="bare,filter,filter-warn", help="comma-separated: bare, filter, filter-warn")
+    parser.add_argument(
+        "--apps",
+        default="bare,filter,filter-warn",
+        help="comma-separated: bare, filter, filter-warn, filter[V] (V: a what-if of push.py's, several joined by +)",
+    )
     parser.add_argument("--tree", type=Path, help="also count the filter apps with the filter package in this dir")
     parser.add_argument(
         "--together",
