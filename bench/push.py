@@ -37,9 +37,10 @@ and other people's jobs take CPU too, CPU µs per request is the steadier figure
 Every server started here is stopped at the end (SIGTERM, then SIGKILL).
 
 `--variants no-store-timeout,no-records,records-on-loop,writer-without-sqlite,no-commit-delay,
-no-body-timeout,no-line` adds what-if filter servers with one cost removed (several joined by `+`
-in one server: `no-records+no-line+no-body-timeout`) (monkeypatched in the server process, never a
-product mode), to measure what that cost is: the answer to "where does the time go" at the server level.
+no-body-timeout,no-line` adds what-if filter servers with one cost removed, monkeypatched in the
+server process and never a product mode, to measure what that cost is: the answer to "where does
+the time go" at the server level. Several joined by `+` are removed in one server
+(`no-records+no-line+no-body-timeout`: the suppress path's floor, bench/README.md).
 """
 
 from __future__ import annotations
