@@ -135,6 +135,16 @@ def _decode(body: bytes) -> tuple[_Envelope, bytes]:
     return env, env.message.data or b""
 
 
+def _not_json(body: bytes, exc: msgspec.DecodeError) -> str:
+    # The reason is ours, not the decoder's wording: msgspec 0.23 reports invalid UTF-8 as a
+    # plain decode error, 0.22 did not; the check runs only on the error path.
+    try:
+        body.decode()
+    except UnicodeDecodeError:
+        return "body is not valid UTF-8 JSON"
+    return f"body is not JSON: {exc}"
+
+
 def parse_envelope(body: bytes) -> Message:
     if not body:
         raise EnvelopeError("empty body: expected a Pub/Sub push envelope")
@@ -145,7 +155,7 @@ def parse_envelope(body: bytes) -> Message:
             raise EnvelopeError("message.data is not valid base64", _message_id_of(body)) from None
         raise EnvelopeError(f"not a push envelope: {exc}") from None
     except msgspec.DecodeError as exc:
-        raise EnvelopeError(f"body is not JSON: {exc}") from None
+        raise EnvelopeError(_not_json(body, exc)) from None
     except UnicodeDecodeError:
         raise EnvelopeError("body is not valid UTF-8 JSON") from None
     except RecursionError:

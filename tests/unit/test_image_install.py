@@ -354,10 +354,10 @@ def test_installed_service_forwards_a_push_on_port_and_exits_0_on_sigterm(served
 # --- the dependency lock and the Dockerfile's layers -----------------------------------------
 
 
-def locked() -> dict[str, Version]:
-    """requirements.lock as {canonical name: pinned version}; every line must be an exact pin."""
+def locked(lock: Path = LOCK) -> dict[str, Version]:
+    """A lock (requirements.lock by default) as {canonical name: pinned version}; every line must be an exact pin."""
     pins: dict[str, Version] = {}
-    for line in LOCK.read_text(encoding="utf-8").splitlines():
+    for line in lock.read_text(encoding="utf-8").splitlines():
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
