@@ -18,6 +18,7 @@ import yaml
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from filter.core import yamlfile
+from filter.core.config_coalesce import Coalesce
 from filter.core.config_errors import describe, where
 from filter.core.config_rules import rules
 from filter.core.config_sections import (
@@ -49,6 +50,7 @@ __all__ = [
     "DEFAULT_CONFIG",
     "AuthConfig",
     "BigqueryRecords",
+    "Coalesce",
     "Condition",
     "Config",
     "ConfigError",
@@ -155,6 +157,8 @@ class Route(Strict):
     # What the route's push subscription sends (docs/deploying.md, "Payload unwrapping"):
     # Pub/Sub's envelope, or the data as the body with (`unwrapped`) or without the metadata headers.
     push_format: Literal["wrapped", "unwrapped", "unwrapped_no_metadata"] = "wrapped"
+    # hold a burst of one key's messages, decide only its newest (`filter.core.coalesce`)
+    coalesce: Coalesce | None = None
 
     @field_validator("bypass", mode="before")
     @classmethod

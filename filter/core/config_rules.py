@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from filter.core.config_coalesce import coalesce_rules
 from filter.core.config_sections import STATE_TTL, LeaseConfig, OutboxPublisher, SqliteRecords, SqliteStore, StoreErrors
 from filter.core.config_tolerance import tolerance_rules
 from filter.core.times import parse_duration
@@ -38,7 +39,14 @@ def _strings(value: Any) -> list[str]:
 
 def rules(raw: dict[str, Any]) -> list[Problem]:
     """Every problem across keys, each as (pydantic-style location, message)."""
-    return [*_route_rules(raw), *tolerance_rules(raw), *_timing_rules(raw), *_auth_rules(raw), *_file_rules(raw)]
+    return [
+        *_route_rules(raw),
+        *tolerance_rules(raw),
+        *_timing_rules(raw),
+        *_auth_rules(raw),
+        *_file_rules(raw),
+        *coalesce_rules(raw),
+    ]
 
 
 def _route_rules(raw: dict[str, Any]) -> list[Problem]:
