@@ -31,7 +31,9 @@ from filter.core import closing
 from filter.core.attributes import fence_attributes
 from filter.core.cancels import despite_one_cancel, to_the_end
 from filter.core.canonical import MissingField
+from filter.core.coalescing import DECIDE, REPLACED, Holding, decided_already
 from filter.core.config import Config, Route
+from filter.core.config_coalesce import Coalesce
 from filter.core.errors import FilterUsageError
 from filter.core.fingerprint import NOT_JSON, PayloadError, message_fingerprint
 from filter.core.handled import (
@@ -48,7 +50,7 @@ from filter.core.handled import (
     sent_of,
 )
 from filter.core.heartbeat import Heartbeat
-from filter.core.judge import Decided, Outgoing, decide
+from filter.core.judge import Decided, Outgoing, Verdict, decide
 from filter.core.keyless import keyless
 from filter.core.logs import get_logger
 from filter.core.model import Cause, Decision, DecisionRecord, KeyState, Lease, Message
@@ -110,6 +112,7 @@ class Engine:
         # which `close` and the surfaces (`under_way`) wait on
         self.deciding = closing.Deciding()
         self.telemetry = telemetry or UNOBSERVED  # telemetry: metrics and the decision's span
+        self.holding = Holding(self.clock, sleep)  # the bursts held on `coalesce` routes
 
     async def close(self, stop: Stop | None = None) -> None:
         """The one close sequence, for every surface, inside one budget: `stop` (by default
@@ -121,6 +124,7 @@ class Engine:
         store and the last telemetry batches. Each step runs even when one before it failed or
         ran out of time; a step past its share is given up (logged as `close_step_cut`)."""
         stop = stop or Stop.begin(self.config.server.shutdown_budget)
+        self.holding.release_all()  # what is held is decided now, inside the stop (`coalescing`)
         await closing.close(self.deciding, self.publisher, self.recorder, self.store, self.telemetry, stop)
 
     def under_way(self) -> set[asyncio.Future[None]]:
@@ -234,6 +238,8 @@ class Engine:
         d = Delivery(
             route, msg, key, fp, message_fingerprint(msg.data, msg.attributes), payload is NOT_JSON, None, traced
         )
+        if route.coalesce is not None and not bypass and (early := await self._coalesce(d, route.coalesce, sender)):
+            return early  # superseded by a newer message of its burst (`filter.core.coalescing`)
         # 2. look
         try:
             state = self.failed_open.view(route.name, key, await self.store.read(route.name, key))
@@ -265,6 +271,27 @@ class Engine:
                 rules.remember(decided.kept)  # what the forward stored, decoded, for the route's next decisions
             return Done(Decision.FORWARDED, verdict.reason, d, decided, acted)
         return Done(Decision.CONTENDED, f"lost the claim race {CLAIM_ATTEMPTS} times", d, decided)
+
+    async def _coalesce(self, d: Delivery, coalesce: Coalesce, sender: Sender) -> Done | None:
+        """Wait while `d` is the newest of its key's burst; None: decide it now, as usual. What
+        the stored state already answers (a redelivery, a stale message) is never held."""
+        try:
+            state = await self.store.read(d.route.name, d.key)
+        except StoreUnavailable:
+            return None  # the look that follows meets the outage and answers as the route says
+        if decided_already(d.msg, d.fp, state, self.clock.now()):
+            return None
+        answer = await self.holding.hold(d.route.name, d.key, coalesce, d.msg)
+        if answer is DECIDE:
+            return None
+        if answer is REPLACED:
+            return Done(Decision.CONTENDED, "a later delivery of this message is held in its place", d)
+        reason = f"superseded by message {answer.by}, newer in the same burst and held unacked"
+        verdict = Verdict(Decision.SUPERSEDED, reason)
+        decided = Decided(verdict, state, Outgoing(d.msg.data, {}), {"superseded_by": answer.by})
+        if d.route.enforced:
+            return Done(Decision.SUPERSEDED, reason, d, decided)
+        return await self._forward_unleased(d, sender, Decision.SUPERSEDED, reason, decided)
 
     async def _claim(self, d: Delivery, state: KeyState | None, now: float) -> Claimed | Beaten:
         """Take the lease for `d`'s key, if the state is still `state`. Raises `StoreUnavailable`."""

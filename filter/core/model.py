@@ -42,6 +42,7 @@ class Decision(enum.StrEnum):
     FAIL_OPEN = "fail_open"  # the store was unreachable, or the key could not be read: forwarded anyway
     REJECTED = "rejected"  # malformed, unknown route, wrong subscription
     FAILED = "failed"  # could not be decided or published now: nacked, will be redelivered
+    SUPERSEDED = "superseded"  # a newer message of its burst is held, not yet acked (`coalesce`)
 
 
 class Cause(enum.StrEnum):
@@ -64,6 +65,7 @@ ACKED = frozenset(
         Decision.STALE,
         Decision.FAIL_OPEN,
         Decision.NOISE_ONLY,
+        Decision.SUPERSEDED,
     }
 )
 

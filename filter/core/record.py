@@ -74,6 +74,7 @@ LEVELS = {
     Decision.FAIL_OPEN: "error",
     Decision.REJECTED: "warning",
     Decision.FAILED: "error",
+    Decision.SUPERSEDED: "info",
 }
 
 
