@@ -237,6 +237,7 @@ class DecisionLogs(Strict):
     duplicate: DecisionLog | None = None
     stale: DecisionLog | None = None
     noise_only: DecisionLog | None = None
+    superseded: DecisionLog | None = None  # a burst's older messages (`coalesce`): many lines per forward
 
     @model_validator(mode="before")
     @classmethod

@@ -217,6 +217,7 @@ class PullWorker:
             log.info("shutting_down", signal=signal.Signals(sig).name, in_flight=len(self.engine.under_way()))
             self.stopping = Stop.begin(self.budget)
             backstop.arm(self.stopping)
+            self.engine.holding.release_all()  # held messages (`coalesce`) are decided now, inside the drain
         self._stop.set()
 
     def _stream_done(self, route: str) -> Any:

@@ -61,7 +61,10 @@ def _serve(cfg: Config, sock: socket.socket, host: str, port: int) -> int:
     engine = start(cfg, auth=authenticator is not None, port=port)
     stopping: list[Server] = []  # the server, once made: the app is made before it
     app = create_app(engine, authenticator, lifespan=lambda _app: engine_lifespan(engine, lambda: stopping[0].stop))
-    server = Server(server_config(app, cfg, host, port), budget=cfg.server.shutdown_budget)
+    # held requests (`coalesce`) are decided as the stop begins, not when their burst would end
+    server = Server(
+        server_config(app, cfg, host, port), budget=cfg.server.shutdown_budget, on_stop=engine.holding.release_all
+    )
     stopping.append(server)
     server.run(sockets=[sock])
     return 0

@@ -3,6 +3,7 @@ SIGTERM ends the process. One class for the push endpoint and the pull worker's 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import threading
@@ -38,10 +39,12 @@ class Server(uvicorn.Server):
         *,
         budget: float | None,
         backstop: Callable[[Stop], object] = backstops.arm,
+        on_stop: Callable[[], object] | None = None,
     ) -> None:
         super().__init__(config)
         self.budget = budget
         self.backstop = backstop
+        self.on_stop = on_stop  # run on the loop as the stop begins (the engine decides what it holds)
         self.stop: Stop | None = None
 
     @contextlib.contextmanager
@@ -58,6 +61,9 @@ class Server(uvicorn.Server):
             if self.stop is None:
                 self.stop = Stop.begin(budget)
                 self.backstop(self.stop)
+                if self.on_stop is not None:
+                    with contextlib.suppress(RuntimeError):  # no loop running: nothing is held
+                        asyncio.get_running_loop().call_soon_threadsafe(self.on_stop)
             self.handle_exit(sig, frame)
 
         original = {sig: signal.signal(sig, handle) for sig in (signal.SIGINT, signal.SIGTERM)}

@@ -1,6 +1,7 @@
 """Skip rate: how much the filter held back, per route and per hour or day.
 
-skip rate = (suppressed + within_tolerance + duplicate + stale + noise_only) / decided, where decided counts
+skip rate = (suppressed + within_tolerance + duplicate + stale + noise_only + superseded) / decided, where decided
+counts
 every message that was acked (forwarded, fail_open, and those held back). Contended
 and failed messages come back and are counted when they are finally decided; rejected
 ones were never understood. Only enforced decisions skip anything: a shadow route

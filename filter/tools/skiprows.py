@@ -13,8 +13,9 @@ from filter.core.tolerance import WITHIN_TOLERANCE
 #: every decision, in the model's order: one column each; a suppression within tolerance is
 #: counted under its own name, beside the others (the readers label it: `WITHIN_TOLERANCE`)
 DECISIONS = tuple(n for d in Decision for n in ((str(d), WITHIN_TOLERANCE) if d is Decision.SUPPRESSED else (str(d),)))
-#: held back: acked and not published (noise_only is a suppression the audit sample looked into)
-SKIPPED = ("suppressed", WITHIN_TOLERANCE, "duplicate", "stale", "noise_only")
+#: held back: acked and not published (noise_only is a suppression the audit sample looked into;
+#: superseded, a burst's older message whose newest was held: `coalesce`)
+SKIPPED = ("suppressed", WITHIN_TOLERANCE, "duplicate", "stale", "noise_only", "superseded")
 #: acked: published (forwarded, fail_open) or held back
 DECIDED = ("forwarded", "fail_open", *SKIPPED)
 

@@ -45,6 +45,12 @@ MIXED_BAG = [
 # --- the definition -----------------------------------------------------------------
 
 
+def test_a_superseded_message_of_a_burst_counts_as_held_back() -> None:
+    (row,) = summarize([c("odds", "forwarded", 1), c("odds", "superseded", 3)])
+    assert row.counts["superseded"] == 3
+    assert row.decided == 4 and row.skip_rate == 75.0
+
+
 def test_skip_rate_is_skipped_over_decided() -> None:
     (row,) = summarize(MIXED_BAG)
     assert row.total == 19
@@ -145,6 +151,7 @@ def test_table() -> None:
         "open",
         "rejected",
         "failed",
+        "superseded",
         "skip",
         "rate",
         "would",
@@ -186,6 +193,7 @@ def test_json() -> None:
         "fail_open": 1,
         "rejected": 4,
         "failed": 2,
+        "superseded": 0,
         "skip_rate": 62.5,
         "would_skip": None,
     }
@@ -211,6 +219,7 @@ def test_csv() -> None:
         "fail_open",
         "rejected",
         "failed",
+        "superseded",
         "skip_rate",
         "would_skip",
     ]
@@ -224,7 +233,7 @@ def test_empty() -> None:
     assert render([], "json") == "[]"
     header = (
         "route,bucket,mode,total,forwarded,suppressed,within_tolerance,duplicate,contended,stale,noise_only,"
-        "fail_open,rejected,failed"
+        "fail_open,rejected,failed,superseded"
     )
     assert render([], "csv").strip() == header + ",skip_rate,would_skip"
 

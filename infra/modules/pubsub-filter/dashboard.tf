@@ -16,7 +16,7 @@ locals {
 
   dashboard_route_modes = { for r in local.config.routes : r.name => try(r.mode, "enforce") }
 
-  # skip rate = (suppressed + duplicate + stale + noise_only) / decided, as `pubsub-filter skip-rate`
+  # skip rate = (suppressed + duplicate + stale + noise_only + superseded) / decided, as `pubsub-filter skip-rate`
   dashboard_skip_rate_tiles = [
     for name, mode in local.dashboard_route_modes : {
       title = mode == "shadow" ? "Skip rate: ${name} (shadow: would have skipped)" : "Skip rate: ${name}"
@@ -26,7 +26,7 @@ locals {
           timeSeriesQuery = {
             timeSeriesFilterRatio = {
               numerator = {
-                filter = "${local.dashboard_metric.decisions} AND metric.label.route=\"${name}\" AND metric.label.decision=one_of(\"suppressed\",\"duplicate\",\"stale\",\"noise_only\")"
+                filter = "${local.dashboard_metric.decisions} AND metric.label.route=\"${name}\" AND metric.label.decision=one_of(\"suppressed\",\"duplicate\",\"stale\",\"noise_only\",\"superseded\")"
                 aggregation = {
                   alignmentPeriod    = "300s"
                   perSeriesAligner   = "ALIGN_SUM"
@@ -34,7 +34,7 @@ locals {
                 }
               }
               denominator = {
-                filter = "${local.dashboard_metric.decisions} AND metric.label.route=\"${name}\" AND metric.label.decision=one_of(\"forwarded\",\"fail_open\",\"suppressed\",\"duplicate\",\"stale\",\"noise_only\")"
+                filter = "${local.dashboard_metric.decisions} AND metric.label.route=\"${name}\" AND metric.label.decision=one_of(\"forwarded\",\"fail_open\",\"suppressed\",\"duplicate\",\"stale\",\"noise_only\",\"superseded\")"
                 aggregation = {
                   alignmentPeriod    = "300s"
                   perSeriesAligner   = "ALIGN_SUM"

@@ -1,7 +1,7 @@
 # Log-based metrics over the service's structured logs, and alerts on them.
 #
 # Every decision is one log line with jsonPayload.message = "decision" and the fields
-# route, decision (forwarded|suppressed|duplicate|contended|stale|noise_only|fail_open|rejected|
+# route, decision (forwarded|suppressed|duplicate|contended|stale|noise_only|superseded|fail_open|rejected|
 # failed) and enforced, at the decision's level or, when the config's decision_logs quiets it,
 # at DEBUG: no metric filter here names a severity, so every line counts whatever its level.
 # Lifecycle lines carry jsonPayload.message = lease_taken_over, heartbeat_failed,
@@ -53,7 +53,7 @@ locals {
 
   user_metric_prefix = "logging.googleapis.com/user"
 
-  skipped_decisions = ["suppressed", "duplicate", "stale", "noise_only"]
+  skipped_decisions = ["suppressed", "duplicate", "stale", "noise_only", "superseded"]
   passed_decisions  = ["forwarded", "fail_open"]
   # `decided` as in `pubsub-filter skip-rate`: every decision after which the source
   # message was acked. contended/failed come back and are counted when decided;
@@ -86,7 +86,7 @@ resource "google_logging_metric" "decisions" {
     labels {
       key         = "decision"
       value_type  = "STRING"
-      description = "forwarded, suppressed, duplicate, contended, stale, fail_open, rejected or failed."
+      description = "forwarded, suppressed, duplicate, contended, stale, noise_only, superseded, fail_open, rejected or failed."
     }
     labels {
       key         = "enforced"
@@ -211,7 +211,7 @@ resource "google_monitoring_alert_policy" "skip_rate" {
   user_labels  = var.labels
 
   conditions {
-    display_name = "${each.key}: (suppressed + duplicate + stale + noise_only) / decided < ${each.value} over ${var.skip_rate_window}"
+    display_name = "${each.key}: (suppressed + duplicate + stale + noise_only + superseded) / decided < ${each.value} over ${var.skip_rate_window}"
 
     condition_threshold {
       filter = join(" AND ", [
