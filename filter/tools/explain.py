@@ -94,6 +94,9 @@ async def explain(cfg: Config, route: Route, msg: Message) -> dict[str, Any]:
     }
     if route.tolerance:
         result["tolerance"] = {f: str(parse_amount(v)) for f, v in route.tolerance.items()}
+    if route.coalesce is not None:
+        # what the running filter does before this decision (`filter.core.coalescing`)
+        result["coalesce"] = {"quiet_s": route.coalesce.quiet, "max_wait_s": route.coalesce.max_wait}
     result.update(decided.details)
     if decided.out.attributes:
         result["forward_attributes"] = decided.out.attributes
@@ -147,6 +150,12 @@ def render(result: dict[str, Any]) -> str:
             )
     shadow = "" if result["enforced"] else "  (shadow mode: would be; everything is forwarded)"
     lines.append(f"decision:     {result['decision']}: {result['reason']}{shadow}")
+    if (coalesce := result.get("coalesce")) is not None:
+        lines.append(
+            f"coalesce:     held first: decided so only if it is the newest of its key's burst once the key was "
+            f"quiet {coalesce['quiet_s']:g}s (at most {coalesce['max_wait_s']:g}s after the burst's first message); "
+            "an older message of the burst is answered superseded"
+        )
     if "rows_total" in result:
         lines.append(
             f"rows:         {result['rows_total']} in payload; {result['rows_added']} added, "

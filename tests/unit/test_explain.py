@@ -354,3 +354,17 @@ def test_fingerprint_of_a_push_envelope_is_that_of_its_data(
     assert main(["fingerprint", "-c", str(quick_start), "-r", "injury-report", str(envelope)]) == 0
     captured = capsys.readouterr()
     assert captured.out == expected and "is a Pub/Sub push envelope" in captured.err
+
+
+def test_explain_says_a_coalesced_route_holds_a_message_before_it_decides(
+    setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, report = setup
+    config = yaml.safe_load(path.read_text())
+    config["routes"][0]["coalesce"] = {"quiet": "500ms", "max_wait": "2s"}
+    path.write_text(yaml.safe_dump(config))
+    result = explain(path, tmp_path, report, capsys)
+    assert result["coalesce"] == {"quiet_s": 0.5, "max_wait_s": 2.0}
+    file = tmp_path / "payload.json"
+    assert main(["explain", "--config", str(path), "--route", "injury", str(file)]) == 0
+    assert "coalesce:     held first" in capsys.readouterr().out
