@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.emulators import EmulatorMissing, PubsubEmulator
+from tests.support.emulators import EmulatorMissing, FirestoreEmulator, PubsubEmulator
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCH = ROOT / "bench"
@@ -43,6 +43,14 @@ def _always() -> str | None:
     return None
 
 
+def _firestore_emulator() -> str | None:
+    try:
+        FirestoreEmulator(log_dir=Path(os.devnull)).command()
+    except EmulatorMissing as exc:
+        return f"needs the Firestore emulator: {exc}"
+    return None
+
+
 #: bench script → what it needs from outside the project (None: nothing missing, else why it is skipped)
 BENCHES: dict[str, Callable[[], str | None]] = {
     "fingerprint.py": _always,
@@ -57,6 +65,7 @@ BENCHES: dict[str, Callable[[], str | None]] = {
     "push.py": _wrk,
     "publish.py": _pubsub_emulator,
     "e2e.py": _pubsub_emulator,  # --smoke runs ours on SQLite only: the Pub/Sub emulator alone
+    "hot_key.py": _firestore_emulator,
 }
 #: extra arguments under --smoke (store.py's Firestore half needs its emulator and a JVM start: SQLite only)
 EXTRA = {
