@@ -64,7 +64,7 @@ MISTAKES: list[tuple[str, dict[str, Any], list[str]]] = [
         {"routes": [a_route(colour="red")]},
         [
             "route 'r': colour: unknown key; the keys here are audit_sample, bypass, cache_result, changed_attributes, "
-            "destination, exclude, include, key, mode, name, on_missing_key, on_store_error, push_format, "
+            "coalesce, destination, exclude, include, key, mode, name, on_missing_key, on_store_error, push_format, "
             "removed_rows, row_key, rows, rows_mode, scheme, stale, subscription, tolerance, window"
         ],
     ),
@@ -227,7 +227,7 @@ MISTAKES: list[tuple[str, dict[str, Any], list[str]]] = [
         {"decision_logs": {"fail_open": {"sample": 0.1}, "suppressed": {"level": "debug"}}, "routes": [a_route()]},
         [
             "decision_logs: the lines of fail_open cannot be quieted: alerts and runbooks follow them "
-            "(quiet any of forwarded, suppressed, duplicate, stale, noise_only)"
+            "(quiet any of forwarded, suppressed, duplicate, stale, noise_only, superseded)"
         ],
     ),
 ]
