@@ -398,6 +398,11 @@ def _add_tune(sub: Any) -> None:
         metavar="F=AMOUNT",
         help="what if number F had this tolerance: a number, or N%% of the last forwarded value (repeatable)",
     )
+    sp.add_argument(
+        "--coalesce",
+        metavar="QUIET/MAX_WAIT",
+        help="what if the route coalesced its bursts (e.g. 500ms/2s): the forwards it would have saved",
+    )
     _one_of(sp, "--format", ["table", "json"], help="table (default) or json")
     _log_lines(sp)
 

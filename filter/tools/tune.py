@@ -33,6 +33,7 @@ A shadow route's decisions are what enforce mode would have done: its "had" is `
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -43,6 +44,7 @@ import msgspec
 
 from filter.core.ports import DecisionRow, RecordsLister
 from filter.core.tolerance_amount import Amount
+from filter.tools import tune_coalesce
 from filter.tools.skiprate import reader_for, since_of
 from filter.tools.skiprows import DECIDED, SKIPPED
 from filter.tools.tune_moves import MoveStats, ToleranceWhatIf, move_stats, parse_tolerances, values_recorded
@@ -360,6 +362,13 @@ def run(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"pubsub-filter tune: --tolerance: {exc}", file=sys.stderr)
         return 2
+    coalesce = None
+    if getattr(args, "coalesce", None):
+        try:
+            coalesce = tune_coalesce.parse_coalesce(args.coalesce)
+        except ValueError as exc:
+            print(f"pubsub-filter tune: --coalesce: {exc}", file=sys.stderr)
+            return 2
     reader = reader_for(args)
     try:
         lister: RecordsLister = reader  # type: ignore[assignment]
@@ -373,5 +382,12 @@ def run(args: argparse.Namespace) -> int:
     if not rows:
         print(f"pubsub-filter tune: no decisions recorded for route {args.route!r} in this period", file=sys.stderr)
         return 1
-    print(render(args.route, analyse(rows, args.exclude, args.include, tolerance=tolerance), args.format))
+    shown = render(args.route, analyse(rows, args.exclude, args.include, tolerance=tolerance), args.format)
+    if coalesce is not None:  # the what-if for `coalesce` (`filter.tools.tune_coalesce`)
+        what_if = tune_coalesce.saved(rows, *coalesce)
+        if args.format == "json":
+            shown = json.dumps({**json.loads(shown), "coalesce": what_if})
+        else:
+            shown = f"{shown}\n{tune_coalesce.line(what_if)}"
+    print(shown)
     return 0

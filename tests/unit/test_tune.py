@@ -177,3 +177,17 @@ def test_gcloud_entries_and_docker_lines_read_as_our_own_lines(tmp_path: Path) -
     expected = analyse(rows_from_log(str(ours), "scores", None)).as_dict()
     for source in (gcloud, docker):
         assert analyse(rows_from_log(str(source), "scores", None)).as_dict() == expected, source
+
+
+async def test_tune_says_how_many_forwards_a_coalesce_would_have_saved(
+    config_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await run_stream(config_path, tmp_path / "decisions.log")
+    capsys.readouterr()
+    args = ["tune", "--config", str(config_path), "--route", "scraped", "--since", "2025-12-01", "--coalesce", "1h/1d"]
+    assert main([*args, "--format", "json"]) == 0
+    got = json.loads(capsys.readouterr().out.splitlines()[-1])["coalesce"]
+    assert got["forwards"] > got["would_forward"] >= 1 and got["saved"] == got["forwards"] - got["would_forward"]
+    assert main(args) == 0
+    assert "coalesce 3600s/86400s:" in capsys.readouterr().out
+    assert main([*args[:-1], "soon"]) == 2
