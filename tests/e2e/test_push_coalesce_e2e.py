@@ -87,3 +87,17 @@ def test_two_instances_forward_no_older_content_after_newer_and_end_on_the_newes
     assert max(json.loads(m.data)["price"] for m in sent) == 100 + BURST - 1
     pipeline.assert_no_more_downstream(2.0)
     pipeline.assert_nothing_dead_lettered()
+
+
+def test_a_sigterm_decides_the_held_request_at_once_and_answers_it(pipeline: Pipeline) -> None:
+    route = dict(odds_route(pipeline), coalesce={"quiet": "25s", "max_wait": "30s"})
+    lease = {"duration": "120s", "ack_deadline": "60s", "heartbeat": "20s"}
+    proc = pipeline.start_filter(routes=[route], lease=lease, **TIMING)
+    pipeline.subscribe(proc.url(f"/push/{ROUTE}"), ack_deadline=60)
+    ids = burst(pipeline)
+    finals([proc], ids[:-1])  # the older ones superseded: the newest is held, 25 s of quiet to go
+    proc.stop()  # SIGTERM: the held request is decided now, answered, and serve exits 0
+    [last] = [d for d in proc.decisions() if d["message_id"] == ids[-1]]
+    assert last["decision"] == "forwarded"
+    [got] = pipeline.downstream(1)
+    assert json.loads(got.data)["price"] == 100 + BURST - 1
