@@ -24,10 +24,10 @@ BURST = 10
 
 
 class World:
-    def __init__(self, emu: PubsubEmulator, tmp_path: Path, quiet: str, max_wait: str):
+    def __init__(self, emu: PubsubEmulator, tmp_path: Path, quiet: str, max_wait: str, ack_deadline: int = 30):
         self.admin = PubsubAdmin(emu)
         self.source = self.admin.topic("odds")
-        self.sub = self.admin.pull_subscription(self.source, "odds-sub")
+        self.sub = self.admin.pull_subscription(self.source, "odds-sub", ack_deadline=ack_deadline)
         self.dest = self.admin.topic("odds-dest")
         self.downstream = self.admin.pull_subscription(self.dest, "downstream")
         route = {
@@ -70,8 +70,8 @@ class World:
 
 @pytest.fixture
 def world(pubsub_emulator: PubsubEmulator, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[World]:
-    quiet, max_wait = getattr(request, "param", ("2s", "8s"))
-    w = World(pubsub_emulator, tmp_path, quiet, max_wait)
+    quiet, max_wait, *deadline = getattr(request, "param", ("2s", "8s"))
+    w = World(pubsub_emulator, tmp_path, quiet, max_wait, *deadline)
     try:
         w.proc.start()
         yield w
@@ -101,3 +101,17 @@ def test_a_sigterm_decides_what_is_held_at_once(world: World) -> None:
     assert last["decision"] == "forwarded"
     [sent] = world.admin.pull(world.downstream, 1)
     assert json.loads(sent.data)["price"] == 100 + BURST - 1
+
+
+@pytest.mark.parametrize("world", [("14s", "20s", 10)], indirect=True)
+def test_a_message_held_past_the_subscriptions_ack_deadline_keeps_its_lease_and_is_not_redelivered(
+    world: World,
+) -> None:
+    ids = world.burst()  # the newest is held 14 s, past the subscription's 10 s ack deadline
+    decided = world.decisions(ids, timeout=90)
+    assert decided[ids[-1]]["decision"] == "forwarded"
+    lines = [e for e in world.proc.events() if e.get("message") == "decision"]
+    # the client library extended the held message's deadline: no delivery came again
+    assert sorted(e["message_id"] for e in lines) == sorted(ids)
+    assert all(e.get("delivery_attempt") in (None, 1) for e in lines)
+    world.admin.assert_nothing_more(world.sub, 1.0)
