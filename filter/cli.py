@@ -13,6 +13,7 @@ from typing import Any, NoReturn
 
 from filter import __version__
 from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, Config, ConfigError, Route, load
+from filter.core.config_coalesce import held_note
 from filter.core.errors import FilterError
 from filter.core.model import Message
 from filter.runtime import preflight
@@ -94,6 +95,9 @@ def cmd_check(args: argparse.Namespace) -> int:
     preflight.check(cfg, source)  # the files it names, as `serve` will open them from here
     names = ", ".join(r.name for r in cfg.routes)
     print(f"{source}: ok ({len(cfg.routes)} route{'s' if len(cfg.routes) != 1 else ''}: {names})")
+    for route in cfg.routes:
+        if route.coalesce is not None:
+            print(f"{source}: note: {held_note(route.name, route.coalesce)}")
     return 0
 
 

@@ -82,3 +82,13 @@ def coalesce_rules(raw: dict[str, Any]) -> list[Problem]:
                 )
             )
     return found
+
+
+def held_note(route_name: str, coalesce: Coalesce) -> str:
+    """What `check` says of a coalesced route: what its held push requests take from Cloud Run."""
+    return (
+        f"route {route_name!r}: coalesce holds the newest push request of each hot key open for up to "
+        f"{coalesce.max_wait:g}s (quiet {coalesce.quiet:g}s): each takes one of the instance's Cloud Run "
+        "`concurrency` slots while held; size concurrency for the requests decided at once plus the hot keys "
+        "held at once (docs/deploying.md, 'Held requests'). Messages with an ordering key are never held."
+    )

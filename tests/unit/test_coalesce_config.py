@@ -60,3 +60,23 @@ def test_the_pubsub_publish_timeout_counts_against_the_ack_deadline_too() -> Non
     assert "publisher.timeout 30s" in str(err.value)
     raw["lease"] = {"ack_deadline": "120s", "duration": "180s"}
     assert parse(raw).routes[0].coalesce is not None
+
+
+def test_check_says_what_held_requests_take_from_cloud_runs_concurrency(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    from filter.cli import main
+
+    path = tmp_path / "filter.yaml"
+    raw = _config({"quiet": "500ms", "max_wait": "2s"})
+    raw["routes"][0]["destination"] = "odds-out"
+    raw["store"] = {"path": str(tmp_path / "state.db")}
+    raw["records"] = {"path": str(tmp_path / "decisions.db")}
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["check", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert ": ok (1 route: odds)" in out
+    assert "coalesce holds the newest push request of each hot key open for up to 2s" in out
+    assert "concurrency" in out

@@ -50,7 +50,7 @@ variable "image" {
 }
 
 variable "concurrency" {
-  description = "Maximum concurrent push requests per instance. Each one holds at most one lease while it publishes; the work is mostly waiting on Firestore and Pub/Sub, so one vCPU handles tens of requests."
+  description = "Maximum concurrent push requests per instance. Each one holds at most one lease while it publishes; the work is mostly waiting on Firestore and Pub/Sub, so one vCPU handles tens of requests. A route with coalesce holds one request per hot key open for up to its max_wait: add the hot keys an instance holds at once (docs/deploying.md, Held requests)."
   type        = number
   default     = 40
 
