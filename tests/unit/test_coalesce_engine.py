@@ -183,3 +183,29 @@ async def test_two_instances_each_forward_their_newest_and_the_stale_guard_keeps
         assert world.forwarded_prices()[-1] == 3.0  # a2, published at 104, is the newest
     finally:
         await other.close()
+
+
+async def test_memory_per_held_message_through_the_engine_is_measured(world: CoalesceWorld) -> None:
+    """All a held message costs while its `handle` call waits (its task and frames, the message,
+    the delivery, the coalescer's slot), besides a push request's own body: measured, and said in
+    docs/configuration.md."""
+    import tracemalloc
+
+    msgs = [world.message(f"m{i}", 1.0, 100.0, line=f"L{i}") for i in range(200)]
+    for msg in msgs[:20]:  # warm: the first calls fill the route's and the store's caches
+        await world.arrive(msg)
+    tracemalloc.start()
+    before = tracemalloc.take_snapshot()
+    for msg in msgs[20:]:
+        await world.arrive(msg)
+    after = tracemalloc.take_snapshot()
+    tracemalloc.stop()
+    # the suite's own: asyncio's debug mode keeps a creation traceback per task, the loop watch
+    # and this world their records; none of it is the held message's in production
+    ours = ("traceback.py", "loopclock.py", "loopwatch.py", "/tests/", "logging")
+    held = [s for s in after.compare_to(before, "filename") if not any(o in str(s.traceback) for o in ours)]
+    per_message = sum(s.size_diff for s in held) / 180
+    assert len(world.engine.holding) == 200
+    print(f"memory per held message through the engine: {per_message:.0f} B")
+    assert per_message < 8 * 1024
+    await world.engine.close()
