@@ -17,10 +17,12 @@ def test_coalescing_agrees_with_the_reference_model() -> None:
     run_state_machine_as_test(
         CoalesceMachine,
         settings=settings(
-            max_examples=40,
-            stateful_step_count=30,
+            max_examples=100,
+            stateful_step_count=40,
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow],
         ),
     )
-    assert STEPS["coalesce"] > before
+    ran = STEPS["coalesce"] - before
+    print(f"coalesce model: {ran} publishes")
+    assert ran > 0
