@@ -539,6 +539,9 @@ def test_dockerfile_entrypoint_and_cmd_are_exec_form() -> None:
 def test_dockerfile_final_stage_copies_only_the_venv_from_the_builder() -> None:
     stage = _final_stage()
     base = stage[0][1]
+    # the base is the PYTHON_IMAGE build argument (pinned by digest at build time): its default
+    defaults = dict(re.findall(r"^ARG (\w+)=(\S+)$", DOCKERFILE.read_text(encoding="utf-8"), re.MULTILINE))
+    base = re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], base)
     assert re.fullmatch(r"python:3\.11\.\d+-slim(-\w+)?", base), base
     copies = [args for op, args in stage if op == "COPY"]
     assert copies == ["--from=builder /opt/venv /opt/venv"]

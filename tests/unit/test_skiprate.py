@@ -7,10 +7,12 @@ import importlib.util
 import io
 import json
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
 
 from filter.backends.records.log_lines import LogLinesReader
 from filter.backends.records.sqlite import SqliteReader
@@ -19,7 +21,7 @@ from filter.core.config import parse
 from filter.runtime.wiring import make_reader
 from filter.tools import skiprate, skiprate_chart
 from filter.tools.skiprate import render, summarize
-from filter.tools.skiprate_chart import CHART_HINT, chart
+from filter.tools.skiprate_chart import CHART_EXTRA, CHART_HINT, chart
 from filter.tools.skiprows import SkipRow
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -414,8 +416,15 @@ def test_chart_without_matplotlib_says_what_to_install(
     assert main(["skip-rate", "--log", logfile, "--chart", str(png)]) == 2
     captured = capsys.readouterr()
     assert CHART_HINT in captured.err and captured.err.count("\n") == 1
-    assert CHART_HINT == "pip install 'pubsub-filter[chart]'"
     assert captured.out == "" and not png.exists()
+
+
+def test_the_chart_install_hint_names_an_extra_the_package_declares_with_matplotlib_in_it() -> None:
+    with (Path(__file__).resolve().parents[2] / "pyproject.toml").open("rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    assert f"pubsub-filter[{CHART_EXTRA}]" in CHART_HINT
+    assert any(Requirement(r).name == "matplotlib" for r in extras[CHART_EXTRA])
+    assert "pip install matplotlib" in CHART_HINT
 
 
 def test_csv_output_ends_with_one_newline_not_a_blank_line(logfile: str, capsys: pytest.CaptureFixture[str]) -> None:
