@@ -31,12 +31,19 @@ DOC_PAGES = sorted(
         ROOT / "bench" / "README.md",
         ROOT / "infra" / "README.md",
         *(p for p in (ROOT / "examples").iterdir() if p.is_file()),
+        ROOT / "infra" / "example-config.yaml",
+        ROOT / "CHANGELOG.md",
     }
 )
 
-# Words that speak of the notes the project grew from, or of who asked for what, not of the product.
+# Words that speak of the notes the project grew from, of who asked for what, of how it was
+# built (issue numbers, work sessions, commits, another codebase's function names, what could
+# not be installed where it was written), not of the product.
 NOT_THE_PRODUCT = re.compile(
-    r"\bseeds?\b|\bseeds'|asked for by|as I know them|written without network access|the user asked",
+    r"\bseeds?\b|\bseeds'|asked for by|as I know them|written without network access|the user asked"
+    r"|\bissues? \d+|\bthis (work )?session|\bsession's|\bthis pass\b|compute_data_hash|_hash_events"
+    r"|could (not )?be installed|from the package registries"
+    r"|(?<![\w-])(?=[0-9a-f]*[0-9])(?=[0-9a-f]*[a-f])[0-9a-f]{7,12}(?![\w-])",  # a commit hash
     re.IGNORECASE,
 )
 
