@@ -306,6 +306,23 @@ def test_cli_bad_since_and_watch(logfile: str, capsys: pytest.CaptureFixture[str
     assert "--watch" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    ("since", "says"),
+    [
+        ("2026-01-45", "day is out of range for month"),
+        ("2026-02-29", "day is out of range for month"),
+        ("2026-01-10T24:00:00Z", "hour must be in 0..23"),
+        ("2026-01-10T17:61:00Z", "minute must be in 0..59"),
+    ],
+)
+def test_a_since_that_names_no_real_day_or_time_is_a_usage_error_saying_which_part(
+    logfile: str, capsys: pytest.CaptureFixture[str], since: str, says: str
+) -> None:
+    assert main(["skip-rate", "--log", logfile, "--since", since]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"'{since}'" in err and says in err, err
+
+
 def test_cli_missing_log_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["skip-rate", "--log", str(tmp_path / "nope.log")]) == 1
     assert "nope.log" in capsys.readouterr().err
