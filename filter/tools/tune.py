@@ -42,6 +42,7 @@ from typing import Any
 import msgspec
 
 from filter.core.ports import DecisionRow, RecordsLister
+from filter.core.times import parse_duration
 from filter.core.tolerance_amount import Amount
 from filter.tools.skiprate import reader_for, since_of
 from filter.tools.skiprows import DECIDED, SKIPPED
@@ -348,6 +349,39 @@ def _moves_lines(a: Analysis) -> list[str]:
     return lines
 
 
+def _stamp(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def _nothing_in_period(args: argparse.Namespace, since: float | None) -> str:
+    """What to say when the period holds no decision for the route: the period as written, and
+    when the route's decisions are, so the next `--since` is not a guess (a log read from stdin
+    cannot be read twice: then only the period)."""
+    try:
+        parse_duration(args.since)
+        period = f"in the last {args.since}"
+    except ValueError:
+        period = f"since {args.since}"
+    said = f"no decisions recorded for route {args.route!r} {period}"
+    if since is None or args.log == "-":
+        return said
+    reader = reader_for(args)
+    try:
+        lister: RecordsLister = reader  # type: ignore[assignment]
+        every = lister.decision_rows(args.route, None)
+    except OSError:
+        return said
+    finally:
+        reader.close()
+    if not every:
+        return f"{said}, and none at all"
+    first, last = every[0]["time"], every[-1]["time"]
+    return (
+        f"{said}: it has {len(every)} decisions from {_stamp(first)} to {_stamp(last)}"
+        f" (try --since {time.strftime('%Y-%m-%d', time.gmtime(first))})"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """`pubsub-filter tune`: per-field churn and a what-if skip rate for one route."""
     try:
@@ -371,7 +405,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         reader.close()
     if not rows:
-        print(f"pubsub-filter tune: no decisions recorded for route {args.route!r} in this period", file=sys.stderr)
+        print(f"pubsub-filter tune: {_nothing_in_period(args, since)}", file=sys.stderr)
         return 1
     print(render(args.route, analyse(rows, args.exclude, args.include, tolerance=tolerance), args.format))
     return 0
