@@ -105,6 +105,9 @@ class Engine:
         self.in_flight = 0
         #: events for the health output (`/healthz`'s `counts`): the heartbeat's, the surface's
         self.counts: Counter[str] = Counter()
+        #: the decisions made so far, by decision (`/healthz`'s `counts` too): one dict
+        #: increment a decision, so a probe says what the process did without a records query
+        self.decided: Counter[str] = Counter()
         self.failed_open = FailedOpen()  # keys whose destination a fail-open forward of ours moved
         # every decision under way (its `handle` call): the one registry of work in flight,
         # which `close` and the surfaces (`under_way`) wait on
@@ -441,6 +444,7 @@ class Engine:
         enforced = rules.route.enforced if rules else True
         rec = record_of(route_name, msg, done, started, trace, message_id, enforced, self.clock.now())
         self.recorder.record(rec)
+        self.decided[rec.decision] += 1
         self.telemetry.decided(rec)  # telemetry: count it, describe it on its span
         log_decision(rec, self.quieting)
         return rec
