@@ -9,7 +9,15 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from filter.core.config_sections import STATE_TTL, LeaseConfig, OutboxPublisher, SqliteRecords, SqliteStore, StoreErrors
+from filter.core.config_sections import (
+    STATE_TTL,
+    LeaseConfig,
+    OutboxPublisher,
+    SqliteRecords,
+    SqliteStore,
+    StoreErrors,
+    loud_decisions_quieted,
+)
 from filter.core.config_tolerance import tolerance_rules
 from filter.core.times import parse_duration
 
@@ -38,7 +46,19 @@ def _strings(value: Any) -> list[str]:
 
 def rules(raw: dict[str, Any]) -> list[Problem]:
     """Every problem across keys, each as (pydantic-style location, message)."""
-    return [*_route_rules(raw), *tolerance_rules(raw), *_timing_rules(raw), *_auth_rules(raw), *_file_rules(raw)]
+    return [
+        *_route_rules(raw),
+        *tolerance_rules(raw),
+        *_timing_rules(raw),
+        *_auth_rules(raw),
+        *_file_rules(raw),
+        *_decision_logs_rules(raw),
+    ]
+
+
+def _decision_logs_rules(raw: dict[str, Any]) -> list[Problem]:
+    refused = loud_decisions_quieted(raw.get("decision_logs"))
+    return [(("decision_logs",), refused)] if refused else []
 
 
 def _route_rules(raw: dict[str, Any]) -> list[Problem]:

@@ -223,6 +223,15 @@ MISTAKES: list[tuple[str, dict[str, Any], list[str]]] = [
         ["decision_logs.duplicate.sample: 10 is out of range: it must be at most 1"],
     ),
     (
+        "quieting a decision the alerts follow beside a misspelt decision",
+        {"decision_logs": {"contended": {"level": "debug"}, "suppresed": {"level": "debug"}}, "routes": [a_route()]},
+        [
+            "decision_logs.suppresed: unknown key; did you mean 'suppressed'?",
+            "decision_logs: the lines of contended cannot be quieted: alerts and runbooks follow them "
+            "(quiet any of forwarded, suppressed, duplicate, stale, noise_only)",
+        ],
+    ),
+    (
         "quieting a decision the alerts follow",
         {"decision_logs": {"fail_open": {"sample": 0.1}, "suppressed": {"level": "debug"}}, "routes": [a_route()]},
         [
