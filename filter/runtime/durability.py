@@ -1,8 +1,9 @@
 """Can the backends a config names be durable where the filter runs? (contract 5)
 
-The embedded backends are files on one machine. On Cloud Run a file is neither: an instance's
-filesystem is in memory, gone when the instance stops (every scale-down, every new revision,
-every crash), and every instance has its own. So there
+The embedded backends are files on one machine, lasting as long as its disk and shared by its
+processes. On Cloud Run a file is neither: an instance's filesystem is in memory, gone when the
+instance stops (every scale-down, every new revision, every crash), and every instance has its
+own. So there
 
 - the SQLite **state** is lost with each instance and never shared: each instance judges
   changes against its own history, and two instances' leases do not exclude each other;
@@ -13,20 +14,21 @@ every crash), and every instance has its own. So there
   is read by nobody, and shadow mode's whole answer (what would have been suppressed) is in
   these records. The decision log lines still reach Cloud Logging either way.
 
-Each is refused, with the one YAML line that fixes it. Cloud Run is recognised by what it sets
-in every container: `K_SERVICE` (services) and `CLOUD_RUN_JOB` (jobs); `check --for cloud-run`
-asks the same question from anywhere (CI, before a deploy).
+Each is refused (by the commands, and by the in-process API for its state and records), with
+the one YAML line that fixes it. Cloud Run is recognised by what it sets in every container:
+`K_SERVICE` (services) and `CLOUD_RUN_JOB` (jobs); `check --for cloud-run` asks the same
+question from anywhere (CI, before a deploy).
 
 A deliberate single-instance experiment may start anyway with `UNSAFE_ENV` set to exactly
-`UNSAFE_VALUE`: a name and a value nobody writes by accident. `serve` and `pull` then log one
-ERROR line at start naming what is lost (`loss_line`); `check` never accepts it, since
-it says whether the config is fit for Cloud Run, and it is not.
+`UNSAFE_VALUE`: a name and a value nobody writes by accident. `serve`, `pull` and the
+in-process API then log one ERROR line at start naming what is lost (`loss_line`); `check`
+never accepts it, since it says whether the config is fit for Cloud Run, and it is not.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 from filter.core.config import Config
@@ -36,6 +38,8 @@ CLOUD_RUN = "cloud-run"
 CLOUD_RUN_ENVS = ("K_SERVICE", "CLOUD_RUN_JOB")
 UNSAFE_ENV = "PUBSUB_FILTER_UNSAFE_EMBEDDED_ON_CLOUD_RUN"
 UNSAFE_VALUE = "lose-forwards-state-and-records"
+#: the backend sections; the in-process API has no publisher (each call's body sends)
+PARTS = ("store", "publisher", "records")
 #: the Cloud Run-ready example config (Firestore, Pub/Sub, BigQuery), named in every refusal
 EXAMPLE = "examples/cloud-run.yaml"
 
@@ -63,23 +67,24 @@ def target(name: str) -> Runtime:
     return Runtime("Cloud Run", f"check --for {CLOUD_RUN}")
 
 
-def lost(cfg: Config, runtime: Runtime) -> list[str]:
-    """One problem per embedded backend, each saying what `runtime` loses and the line that fixes it."""
+def lost(cfg: Config, runtime: Runtime, parts: Collection[str] = PARTS) -> list[str]:
+    """One problem per embedded backend among `parts`, each saying what `runtime` loses and the
+    line that fixes it."""
     on = f"on {runtime.name} ({runtime.sign})"
     found = []
-    if cfg.store.backend == "sqlite":
+    if "store" in parts and cfg.store.backend == "sqlite":
         found.append(
             f"store: backend sqlite keeps the state in a file inside the instance; {on} it is lost with the "
             "instance and each instance has its own, so changes are judged against nothing and leases do not "
             f"exclude each other. Fix: `store: {{backend: firestore}}` (as {EXAMPLE} has it)"
         )
-    if cfg.publisher.backend == "outbox":
+    if "publisher" in parts and cfg.publisher.backend == "outbox":
         found.append(
             f"publisher: backend outbox appends each forward to a file inside the instance; {on} the forwards "
             "never reach Pub/Sub and are lost with the instance, though their messages are acked. "
             f"Fix: `publisher: {{backend: pubsub}}` (as {EXAMPLE} has it)"
         )
-    if cfg.records.backend == "sqlite":
+    if "records" in parts and cfg.records.backend == "sqlite":
         found.append(
             f"records: backend sqlite writes the decision records to a file inside the instance; {on} each "
             "instance has its own, skip-rate cannot read them, they use the instance's memory and are lost "
@@ -93,12 +98,15 @@ def opted_out(environ: Mapping[str, str] = os.environ) -> bool:
     return environ.get(UNSAFE_ENV) == UNSAFE_VALUE
 
 
-def refusal(cfg: Config, runtime: Runtime | None, environ: Mapping[str, str] = os.environ) -> list[str]:
-    """What stops `serve` and `pull` from starting with `cfg` on `runtime`: [] when nothing is lost
-    there, or when the experiment's variable says to start anyway (`loss_line` then logs it)."""
+def refusal(
+    cfg: Config, runtime: Runtime | None, environ: Mapping[str, str] = os.environ, parts: Collection[str] = PARTS
+) -> list[str]:
+    """What stops `serve` and `pull` (or the in-process API, `parts` store and records) from
+    starting with `cfg` on `runtime`: [] when nothing is lost there, or when the experiment's
+    variable says to start anyway (`loss_line` then logs it)."""
     if runtime is None:
         return []
-    found = lost(cfg, runtime)
+    found = lost(cfg, runtime, parts)
     if not found or opted_out(environ):
         return []
     written = environ.get(UNSAFE_ENV)
@@ -107,14 +115,16 @@ def refusal(cfg: Config, runtime: Runtime | None, environ: Mapping[str, str] = o
     return found
 
 
-def loss_line(cfg: Config, environ: Mapping[str, str] = os.environ) -> dict[str, object] | None:
+def loss_line(
+    cfg: Config, environ: Mapping[str, str] = os.environ, parts: Collection[str] = PARTS
+) -> dict[str, object] | None:
     """The ERROR line's fields when the filter starts with embedded backends on Cloud Run, else
     None. The commands let that happen only with `UNSAFE_ENV`; the API (an engine started from
     code) is told too."""
     runtime = detect(environ)
     if runtime is None:
         return None
-    found = lost(cfg, runtime)
+    found = lost(cfg, runtime, parts)
     if not found:
         return None
     return {

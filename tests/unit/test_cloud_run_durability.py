@@ -198,3 +198,47 @@ def test_check_for_cloud_run_is_not_talked_round_by_the_experiments_variable(
     monkeypatch.setenv(durability.UNSAFE_ENV, durability.UNSAFE_VALUE)
     assert main(["check", "--for", "cloud-run", str(EMBEDDED_EXAMPLE)]) == FAILED
     assert FIX["publisher"] in capsys.readouterr().err
+
+
+# --- the in-process API: the same state and records, in a processor on Cloud Run ------------------
+
+
+def in_process(tmp_path: Path) -> Any:
+    files = {k: {"path": str(tmp_path / f"{k}.db")} for k in ("store", "records")}
+    return parse({**files, "routes": [ROUTE]})
+
+
+def test_the_in_process_api_on_cloud_run_refuses_embedded_state_and_records_before_it_starts_anything(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import threading
+
+    from filter.core.config import ConfigError
+    from filter.inprocess import Filter, SyncFilter
+
+    monkeypatch.setenv("K_SERVICE", "processor")
+    threads = threading.active_count()
+    for api in (Filter, SyncFilter):
+        with pytest.raises(ConfigError) as refused:
+            api(in_process(tmp_path))
+        # no publisher: each call's body sends, so only the state and the records are the filter's
+        assert [p.split(":")[0] for p in refused.value.problems] == ["store", "records"]
+        assert FIX["store"] in refused.value.problems[0] and FIX["records"] in refused.value.problems[1]
+    assert threading.active_count() == threads  # SyncFilter's loop thread never started
+    assert sorted(os.listdir(tmp_path)) == []
+
+
+async def test_the_in_process_api_started_anyway_logs_the_loss_at_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from filter.inprocess import Filter
+
+    monkeypatch.setenv("K_SERVICE", "processor")
+    monkeypatch.setenv(durability.UNSAFE_ENV, durability.UNSAFE_VALUE)
+    with capture_logs() as logs:
+        f = Filter(in_process(tmp_path))
+    try:
+        [line] = [line for line in logs if line["event"] == "embedded_backends_on_cloud_run"]
+        assert line["log_level"] == "error" and [p.split(":")[0] for p in line["lost"]] == ["store", "records"]
+    finally:
+        await f.close()
