@@ -15,8 +15,9 @@ from filter import __version__
 from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, Config, ConfigError, Route, load
 from filter.core.errors import FilterError
 from filter.core.model import Message
-from filter.runtime import preflight
+from filter.runtime import durability, preflight
 from filter.runtime.operational import BIGQUERY, FIRESTORE, PUBSUB, Backend, describe, require
+from filter.tools.subscriptions import DEFAULT_NAME
 
 ATTRIBUTE_HELP = "a message attribute (repeatable), for keys and bypass rules that read attributes"
 #: exit codes (the "Exit codes" table of docs/cli.md)
@@ -57,6 +58,20 @@ def _backends(cfg: Config) -> list[Backend]:
     return used
 
 
+def _source(args: argparse.Namespace) -> str:
+    """The config file a command loaded, as its errors name it."""
+    return str(args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+
+
+def _startable(cfg: Config, source: str) -> None:
+    """Raise `ConfigError` unless `serve` or `pull` can start with `cfg` here: its files open, and
+    no embedded backend loses what it holds where this runs (Cloud Run: `filter.runtime.durability`)."""
+    preflight.check(cfg, source)
+    refused = durability.refusal(cfg, durability.detect())
+    if refused:
+        raise ConfigError(source, refused)
+
+
 def _port(args: argparse.Namespace) -> int:
     port: int
     if args.port is not None:
@@ -91,9 +106,16 @@ def _says(line: str, more: str | None = None) -> Callable[[Command], Command]:
 def cmd_check(args: argparse.Namespace) -> int:
     source = args.file or args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG
     cfg = _config(source)
-    preflight.check(cfg, source)  # the files it names, as `serve` will open them from here
+    # the files it names, as `serve` will open them from here; and what the runtime it is checked
+    # for (--for, else the one this runs on) would lose. The experiment's opt-out is not asked:
+    # `check` says whether the config is fit to run there, and with embedded files it is not.
+    runtime = durability.target(args.target) if args.target else durability.detect()
+    found = preflight.problems(cfg) + (durability.lost(cfg, runtime) if runtime is not None else [])
+    if found:
+        raise ConfigError(source, found)
     names = ", ".join(r.name for r in cfg.routes)
-    print(f"{source}: ok ({len(cfg.routes)} route{'s' if len(cfg.routes) != 1 else ''}: {names})")
+    fit = f" for {runtime.name}" if runtime is not None else ""
+    print(f"{source}: ok{fit} ({len(cfg.routes)} route{'s' if len(cfg.routes) != 1 else ''}: {names})")
     return 0
 
 
@@ -103,7 +125,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     port = _port(args)
     cfg = _config(args.config)
-    preflight.check(cfg, args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    _startable(cfg, _source(args))
     preflight.credentials(_backends(cfg))
     return serve(cfg, args.host, port)
 
@@ -180,7 +202,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     from filter.pull.command import run
 
     cfg = _config(args.config)
-    preflight.check(cfg, args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    _startable(cfg, _source(args))
     preflight.credentials([PUBSUB, *(b for b in _backends(cfg) if b is not PUBSUB)])  # it pulls from Pub/Sub
     return run(cfg, args.route, health_port=args.health_port)
 
@@ -195,6 +217,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from filter.replay.command import run
 
     def probe(cfg: Config | None) -> None:
+        if args.through_filter and cfg is not None and not args.dry_run:  # it acks what its backends took
+            refused = durability.refusal(cfg, durability.detect())
+            if refused:
+                raise ConfigError(_source(args), refused)
         require(PUBSUB, *(_backends(cfg) if args.through_filter and cfg is not None else ()))
 
     return run(args, probe)
@@ -204,7 +230,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     "create the topics and subscriptions the config needs (idempotent)",
     "Create each route's destination topic, source topic, subscription (push or pull, ack deadline = "
     "lease.ack_deadline, retry 10s-600s, dead-letter policy) and dead-letter topic <subscription>-dlq with its "
-    "pull subscription <subscription>-dlq-sub. A second run changes nothing.",
+    "pull subscription <subscription>-dlq-sub. A push route without `subscription` gets NAME-ROUTE, the name "
+    "infra/ gives it. A second run changes nothing.",
 )
 def cmd_provision(args: argparse.Namespace) -> int:
     from filter.tools.provision import run
@@ -300,6 +327,13 @@ def _add_provision(sub: Any) -> None:
     how.add_argument("--pull", action="store_true", help="pull subscriptions (for pubsub-filter pull)")
     sp.add_argument("--project", metavar="P", help="default: the config's project, then $GOOGLE_CLOUD_PROJECT")
     sp.add_argument(
+        "--name",
+        default=DEFAULT_NAME,
+        metavar="NAME",
+        help=f"infra/'s `name`: a push route without `subscription` gets NAME-ROUTE, as Terraform names it "
+        f"(default {DEFAULT_NAME})",
+    )
+    sp.add_argument(
         "--source-topic",
         action="append",
         default=[],
@@ -332,6 +366,15 @@ def _add_check(sub: Any) -> None:
     sp = _command(sub, cmd_check)
     sp.add_argument(
         "file", nargs="?", metavar="F", help="the config file (default: --config, $PUBSUB_FILTER_CONFIG, ./filter.yaml)"
+    )
+    sp.add_argument(
+        "--for",
+        dest="target",
+        choices=[durability.CLOUD_RUN],
+        default=None,
+        metavar=durability.CLOUD_RUN,
+        help="also refuse what cannot be durable there: on cloud-run, the embedded files (SQLite state and "
+        "records, the outbox). Default: where this runs (Cloud Run when $K_SERVICE or $CLOUD_RUN_JOB is set)",
     )
 
 

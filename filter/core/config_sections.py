@@ -5,15 +5,22 @@ defaults, and the value types they share (durations, sizes)."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from filter.core.decision_line import Quieting
 from filter.core.pubsub_limits import DEFAULT_MAX_BODY
 from filter.core.times import parse_duration
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class Quieting(NamedTuple):
+    """How one decision's lines are logged: at `level` (None: the decision's own level) for the
+    share `sample` of its messages (by message id), at debug for the others."""
+
+    level: str | None = None
+    sample: float = 1.0
 
 
 def _parse_size(value: Any) -> int:

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from filter.core.attributes import own_attribute_count
+from filter.core.attributes import CHANGED_PREFIX, own_attribute_count
 from filter.core.pubsub_limits import MAX_ATTRIBUTES, MAX_NAME_BYTES
-from filter.core.tolerance_amount import CHANGED_PREFIX
 
 Problem = tuple[tuple[Any, ...], str]
 

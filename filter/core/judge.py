@@ -30,12 +30,12 @@ from typing import Any
 import msgspec
 
 from filter.core import fields, forwarded_rows, rows, tolerance_look
+from filter.core.attributes import CHANGED_PREFIX
 from filter.core.config import Route
 from filter.core.model import UNKNOWN, Decision, KeyState, Message
 from filter.core.partial import partial
 from filter.core.routes import Kept, RouteRules
 from filter.core.tolerance import WITHIN, largest
-from filter.core.tolerance_amount import CHANGED_PREFIX
 
 #: The reason of a redelivery: this message id, last forwarded with this content.
 REDELIVERED = "message already forwarded"

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from filter.core import fields, forwarded_rows, rows
-from filter.core.attributes import own_attributes_at_most, unforwardable
+from filter.core.attributes import own_attribute_count, unforwardable
 from filter.core.canonical import MissingField
 from filter.core.conditions import holds
 from filter.core.config import Route
@@ -68,7 +68,7 @@ class RouteRules:
         )
         self.tracks_rows = route.rows is not None and bool(route.row_key) and route.scheme == "canonical"
         self.row_memo = rows.Memo()  # the last forward's rows: most of the next forward's are the same
-        self.own_attributes_at_most = own_attributes_at_most(route)
+        self.own_attributes_at_most = own_attribute_count(route.rows_mode == "changed", len(route.changed_attributes))
         # whole-payload routes keep a checksum per top-level field (`filter.core.fields`)
         # (from the payload the fingerprint decoded: whole, as no fast path decodes such a route)
         self.tracks_fields = route.rows is None and route.scheme == "canonical" and self.scheme.fast is None

@@ -32,10 +32,11 @@ from typing import Any
 
 import msgspec
 
+from filter.core.attributes import CHANGED_PREFIX
 from filter.core.canonical import encode_sorted
 from filter.core.config import Route
 from filter.core.fingerprint import selector
-from filter.core.tolerance_amount import CHANGED_PREFIX, Amount, parse_amount
+from filter.core.tolerance_amount import Amount, parse_amount
 
 #: The reason of a suppression whose only changes are moves within tolerance.
 WITHIN = "moved within tolerance"

@@ -10,9 +10,6 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
-#: The attribute a forward carries for each `changed_attributes` field that changed: this, then the name.
-CHANGED_PREFIX = "filter_changed_"
-
 _PERCENT = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*%\s*$")
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from filter.backends.stores.sqlite import read_only
+from filter.core.attributes import CHANGED_PREFIX
 from filter.core.canonical import MissingField
 from filter.core.config import Config, Route
 from filter.core.fingerprint import NOT_JSON, PayloadError, message_fingerprint
@@ -22,7 +23,7 @@ from filter.core.judge import decide
 from filter.core.keyless import keyless
 from filter.core.model import Decision, KeyState, Message
 from filter.core.routes import RouteRules
-from filter.core.tolerance_amount import CHANGED_PREFIX, parse_amount
+from filter.core.tolerance_amount import parse_amount
 from filter.runtime.wiring import make_store
 
 

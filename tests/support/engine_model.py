@@ -49,12 +49,11 @@ from typing import Any
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from filter.core.attributes import ATTR_ROUTE, ATTR_SOURCE_ID
+from filter.core.attributes import ATTR_ROUTE, ATTR_SOURCE_ID, CHANGED_PREFIX
 from filter.core.config import Config, parse
 from filter.core.engine import Engine
 from filter.core.model import Decision, DecisionRecord, Message
 from filter.core.ports import PublishFailed, StateStore
-from filter.core.tolerance_amount import CHANGED_PREFIX
 from filter.core.transitions import RECENT
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryRecorder, SwitchStore

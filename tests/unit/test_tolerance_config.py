@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 
-from filter.core.attributes import MAX_ATTRIBUTES, MAX_NAME_BYTES, own_attributes_at_most
+from filter.core.attributes import MAX_ATTRIBUTES, MAX_NAME_BYTES
 from filter.core.config import ConfigError, parse
 from filter.core.config_tolerance import MAX_ATTRIBUTES as RULES_MAX_ATTRIBUTES
 from filter.core.config_tolerance import MAX_NAME_BYTES as RULES_MAX_NAME_BYTES
+from filter.core.routes import RouteRules
 from filter.core.tolerance_amount import Amount, parse_amount
 
 
@@ -71,5 +72,5 @@ def test_a_list_that_could_pass_the_attribute_limit_is_refused() -> None:
 
 def test_the_flags_count_among_the_filters_own_attributes() -> None:
     r = parse(route(changed_attributes=["a", "b"])).routes[0]
-    assert own_attributes_at_most(r) == 9
+    assert RouteRules(r).own_attributes_at_most == 9
     assert (RULES_MAX_ATTRIBUTES, RULES_MAX_NAME_BYTES) == (MAX_ATTRIBUTES, MAX_NAME_BYTES)
