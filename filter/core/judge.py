@@ -25,15 +25,17 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import msgspec
 
-from filter.core import fields, forwarded_rows, rows, tolerance_look
+from filter.core import fields, forwarded_rows, reselect, rows, tolerance_look
 from filter.core.config import Route
 from filter.core.model import UNKNOWN, Decision, KeyState, Message
 from filter.core.partial import partial
 from filter.core.routes import Kept, RouteRules
+from filter.core.selection import SELECTION_CHANGED
 from filter.core.tolerance import WITHIN, largest
 from filter.core.tolerance_amount import CHANGED_PREFIX
 
@@ -64,6 +66,7 @@ class Outgoing(msgspec.Struct, frozen=True):
     attributes: Mapping[str, str]
     rows: bytes | None = None
     full_fingerprint: str | None = None
+    selection: str | None = None  # what the route compares, stored with the forward (`filter.core.selection`)
 
 
 class Decided(msgspec.Struct, frozen=True):
@@ -100,11 +103,20 @@ def decide(
     are read from it, never from a second decode."""
     if state is not None and state.expired(now):
         state = state.forgotten()
-    verdict = judge(rules.route, msg, fp, state, now, bypass)
+    # the last forward was judged under another selection: compared field by field (`reselect`)
+    again = None
+    if state is not None and state.selection is not None and state.selection != rules.selection_text:
+        again = _reselected(rules, msg, fp, state, now, payload)
+    verdict = judge(rules.route, msg, fp, state if again is None else again[1], now, bypass)
     details: dict[str, Any] = {}
     # the destination holds the last forward, and this is other content: a tolerance may
     # still call it unchanged, and a forward flags only the fields that changed
     known = verdict.reason == CHANGED and state is not None and _settled(state) and _in_window(rules.route, state, now)
+    if again is not None:
+        compared = again[0]
+        known = known and compared.why is None and compared.change.fingerprints_comparable
+        verdict = _reason_under(compared, verdict, rules.route.new_fields == "adopt")
+        details.update(compared.details())
     look = _within_tolerance(rules, msg, state, payload) if known else None
     moves = look.moves if look is not None else None
     if moves is not None:
@@ -117,10 +129,68 @@ def decide(
         verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
     elif verdict.decision is Decision.FORWARDED:
         out, found, kept = _what_to_send(rules, msg, fp, state, payload, known, look)
+        out = msgspec.structs.replace(out, selection=rules.selection_text)
         return Decided(verdict, state, out, {**details, **found}, kept)
     if verdict.decision in _HELD_BACK and rules.tracks_fields and rules.selects is not None:
         _excluded_changed(rules, msg, state, details, payload)
     return Decided(verdict, state, Outgoing(msg.data, {}), details)
+
+
+def _reselected(
+    rules: RouteRules, msg: Message, fp: str, state: KeyState, now: float, payload: Any
+) -> tuple[reselect.Look, KeyState] | None:
+    """The look at a last forward made under another selection, and the state as the table
+    judges it: its fingerprint this message's when the new selection sees no change, none at
+    all for a new keyspace (a changed key), as stored otherwise (a change: forwarded)."""
+    change = reselect.change_of(state.selection or "", rules.selection)
+    if change is None:
+        return None
+    if change.fingerprints_comparable:
+        return reselect.Look(change), state  # a tolerance changes no fingerprint: compared as stored
+    look = reselect.look(change, rules.tracks_rows, state, msg.data, payload, rules)
+    if change.key_changed:
+        return look, replace(state, fingerprint=None, forwarded_at=None, publish_time=None)
+    if state.fingerprint is None or not _settled(state) or not look.same(rules.route.new_fields == "adopt"):
+        return look, state
+    lease = state.lease
+    if lease is not None and not lease.live(now):
+        lease = replace(lease, fingerprint=fp)  # the lapsed lease held the last forward's content
+    return look, replace(state, fingerprint=fp, lease=lease)
+
+
+def _reason_under(look: reselect.Look, verdict: Verdict, adopt: bool) -> Verdict:
+    """The verdict's reason, saying that the selection changed: never `content changed`."""
+    change, reason = look.change, verdict.reason
+    summary = change.summary()
+    if change.key_changed:
+        if reason == "new key":
+            was, now = ", ".join(change.old.key), ", ".join(change.new.key)
+            return Verdict(
+                verdict.decision,
+                f"new key: the route's key changed ({was} -> {now}): a new keyspace, not a selection change",
+            )
+        return verdict
+    head = f"{SELECTION_CHANGED} ({summary})"
+    if verdict.decision is Decision.FORWARDED and reason == CHANGED:
+        if look.why is not None:
+            return Verdict(verdict.decision, f"{head}: not comparable field by field ({look.why}), forwarded")
+        what = [*look.changed, *(["rows added or removed"] if look.rows_differ else [])]
+        if what:
+            return Verdict(verdict.decision, f"{head}: changed: {', '.join(what[: fields.MAX_NAMED])}")
+        if look.new_fields and not adopt:
+            named = ", ".join(look.new_fields[: fields.MAX_NAMED])
+            return Verdict(verdict.decision, f"{head}: newly compared {named}, forwarded once (new_fields: forward)")
+        return Verdict(verdict.decision, f"{head}: changed")
+    if verdict.decision is Decision.SUPPRESSED and reason == "unchanged since last forward":
+        if look.new_fields and adopt:
+            named = ", ".join(look.new_fields[: fields.MAX_NAMED])
+            return Verdict(
+                verdict.decision,
+                f"{head}: unchanged in the fields both selections compare; newly compared {named} "
+                "adopted with the next forward (new_fields: adopt)",
+            )
+        return Verdict(verdict.decision, f"{head}: unchanged as the new selection compares it")
+    return verdict
 
 
 def judge(
