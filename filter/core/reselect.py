@@ -81,9 +81,42 @@ def change_of(stored: str, now: Selection) -> Change | None:
     return None if old is None or old.text == now.text else Change(old, now)
 
 
+class Looks(dict[tuple[str, bytes, bytes], Look]):
+    """Looks already taken, by (old selection, stored state, message data): a function of those
+    alone, so a repeat of the same content against the same state (the usual message between a
+    deploy and the key's next forward) costs two hashes, not a checksum per field and row. At
+    most `MAX_LOOKS` entries or `MAX_LOOKS_BYTES` of keys, oldest out first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.size = 0
+
+    def keep(self, key: tuple[str, bytes, bytes], look: Look) -> None:
+        self.size += len(key[1]) + len(key[2])
+        while self and (len(self) >= MAX_LOOKS or self.size > MAX_LOOKS_BYTES):
+            old = next(iter(self))
+            self.size -= len(old[1]) + len(old[2])
+            del self[old]
+        self[key] = look
+
+
+MAX_LOOKS = 256
+MAX_LOOKS_BYTES = 8 * 1024 * 1024
+
+
 def look(change: Change, route_rows: bool, state: KeyState, data: bytes, payload: Any, rules: Any) -> Look:
     """Compare the message (`data`, `payload` as the fingerprint decoded it) with the forward
-    that stored `state`, on the fields the new selection compares. `rules`: the route's `RouteRules`."""
+    that stored `state`, on the fields the new selection compares. `rules`: the route's `RouteRules`
+    (its `looks` keep the looks taken)."""
+    key = (change.old.text, state.rows or b"", data)
+    found: Look | None = rules.looks.get(key)
+    if found is None:
+        found = _look(change, route_rows, state, data, payload, rules)
+        rules.looks.keep(key, found)
+    return found
+
+
+def _look(change: Change, route_rows: bool, state: KeyState, data: bytes, payload: Any, rules: Any) -> Look:
     if change.key_changed:
         return Look(change)
     if change.scheme_changed or change.new.scheme != "canonical":

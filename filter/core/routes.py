@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from filter.core import fields, forwarded_rows, rows
+from filter.core import fields, forwarded_rows, reselect, rows
 from filter.core.attributes import own_attributes_at_most, unforwardable
 from filter.core.canonical import MissingField
 from filter.core.conditions import holds
@@ -65,6 +65,7 @@ class RouteRules:
         # selection from changed content (`filter.core.reselect`)
         self.selection = of_route(route)
         self.selection_text = self.selection.text
+        self.looks = reselect.Looks()  # the looks at state another selection stored (`reselect.look`)
         # the same content with nothing left out: what the noise audit compares
         self.full_scheme: Scheme | None = (
             compile_scheme(route.model_copy(update={"include": [], "exclude": [], "scheme": "canonical"}))

@@ -178,6 +178,18 @@ class Change:
             return bool(_counted(n) & set(o.exclude))
         return True  # from a list of included fields to all but some: every other field is new
 
+    def newly_named(self) -> list[str] | None:
+        """The fields the new selection compares and the old did not, by name; None when they
+        are every field but some (from a list of included fields to all but the excluded)."""
+        o, n = self.old, self.new
+        if n.include and o.include:
+            return sorted(_counted(n) - _counted(o))
+        if n.include:
+            return sorted(_counted(n) & set(o.exclude))
+        if not o.include:
+            return sorted(set(o.exclude) - set(n.exclude))
+        return None
+
     def summary(self) -> str:
         """What changed, in words: the reason of a decision under the changed selection names it."""
         o, n = self.old, self.new

@@ -1,7 +1,8 @@
 """Skip rate: how much the filter held back, per route and per hour or day.
 
-skip rate = (suppressed + within_tolerance + duplicate + stale + noise_only) / decided, where decided counts
-every message that was acked (forwarded, fail_open, and those held back). Contended
+skip rate = (suppressed + within_tolerance + selection_suppressed + duplicate + stale + noise_only) / decided,
+where decided counts every message that was acked (forwarded, selection_forwarded, fail_open, and those held
+back); the selection_* columns are decisions under a changed selection (`filter.core.selection`). Contended
 and failed messages come back and are counted when they are finally decided; rejected
 ones were never understood. Only enforced decisions skip anything: a shadow route
 forwards everything, so its `skip_rate` is 0 and its `would_skip` is the skip rate

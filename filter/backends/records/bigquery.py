@@ -273,6 +273,17 @@ class BigQueryReader:
             for row in job.result(timeout=self.job_timeout)
         ]
 
+    def keys_forwarded(self, route: str, since: float | None) -> int:
+        """How many keys of `route` were forwarded at or after `since` (`pubsub-filter plan`)."""
+        params: list[Any] = [bigquery.ScalarQueryParameter("route", "STRING", route)]
+        where = "WHERE route = @route AND decision = 'forwarded'"
+        if since is not None:
+            where += " AND time >= @since"
+            params.append(bigquery.ScalarQueryParameter("since", "TIMESTAMP", dt.datetime.fromtimestamp(since, dt.UTC)))
+        sql = f"SELECT COUNT(DISTINCT key) AS n FROM `{self.table}`\n{where}"
+        job = self.client.query(sql, job_config=bigquery.QueryJobConfig(query_parameters=params))
+        return sum(int(row["n"]) for row in job.result(timeout=self.job_timeout))
+
     def decision_rows(self, route: str, since: float | None) -> list[DecisionRow]:
         params: list[Any] = [bigquery.ScalarQueryParameter("route", "STRING", route)]
         where = "WHERE route = @route"

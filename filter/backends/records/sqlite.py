@@ -195,6 +195,20 @@ class SqliteReader:
             db.close()
         return [{"route": r, "bucket": b, "decision": d, "enforced": bool(e), "n": n} for r, b, d, e, n in rows]
 
+    def keys_forwarded(self, route: str, since: float | None) -> int:
+        """How many keys of `route` were forwarded at or after `since` (`pubsub-filter plan`)."""
+        if not self.path.exists():
+            return 0
+        db = _connect(str(self.path))
+        try:
+            (n,) = db.execute(
+                "SELECT COUNT(DISTINCT key) FROM decisions WHERE route = ? AND time >= ? AND decision = 'forwarded'",
+                (route, since or 0.0),
+            ).fetchone()
+        finally:
+            db.close()
+        return int(n)
+
     def decision_rows(self, route: str, since: float | None) -> list[DecisionRow]:
         if not self.path.exists():
             return []

@@ -387,6 +387,34 @@ class SqliteStore:
             await self._reader.close()
 
 
+def selections(path: str | Path, route: str, now: float) -> dict[str | None, int] | None:
+    """How many live keys of `route` were last forwarded under each selection (None: state
+    written before selections were stored), read without writing anything (`pubsub-filter plan`,
+    `check`). None when there is no file or no state table yet."""
+    file = Path(path)
+    if not file.exists():
+        return None
+    try:
+        db = sqlite3.connect(f"{file.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise StoreUnavailable(f"cannot open {path} read-only: {exc}") from exc
+    try:
+        columns = {r[1] for r in db.execute("PRAGMA table_info(key_state)")}
+        if not columns:
+            return None
+        selection = "selection" if "selection" in columns else "NULL"
+        rows = db.execute(
+            f"SELECT {selection}, COUNT(*) FROM key_state WHERE route = ? AND forwarded_at IS NOT NULL "
+            "AND (expires_at IS NULL OR expires_at > ?) GROUP BY 1",
+            (route, now),
+        ).fetchall()
+    except sqlite3.Error as exc:
+        raise StoreUnavailable(f"sqlite {path}: {exc}") from exc
+    finally:
+        db.close()
+    return {s: int(n) for s, n in rows}
+
+
 def read_only(path: str | Path, route: str, key: str) -> KeyState | None:
     """What is stored for `route` and `key`, read without writing anything (for `explain`).
 
