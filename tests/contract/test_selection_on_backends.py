@@ -159,3 +159,17 @@ async def test_state_written_before_selections_is_read_as_the_routes_selection(s
     assert lease_taken is not None
     rec = await rig.send(whole("a", 1, scraped=3))
     assert (rec.decision, rec.reason) == (Decision.SUPPRESSED, "unchanged since last forward")
+
+
+async def test_content_a_then_b_then_a_forwards_all_three_across_selection_changes(store: Any) -> None:
+    rig = Rig(store)
+    rig.deploy(config(WHOLE))
+    assert (await rig.send(whole("aba", 1))).decision is Decision.FORWARDED
+    rig.deploy(config(WHOLE, exclude=["scraped_at", "note"]))
+    b = await rig.send(whole("aba", 2, note="other"))
+    assert (b.decision, b.reason) == (Decision.FORWARDED, "selection changed (exclude +note): changed: v")
+    rig.deploy(config(WHOLE))
+    a = await rig.send(whole("aba", 1, note="other"))
+    assert a.decision is Decision.FORWARDED and a.reason is not None
+    assert a.reason.startswith("selection changed (exclude -note): changed: v"), a.reason
+    assert [json.loads(p.data)["v"] for p in rig.publisher.published] == [1, 2, 1]
