@@ -17,8 +17,8 @@ from filter.backends.stores.firestore import FirestoreStore
 from filter.backends.stores.guard import GuardedStore
 from filter.core.config import Config
 from filter.core.ports import StateStore
-from tests.support.clock import ManualClock
 from tests.support import selection_model
+from tests.support.clock import ManualClock
 from tests.support.emulators import FirestoreEmulator
 from tests.support.engine_model import STEPS, TOLERATED, EngineMachine
 from tests.support.fakes import SwitchStore
