@@ -7,7 +7,7 @@ under the route's selection (`same`), and of one made under the selection before
 was added (`narrowed`: the message is suppressed as unchanged either way). Until a key's next
 forward stores the new selection, each of its messages pays `narrowed`'s cost.
 
-    .venv/bin/python bench/selection.py [--messages 2000] [--rounds 5]
+    .venv/bin/python bench/selection.py [--messages 2000] [--rounds 5] [--smoke]
 """
 
 from __future__ import annotations
@@ -87,7 +87,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--messages", type=int, default=2000)
     ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--smoke", action="store_true", help="one tiny round: does it still run")
     args = ap.parse_args()
+    if args.smoke:
+        args.messages, args.rounds = 20, 1
     for shape, n in (("payload", args.messages), ("rows", max(args.messages // 20, 10))):
         base = ["scraped_at"] if shape == "payload" else []
         old, new = route(shape, base), route(shape, [*base, "f3" if shape == "payload" else "reason_category"])

@@ -75,3 +75,29 @@ async def test_the_bigquery_reader_counts_decisions_under_a_changed_selection_ap
     finally:
         reader.close()
     assert counts == {"forwarded": 1, "selection_forwarded": 1, "suppressed": 1, "selection_suppressed": 2}
+
+
+async def test_the_bigquery_reader_counts_the_keys_a_route_forwarded_for_plan(table_id: str) -> None:
+    now = time.time()
+
+    def rec(key: str, decision: Decision, at: float) -> DecisionRecord:
+        return DecisionRecord(at, "odds", decision, True, uuid.uuid4().hex, key=key, reason="x")
+
+    sink = BigQuerySink(make_client(PROJECT), table_id, partition_expiration_days=7, deadline=10)
+    await sink.write(
+        [
+            rec("g1", Decision.FORWARDED, now),
+            rec("g1", Decision.FORWARDED, now),
+            rec("g2", Decision.FORWARDED, now),
+            rec("g3", Decision.SUPPRESSED, now),
+            rec("g4", Decision.FORWARDED, now - 86400 * 3),
+        ]
+    )
+    await sink.close()
+    reader = BigQueryReader(make_client(PROJECT), table_id)
+    try:
+        assert reader.keys_forwarded("odds", now - 86400) == 2
+        assert reader.keys_forwarded("odds", None) == 3
+        assert reader.keys_forwarded("other", None) == 0
+    finally:
+        reader.close()
