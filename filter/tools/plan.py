@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 
 from filter.core.config import Config, Route, load
+from filter.core.ports import Failure
 from filter.core.selection import Change, Selection, of_route, parse
 
 #: The exit status when the deploy would forward keys that did not change.
@@ -90,6 +91,9 @@ def plan(new: Config, old: Config | None, records: Any | None, now: float) -> li
             p = _planned(route, sel, of_route(before), keys, "decision records" if records is not None else "")
             p.unstamped = _unstamped(new, route.name, now)
             if p.unstamped and p.change != "unchanged":
+                # judged as the new selection, against a fingerprint of the old one: forwarded
+                p.forward = None if p.forward is None else max(p.forward, p.unstamped)
+                p.adopt = None if p.adopt is None else max(p.adopt, p.unstamped)
                 p.notes.append(
                     f"{p.unstamped} keys were stored before selections were: they are judged as the route's "
                     "selection now and forward as `content changed`"
@@ -150,9 +154,7 @@ def _unstamped(cfg: Config, route: str, now: float) -> int:
 def _from_state(cfg: Config, route: Route, sel: Selection, now: float) -> list[Planned]:
     """The route against each selection its live keys were stored under (the SQLite store only)."""
     if cfg.store.backend != "sqlite":
-        p = Planned(route.name, "not known", "", sel.id, new_fields=route.new_fields)
-        p.notes.append("the state is in Firestore, which plan does not list: give --from OLD (the config deployed now)")
-        return [p]
+        raise Failure("the state is in Firestore, which plan does not list: give --from OLD (the config deployed now)")
     from filter.backends.stores.sqlite import selections
 
     found = selections(cfg.store.path, route.name, now) or {}

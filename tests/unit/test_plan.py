@@ -117,3 +117,27 @@ def test_check_points_to_plan_when_the_state_was_stored_under_another_selection(
         "route scores: 3 keys were stored under another selection (narrowed): see what their next messages "
         f"forward with pubsub-filter plan --config {new}"
     ) in capsys.readouterr().out
+
+
+def test_keys_stored_before_selections_are_counted_as_forwarding_when_the_selection_changes(
+    deployed: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import sqlite3
+
+    db = sqlite3.connect(tmp_path / "state.db")
+    db.execute("UPDATE key_state SET selection = NULL WHERE key = 'a'")  # as an earlier version wrote it
+    db.commit()
+    db.close()
+    new = write(tmp_path, "new.yaml", exclude=["scraped_at", "note"])
+    code, out = plan(capsys, "--config", str(new), "--from", str(deployed))
+    assert code == 2, out
+    assert "new_fields forward 1, adopt 1" in out
+    assert "1 keys were stored before selections were" in out
+
+
+def test_without_from_a_firestore_state_is_not_guessed(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cfg = {"store": {"backend": "firestore", "collection": "s"}, "project": "p", "routes": [ROUTE]}
+    path = tmp_path / "fs.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    assert main(["plan", "--config", str(path)]) == 1
+    assert "give --from OLD" in capsys.readouterr().err
