@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -35,7 +34,6 @@ from filter.core.config import Route
 from filter.core.model import UNKNOWN, Decision, KeyState, Message
 from filter.core.partial import partial
 from filter.core.routes import Kept, RouteRules
-from filter.core.selection import SELECTION_CHANGED
 from filter.core.tolerance import WITHIN, largest
 from filter.core.tolerance_amount import CHANGED_PREFIX
 
@@ -140,57 +138,20 @@ def _reselected(
     rules: RouteRules, msg: Message, fp: str, state: KeyState, now: float, payload: Any
 ) -> tuple[reselect.Look, KeyState] | None:
     """The look at a last forward made under another selection, and the state as the table
-    judges it: its fingerprint this message's when the new selection sees no change, none at
-    all for a new keyspace (a changed key), as stored otherwise (a change: forwarded)."""
+    judges it (`reselect.as_judged`)."""
     change = reselect.change_of(state.selection or "", rules.selection)
     if change is None:
         return None
     if change.fingerprints_comparable:
         return reselect.Look(change), state  # a tolerance changes no fingerprint: compared as stored
     look = reselect.look(change, rules.tracks_rows, state, msg.data, payload, rules)
-    if change.key_changed:
-        return look, replace(state, fingerprint=None, forwarded_at=None, publish_time=None)
-    if state.fingerprint is None or not _settled(state) or not look.same(rules.route.new_fields == "adopt"):
-        return look, state
-    lease = state.lease
-    if lease is not None and not lease.live(now):
-        lease = replace(lease, fingerprint=fp)  # the lapsed lease held the last forward's content
-    return look, replace(state, fingerprint=fp, lease=lease)
+    return look, reselect.as_judged(look, state, fp, now, _settled(state), rules.route.new_fields == "adopt")
 
 
 def _reason_under(look: reselect.Look, verdict: Verdict, adopt: bool) -> Verdict:
     """The verdict's reason, saying that the selection changed: never `content changed`."""
-    change, reason = look.change, verdict.reason
-    summary = change.summary()
-    if change.key_changed:
-        if reason == "new key":
-            was, now = ", ".join(change.old.key), ", ".join(change.new.key)
-            return Verdict(
-                verdict.decision,
-                f"new key: the route's key changed ({was} -> {now}): a new keyspace, not a selection change",
-            )
-        return verdict
-    head = f"{SELECTION_CHANGED} ({summary})"
-    if verdict.decision is Decision.FORWARDED and reason == CHANGED:
-        if look.why is not None:
-            return Verdict(verdict.decision, f"{head}: not comparable field by field ({look.why}), forwarded")
-        what = [*look.changed, *(["rows added or removed"] if look.rows_differ else [])]
-        if what:
-            return Verdict(verdict.decision, f"{head}: changed: {', '.join(what[: fields.MAX_NAMED])}")
-        if look.new_fields and not adopt:
-            named = ", ".join(look.new_fields[: fields.MAX_NAMED])
-            return Verdict(verdict.decision, f"{head}: newly compared {named}, forwarded once (new_fields: forward)")
-        return Verdict(verdict.decision, f"{head}: changed")
-    if verdict.decision is Decision.SUPPRESSED and reason == "unchanged since last forward":
-        if look.new_fields and adopt:
-            named = ", ".join(look.new_fields[: fields.MAX_NAMED])
-            return Verdict(
-                verdict.decision,
-                f"{head}: unchanged in the fields both selections compare; newly compared {named} "
-                "adopted with the next forward (new_fields: adopt)",
-            )
-        return Verdict(verdict.decision, f"{head}: unchanged as the new selection compares it")
-    return verdict
+    reason = reselect.reason(look, verdict.decision, verdict.reason, verdict.reason == CHANGED, adopt)
+    return verdict if reason == verdict.reason else Verdict(verdict.decision, reason)
 
 
 def judge(

@@ -29,15 +29,15 @@ a forward's field and row digests cost.
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
 
 from filter.core import fields, rows
 from filter.core.fingerprint import NOT_JSON, selector
-from filter.core.model import KeyState
-from filter.core.selection import Change, Selection, parse
+from filter.core.model import Decision, KeyState
+from filter.core.selection import SELECTION_CHANGED, Change, Selection, parse
 
 _encode = msgspec.json.Encoder(order="sorted").encode  # as `fields` checksums a field
 
@@ -185,6 +185,53 @@ def _rows(change: Change, state: KeyState, data: bytes, rules: Any) -> Look:
                 new.add(f)
     differ = len(seen) != len(stored) or any(k not in stored for k in seen)
     return Look(change, sorted(changed), sorted(new), differ)
+
+
+def as_judged(look: Look, state: KeyState, fp: str, now: float, settled: bool, adopt: bool) -> KeyState:
+    """The state as the decision table judges it (`judge.judge`), so that redeliveries, leases,
+    bypass rules, the window and the stale guard apply as always: its fingerprint this message's
+    when the new selection sees no change; no last forward at all for a new keyspace (a changed
+    key); as stored otherwise (a change: forwarded). Only the verdict reads it: the claim is
+    made on `state` as stored."""
+    if look.change.key_changed:
+        return replace(state, fingerprint=None, forwarded_at=None, publish_time=None)
+    if state.fingerprint is None or not settled or not look.same(adopt):
+        return state
+    lease = state.lease
+    if lease is not None and not lease.live(now):
+        lease = replace(lease, fingerprint=fp)  # the lapsed lease held the last forward's content
+    return replace(state, fingerprint=fp, lease=lease)
+
+
+def reason(look: Look, decision: Decision, said: str, changed: bool, adopt: bool) -> str:
+    """The reason of a decision the table took on `as_judged`'s state (`said`; `changed`: it is
+    the table's `content changed`), saying what changed in the selection."""
+    change = look.change
+    if change.key_changed:
+        if said == "new key":
+            was, now = ", ".join(change.old.key), ", ".join(change.new.key)
+            return f"new key: the route's key changed ({was} -> {now}): a new keyspace, not a selection change"
+        return said
+    head = f"{SELECTION_CHANGED} ({change.summary()})"
+    if decision is Decision.FORWARDED and changed:
+        if look.why is not None:
+            return f"{head}: not comparable field by field ({look.why}), forwarded"
+        what = [*look.changed, *(["rows added or removed"] if look.rows_differ else [])]
+        if what:
+            return f"{head}: changed: {', '.join(what[: fields.MAX_NAMED])}"
+        if look.new_fields and not adopt:
+            return f"{head}: newly compared {', '.join(look.new_fields[: fields.MAX_NAMED])}, forwarded once " + (
+                "(new_fields: forward)"
+            )
+        return f"{head}: changed"
+    if decision is Decision.SUPPRESSED and said == "unchanged since last forward":
+        if look.new_fields and adopt:
+            return (
+                f"{head}: unchanged in the fields both selections compare; newly compared "
+                f"{', '.join(look.new_fields[: fields.MAX_NAMED])} adopted with the next forward (new_fields: adopt)"
+            )
+        return f"{head}: unchanged as the new selection compares it"
+    return said
 
 
 _ABSENT = object()
