@@ -116,6 +116,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     names = ", ".join(r.name for r in cfg.routes)
     fit = f" for {runtime.name}" if runtime is not None else ""
     print(f"{source}: ok{fit} ({len(cfg.routes)} route{'s' if len(cfg.routes) != 1 else ''}: {names})")
+    from filter.tools.plan import selection_notes
+
+    for note in selection_notes(cfg, source):  # where the state can be listed cheaply (SQLite)
+        print(note)
     return 0
 
 
@@ -192,6 +196,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from filter.tools.tune import run
 
     return run(args)
+
+
+@_says(
+    "what a config deploy changes in what each route compares, and how many keys it would forward; writes nothing",
+    "Exit 0 when nothing would forward that did not change, 2 when something would, 1 on an error.",
+)
+def cmd_plan(args: argparse.Namespace) -> int:
+    from filter.tools.plan import run
+
+    return run(args, args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
 
 
 # --- pull, replay, provision ---------------------------------------------------------------------
@@ -445,6 +459,22 @@ def _add_tune(sub: Any) -> None:
     _log_lines(sp)
 
 
+def _add_plan(sub: Any) -> None:
+    sp = _command(sub, cmd_plan, config_help=f"the config to deploy (default: ${CONFIG_ENV}, then ./filter.yaml)")
+    sp.add_argument(
+        "--from",
+        dest="old",
+        metavar="OLD",
+        help="the config deployed now (default: the selections the state was written under, on the SQLite store)",
+    )
+    sp.add_argument(
+        "--records",
+        metavar="FILE",
+        help="count keys from this embedded records file (default: the config's records backend)",
+    )
+    _one_of(sp, "--format", ["table", "json"], help="table (default) or json")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="pubsub-filter",
@@ -460,6 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_explain,
         _add_skip_rate,
         _add_tune,
+        _add_plan,
         _add_pull,
         _add_replay,
         _add_provision,

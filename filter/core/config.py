@@ -147,6 +147,8 @@ class Route(Strict):
     on_store_error: Literal["forward", "retry"] = "forward"
     on_missing_key: Literal["forward", "reject"] = "forward"  # a key (or rows) that cannot be read
     stale: Literal["suppress", "forward"] = "suppress"
+    # a selection that now compares fields the last forward's did not (`filter.core.reselect`)
+    new_fields: Literal["forward", "adopt"] = "forward"
     bypass: list[Condition] = []
     rows_mode: Literal["whole", "changed"] = "whole"
     removed_rows: Literal["attribute", "tombstone", "ignore"] = "attribute"

@@ -327,6 +327,7 @@ class Engine:
             {**decided.out.attributes, **fence_attributes(key, held.fence)},
             decided.out.rows,
             decided.out.full_fingerprint,
+            decided.out.selection,
         )
         try:
             async with heartbeat:

@@ -29,7 +29,7 @@ from typing import Any
 
 import msgspec
 
-from filter.core import fields, forwarded_rows, rows, tolerance_look
+from filter.core import fields, forwarded_rows, reselect, rows, tolerance_look
 from filter.core.attributes import CHANGED_PREFIX
 from filter.core.config import Route
 from filter.core.model import UNKNOWN, Decision, KeyState, Message
@@ -64,6 +64,7 @@ class Outgoing(msgspec.Struct, frozen=True):
     attributes: Mapping[str, str]
     rows: bytes | None = None
     full_fingerprint: str | None = None
+    selection: str | None = None  # what the route compares, stored with the forward (`filter.core.selection`)
 
 
 class Decided(msgspec.Struct, frozen=True):
@@ -100,11 +101,20 @@ def decide(
     are read from it, never from a second decode."""
     if state is not None and state.expired(now):
         state = state.forgotten()
-    verdict = judge(rules.route, msg, fp, state, now, bypass)
+    # the last forward was judged under another selection: compared field by field (`reselect`)
+    again = None
+    if state is not None and state.selection is not None and state.selection != rules.selection_text:
+        again = _reselected(rules, msg, fp, state, now, payload)
+    verdict = judge(rules.route, msg, fp, state if again is None else again[1], now, bypass)
     details: dict[str, Any] = {}
     # the destination holds the last forward, and this is other content: a tolerance may
     # still call it unchanged, and a forward flags only the fields that changed
     known = verdict.reason == CHANGED and state is not None and _settled(state) and _in_window(rules.route, state, now)
+    if again is not None:
+        compared = again[0]
+        known = known and compared.why is None and compared.change.fingerprints_comparable
+        verdict = _reason_under(compared, verdict, rules.route.new_fields == "adopt")
+        details.update(compared.details())
     look = _within_tolerance(rules, msg, state, payload) if known else None
     moves = look.moves if look is not None else None
     if moves is not None:
@@ -117,10 +127,31 @@ def decide(
         verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
     elif verdict.decision is Decision.FORWARDED:
         out, found, kept = _what_to_send(rules, msg, fp, state, payload, known, look)
+        out = msgspec.structs.replace(out, selection=rules.selection_text)
         return Decided(verdict, state, out, {**details, **found}, kept)
     if verdict.decision in _HELD_BACK and rules.tracks_fields and rules.selects is not None:
         _excluded_changed(rules, msg, state, details, payload)
     return Decided(verdict, state, Outgoing(msg.data, {}), details)
+
+
+def _reselected(
+    rules: RouteRules, msg: Message, fp: str, state: KeyState, now: float, payload: Any
+) -> tuple[reselect.Look, KeyState] | None:
+    """The look at a last forward made under another selection, and the state as the table
+    judges it (`reselect.as_judged`)."""
+    change = reselect.change_of(state.selection or "", rules.selection)
+    if change is None:
+        return None
+    if change.fingerprints_comparable:
+        return reselect.Look(change), state  # a tolerance changes no fingerprint: compared as stored
+    look = reselect.look(change, rules.tracks_rows, state, msg.data, payload, rules)
+    return look, reselect.as_judged(look, state, fp, now, _settled(state), rules.route.new_fields == "adopt")
+
+
+def _reason_under(look: reselect.Look, verdict: Verdict, adopt: bool) -> Verdict:
+    """The verdict's reason, saying that the selection changed: never `content changed`."""
+    reason = reselect.reason(look, verdict.decision, verdict.reason, verdict.reason == CHANGED, adopt)
+    return verdict if reason == verdict.reason else Verdict(verdict.decision, reason)
 
 
 def judge(

@@ -112,6 +112,9 @@ class KeyState:
     # (`cache_result`), oldest first, within `RESULTS_MAX_BYTES` (`filter.core.transitions`).
     results: tuple[tuple[str, str, str], ...] = ()
     version: Any = field(default=None, compare=False)
+    #: what the route compared when this forward was made (`filter.core.selection`: its canonical
+    #: text); None for state written before selections were stored, read as the route's own
+    selection: str | None = None
 
     def decided(self, message_id: str) -> str | None:
         """The fingerprint this message id was forwarded with, if it is a recent one."""

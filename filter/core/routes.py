@@ -6,13 +6,14 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from filter.core import fields, forwarded_rows, rows
+from filter.core import fields, forwarded_rows, reselect, rows
 from filter.core.attributes import own_attribute_count, unforwardable
 from filter.core.canonical import MissingField
 from filter.core.conditions import holds
 from filter.core.config import Route
 from filter.core.fingerprint import NOT_JSON, Scheme, TypedRows, compile_scheme
 from filter.core.paths import MISSING
+from filter.core.selection import of_route
 from filter.core.tolerance import Reference, Tolerance, read
 
 #: How many stored states a route keeps decoded, and how many bytes of stored state at most: a
@@ -60,6 +61,11 @@ class RouteRules:
     def __init__(self, route: Route):
         self.route = route
         self.scheme: Scheme = compile_scheme(route)
+        # what the route compares, stored with each forward: a later decision tells a changed
+        # selection from changed content (`filter.core.reselect`)
+        self.selection = of_route(route)
+        self.selection_text = self.selection.text
+        self.looks = reselect.Looks()  # the looks at state another selection stored (`reselect.look`)
         # the same content with nothing left out: what the noise audit compares
         self.full_scheme: Scheme | None = (
             compile_scheme(route.model_copy(update={"include": [], "exclude": [], "scheme": "canonical"}))

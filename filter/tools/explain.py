@@ -159,7 +159,29 @@ def render(result: dict[str, Any]) -> str:
             )
             lines.append(f"  {change['row']}: {what}")
     lines += _tolerance_lines(result)
+    lines += _selection_lines(result)
     return "\n".join(lines)
+
+
+def _selection_lines(result: dict[str, Any]) -> list[str]:
+    """A last forward judged under another selection than the route's, in words."""
+    if "selection_before" not in result:
+        return []
+    change = result["selection_change"]
+    if change == "key changed":
+        return [
+            f"selection:    the route's key changed since the last forward ({result['selection_before']} -> "
+            f"{result['selection']}): a new keyspace, decided as a new key"
+        ]
+    lines = [
+        f"selection:    {change}: the last forward was judged under selection {result['selection_before']}, "
+        f"the route's is {result['selection']} (pubsub-filter plan shows what the change forwards)"
+    ]
+    if result.get("newly_compared"):
+        lines.append(f"              newly compared: {', '.join(result['newly_compared'])}")
+    if result.get("selection_unjudged"):
+        lines.append(f"              not compared field by field: {result['selection_unjudged']}")
+    return lines
 
 
 def _tolerance_lines(result: dict[str, Any]) -> list[str]:

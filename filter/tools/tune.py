@@ -324,6 +324,12 @@ def render(route: str, a: Analysis, fmt: str) -> str:
         lines.append("")
         lines.append("suggestions:")
         lines += [f"  - {s}" for s in a.suggestions]
+    if a.suggestions or selection:
+        lines.append("")
+        lines.append(
+            "before deploying a changed selection: pubsub-filter plan --config NEW --from CURRENT shows what it "
+            "would forward (a narrowing forwards nothing that did not change; see docs, Changing a route's selection)"
+        )
     return "\n".join(lines)
 
 

@@ -179,8 +179,10 @@ def test_json() -> None:
         "mode": "enforce",
         "total": 19,
         "forwarded": 2,
+        "selection_forwarded": 0,
         "suppressed": 3,
         "within_tolerance": 0,
+        "selection_suppressed": 0,
         "duplicate": 1,
         "contended": 5,
         "stale": 1,
@@ -204,8 +206,10 @@ def test_csv() -> None:
         "mode",
         "total",
         "forwarded",
+        "selection_forwarded",
         "suppressed",
         "within_tolerance",
+        "selection_suppressed",
         "duplicate",
         "contended",
         "stale",
@@ -225,7 +229,8 @@ def test_empty() -> None:
     assert render([], "table") == "no decisions recorded in this period"
     assert render([], "json") == "[]"
     header = (
-        "route,bucket,mode,total,forwarded,suppressed,within_tolerance,duplicate,contended,stale,noise_only,"
+        "route,bucket,mode,total,forwarded,selection_forwarded,suppressed,within_tolerance,selection_suppressed,"
+        "duplicate,contended,stale,noise_only,"
         "fail_open,rejected,failed"
     )
     assert render([], "csv").strip() == header + ",skip_rate,would_skip"

@@ -31,6 +31,7 @@ from filter.core.config import BigqueryRecords
 from filter.core.errors import FilterError
 from filter.core.model import COLUMN_NAMES, DECISION_COLUMNS, Column, DecisionRecord
 from filter.core.ports import Bucket, DecisionCount, DecisionRow
+from filter.core.selection import FORWARDED_LABEL, SELECTION_CHANGED, SUPPRESSED_LABEL
 from filter.core.tolerance import WITHIN, WITHIN_TOLERANCE
 
 EMULATOR_ENV = "BIGQUERY_EMULATOR_HOST"
@@ -222,7 +223,11 @@ def _counts_query(table: str, since: float | None, by: str) -> tuple[str, list[A
     # a suppression within tolerance is counted under its own name (`skip-rate`)
     label = (
         f"CASE WHEN decision = 'suppressed' AND SUBSTR(reason, 1, {len(WITHIN)}) = @within "
-        f"THEN '{WITHIN_TOLERANCE}' ELSE decision END"
+        f"THEN '{WITHIN_TOLERANCE}' "
+        "WHEN decision IN ('forwarded', 'suppressed') "
+        f"AND SUBSTR(reason, 1, {len(SELECTION_CHANGED)}) = '{SELECTION_CHANGED}' "
+        f"THEN CASE decision WHEN 'forwarded' THEN '{FORWARDED_LABEL}' ELSE '{SUPPRESSED_LABEL}' END "
+        "ELSE decision END"
     )
     sql = (
         f"SELECT route, {_BUCKETS[by]} AS bucket, {label} AS label, enforced, COUNT(*) AS n\n"
@@ -267,6 +272,17 @@ class BigQueryReader:
             }
             for row in job.result(timeout=self.job_timeout)
         ]
+
+    def keys_forwarded(self, route: str, since: float | None) -> int:
+        """How many keys of `route` were forwarded at or after `since` (`pubsub-filter plan`)."""
+        params: list[Any] = [bigquery.ScalarQueryParameter("route", "STRING", route)]
+        where = "WHERE route = @route AND decision = 'forwarded'"
+        if since is not None:
+            where += " AND time >= @since"
+            params.append(bigquery.ScalarQueryParameter("since", "TIMESTAMP", dt.datetime.fromtimestamp(since, dt.UTC)))
+        sql = f"SELECT COUNT(DISTINCT key) AS n FROM `{self.table}`\n{where}"
+        job = self.client.query(sql, job_config=bigquery.QueryJobConfig(query_parameters=params))
+        return sum(int(row["n"]) for row in job.result(timeout=self.job_timeout))
 
     def decision_rows(self, route: str, since: float | None) -> list[DecisionRow]:
         params: list[Any] = [bigquery.ScalarQueryParameter("route", "STRING", route)]

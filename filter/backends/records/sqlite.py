@@ -15,6 +15,7 @@ from filter.backends.records.extra import encode_extra
 from filter.backends.sqlite_file import open_wal
 from filter.core.model import COLUMN_NAMES, DECISION_COLUMNS, DecisionRecord
 from filter.core.ports import Bucket, DecisionCount, DecisionRow
+from filter.core.selection import FORWARDED_LABEL, SELECTION_CHANGED, SUPPRESSED_LABEL
 from filter.core.tolerance import WITHIN, WITHIN_TOLERANCE
 
 _TYPES = {"time": "REAL", "text": "TEXT", "bool": "INTEGER", "int": "INTEGER", "float": "REAL", "json": "TEXT"}
@@ -164,7 +165,11 @@ _BUCKETS = {
 #: The decision as `skip-rate` counts it: a suppression within tolerance under its own name.
 _LABELLED = (
     f"CASE WHEN decision = 'suppressed' AND substr(reason, 1, {len(WITHIN)}) = ? "
-    f"THEN '{WITHIN_TOLERANCE}' ELSE decision END"
+    f"THEN '{WITHIN_TOLERANCE}' "
+    "WHEN decision IN ('forwarded', 'suppressed') "
+    f"AND substr(reason, 1, {len(SELECTION_CHANGED)}) = '{SELECTION_CHANGED}' "
+    f"THEN CASE decision WHEN 'forwarded' THEN '{FORWARDED_LABEL}' ELSE '{SUPPRESSED_LABEL}' END "
+    "ELSE decision END"
 )
 
 
@@ -189,6 +194,20 @@ class SqliteReader:
         finally:
             db.close()
         return [{"route": r, "bucket": b, "decision": d, "enforced": bool(e), "n": n} for r, b, d, e, n in rows]
+
+    def keys_forwarded(self, route: str, since: float | None) -> int:
+        """How many keys of `route` were forwarded at or after `since` (`pubsub-filter plan`)."""
+        if not self.path.exists():
+            return 0
+        db = _connect(str(self.path))
+        try:
+            (n,) = db.execute(
+                "SELECT COUNT(DISTINCT key) FROM decisions WHERE route = ? AND time >= ? AND decision = 'forwarded'",
+                (route, since or 0.0),
+            ).fetchone()
+        finally:
+            db.close()
+        return int(n)
 
     def decision_rows(self, route: str, since: float | None) -> list[DecisionRow]:
         if not self.path.exists():
