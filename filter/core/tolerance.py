@@ -15,10 +15,10 @@ forward that carried it, after its publish was confirmed, and never by a claim.
 
 A message is within tolerance of the reference when every row's `rest` is the one stored
 (the same rows: none added or removed) and every tolerance field is either equal, or a number
-both times with |new - last| <= its amount (for "N%": N/100 of |last|). Integers compare in
-exact integer arithmetic; a fraction makes it double precision (an integer too large for a
-double against a fraction is a change). JSON has no NaN or infinity, and a number beyond
-double range makes the payload raw (compared exactly), so no value is non-finite.
+both times with |new - last| <= its amount (for "N%": N/100 of |last|), computed exactly
+(`filter.core.tolerance_amount`): integers in integer arithmetic, a fraction as the decimal
+its canonical text writes. JSON has no NaN or infinity; a number beyond double range (`1e400`,
+which makes the fingerprint raw) is read as a decimal and compared exactly, as a string is.
 
 Pure: no I/O. The decision reads it through `filter.core.judge`.
 """
@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal, DecimalException
 from typing import Any
 
 import msgspec
@@ -35,7 +36,7 @@ import msgspec
 from filter.core.canonical import encode_sorted
 from filter.core.config import Route
 from filter.core.fingerprint import selector
-from filter.core.tolerance_amount import CHANGED_PREFIX, Amount, parse_amount
+from filter.core.tolerance_amount import CHANGED_PREFIX, EXACT, Amount, exact, parse_amount
 
 #: The reason of a suppression whose only changes are moves within tolerance.
 WITHIN = "moved within tolerance"
@@ -126,7 +127,7 @@ class Tolerance:
             if move is None or not amount.allows(move, a):  # type: ignore[arg-type]
                 beyond.append(f)
             else:
-                moves[f] = move
+                moves[f] = move if isinstance(move, int) else _shown(move)
         return Compared(old[0] == new[0], moves, frozenset(beyond))
 
     def flags(self, changed: Iterable[str]) -> dict[str, str]:
@@ -150,14 +151,24 @@ def _value(v: Any) -> Value:
     t = type(v)
     if t is int or t is float:
         return v  # type: ignore[no-any-return]
+    # anything else (a number beyond double range too: a Decimal, written as a JSON number) by digest
     return "=" + hashlib.sha256(encode_sorted(v)).hexdigest()[:16]
 
 
-def _move(a: object, b: object) -> int | float | None:
-    """|b - a| when both are numbers (not booleans), else None: compared exactly."""
-    if type(a) not in _NUMBERS or type(b) not in _NUMBERS:
+def _move(a: object, b: object) -> int | Decimal | None:
+    """|b - a|, exactly, when both are numbers (not booleans), else None: compared exactly.
+    Integers in integer arithmetic; with a fraction, the decimals their canonical text writes."""
+    if type(a) is int and type(b) is int:
+        return abs(b - a)
+    ta, tb = type(a), type(b)
+    if ta not in _NUMBERS or tb not in _NUMBERS:
         return None
     try:
-        return abs(b - a)  # type: ignore[operator, no-any-return]
-    except OverflowError:  # an integer too large for a double, against a fraction
+        return EXACT.subtract(exact(b), exact(a)).copy_abs()  # type: ignore[arg-type]
+    except DecimalException:  # pragma: no cover - exact operands never round
         return None
+
+
+def _shown(move: Decimal) -> int | float:
+    """A move as the record shows it: an integer when it is one, else the nearest double."""
+    return int(move) if move == move.to_integral_value() else float(move)
