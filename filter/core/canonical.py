@@ -74,9 +74,29 @@ def canonical_number(text: str) -> float | int:
     return value
 
 
+def wide_number(text: str) -> float | int | Decimal:
+    """`canonical_number`, and a number beyond double range (`1e400`) as its exact decimal,
+    trailing zeros dropped (`10e399` is `1E+400`): how the decision reads a payload whose
+    fingerprint is over its raw bytes for such a number (`Scheme.readable`). Never an int: an
+    exponent can be any size, and the decimal holds it in as many digits as it was written."""
+    try:
+        return canonical_number(text)
+    except ValueError:
+        sign, digits, exponent = Decimal(text).as_tuple()
+        assert isinstance(exponent, int)  # a JSON number: never NaN or infinite
+        kept = len(digits)
+        while kept > 1 and digits[kept - 1] == 0:
+            kept -= 1
+        return Decimal((sign, digits[:kept], exponent + len(digits) - kept))
+
+
 canonical_decoder = msgspec.json.Decoder(float_hook=canonical_number)
+wide_decoder = msgspec.json.Decoder(float_hook=wide_number)
 plain_decoder = msgspec.json.Decoder()
-sorted_encoder = msgspec.json.Encoder(order="sorted")
+# A Decimal (only ever a number beyond double range, `wide_number`) is written as the JSON
+# number it is, never as a string that a string value could equal. No fingerprint meets one:
+# a payload holding such a number is fingerprinted over its bytes.
+sorted_encoder = msgspec.json.Encoder(order="sorted", decimal_format="number")
 encode_sorted = sorted_encoder.encode
 # For the typed fast path: its structs declare their fields already sorted by JSON name, and
 # "deterministic" sorts dict keys but keeps struct fields in declaration order, which skips a

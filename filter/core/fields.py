@@ -46,7 +46,7 @@ MAX_FIELDS = 512
 #: The payload's row key in the stored blob: never a row key (those are JSON lists).
 PAYLOAD = ""
 
-_encode = msgspec.json.Encoder(order="sorted").encode
+_encode = msgspec.json.Encoder(order="sorted", decimal_format="number").encode  # `canonical.sorted_encoder`
 _encode_stored = msgspec.json.Encoder().encode
 _crc32 = zlib.crc32
 _MISSING = "-" * 8

@@ -31,7 +31,9 @@ Schemes for the payload fingerprint:
     account_id, product_id, side, str(price), quantity, event_type) (or the fields named
     in ``include``, in that order), sorted, ``json.dumps``-ed.
 
-A payload that is not JSON is fingerprinted over its raw bytes (``payload_kind`` says so).
+A payload that is not JSON is fingerprinted over its raw bytes (``payload_kind`` says so). So
+is one holding a number beyond double range: the decision still reads it (`Scheme.readable`),
+so its key, rows and fields are found and a repeat of its bytes is deduplicated.
 All values are written ``sha256:<64 hex>``; the seed schemes' hex part equals the seeds' own.
 """
 
@@ -59,6 +61,7 @@ from filter.core.canonical import (
     hex_fingerprint,
     ordered_rows,
     plain_decoder,
+    wide_decoder,
 )
 from filter.core.config import Route
 from filter.core.fingerprint_fast import typed_canonical
@@ -109,6 +112,16 @@ class Scheme:
     #: The rows the fast path hashes, decoded its way, or None when it would not vouch for
     #: them: what `filter.core.rows` digests on a forward.
     typed_rows: Callable[[bytes], TypedRows | None] | None = None
+    #: The payload as the decision reads it when the fingerprint is over the raw bytes
+    #: (`readable`); None: the same as `decode`.
+    wide: Callable[[bytes], Any] | None = None
+
+    def readable(self, data: bytes) -> Any:
+        """The payload the decision reads (its key, bypass rules, fields, rows, tolerance) when
+        `__call__` gave `NOT_JSON`: valid JSON holding a number beyond double range (`1e400`)
+        decodes, that number as its exact decimal (`canonical.wide_number`); the fingerprint
+        stays the one over its bytes. `NOT_JSON` for anything that is not JSON."""
+        return (self.wide or self.decode)(data)
 
     def __call__(self, data: bytes) -> tuple[Any, str]:
         """(decoded payload or NOT_JSON, fingerprint) for raw message data."""
@@ -246,7 +259,9 @@ def compile_scheme(route: Route) -> Scheme:
     if route.scheme == "canonical":
         typed = typed_canonical(route)
         fast, selected = typed if typed is not None else (None, None)
-        return Scheme("canonical", _decoder(canonical_decoder), _canonical(route), fast, selected)
+        return Scheme(
+            "canonical", _decoder(canonical_decoder), _canonical(route), fast, selected, _decoder(wide_decoder)
+        )
     if route.scheme == "data_hash":
         return Scheme("data_hash", _decoder(plain_decoder), _data_hash(route))
     return Scheme("event", _decoder(plain_decoder), _event(route))

@@ -13,7 +13,7 @@ import msgspec
 
 from filter.core import rows
 from filter.core.attributes import ATTRIBUTE_LIMIT
-from filter.core.fingerprint import TypedRows
+from filter.core.fingerprint import NOT_JSON, TypedRows
 from filter.core.paths import list_index
 from filter.core.routes import RouteRules
 
@@ -64,6 +64,8 @@ def _kept(
     assert rules.route.rows is not None
     payload = msgspec.json.decode(data)
     canonical = rules.scheme.decode(data)
+    if canonical is NOT_JSON:
+        canonical = rules.scheme.readable(data)  # a number beyond double range, as the row digests read it
     parent, leaf = _parent(payload, rules.route.rows.parts)
     found = parent[leaf] if leaf else payload
     as_read = rules.route.rows.resolve(canonical, {})  # the same list, row for row

@@ -32,7 +32,7 @@ MAX_STORED_BYTES = 900_000
 #: How many changed rows a decision record names (the counts are always complete).
 EXPLAIN_ROWS = 10
 
-_encode = msgspec.json.Encoder(order="sorted").encode
+_encode = msgspec.json.Encoder(order="sorted", decimal_format="number").encode  # `canonical.sorted_encoder`
 _MISSING_FIELD = "-" * 8
 _hexdigest = methodcaller("hexdigest")
 

@@ -73,6 +73,9 @@ async def explain(cfg: Config, route: Route, msg: Message) -> dict[str, Any]:
     data, attributes = msg.data, msg.attributes
     try:
         payload, fp = rules.scheme(data)
+        raw = payload is NOT_JSON
+        if raw:  # as the engine reads it: JSON with a number beyond double range still decodes
+            payload = rules.scheme.readable(data)
         key = rules.key_of(payload, attributes)
     except MissingField as exc:
         return _keyless(rules, msg, exc)
@@ -84,7 +87,14 @@ async def explain(cfg: Config, route: Route, msg: Message) -> dict[str, Any]:
     result: dict[str, Any] = {
         "route": route.name,
         "key": key,
-        "scheme": route.scheme + (" (payload is not JSON: raw bytes)" if payload is NOT_JSON else ""),
+        "scheme": route.scheme
+        + (
+            ""
+            if not raw
+            else " (payload is not JSON: raw bytes)"
+            if payload is NOT_JSON
+            else " (raw bytes: a number beyond double range)"
+        ),
         "payload_fingerprint": fp,
         "message_fingerprint": message_fingerprint(data, attributes),
         "stored": _state(state, now),
