@@ -29,7 +29,7 @@ class _Loader(yaml.SafeLoader):
         super().__init__(stream)
         self.duplicates: list[tuple[int, str]] = []
 
-    def construct_scalar(self, node: yaml.ScalarNode) -> Any:
+    def construct_scalar(self, node: yaml.ScalarNode | yaml.MappingNode) -> Any:
         # A double-quoted "\ud800" is a lone surrogate: no UTF-8 writer takes it (an attribute
         # name, a log line, a record), so it is refused here, on its line, with the duplicates.
         value = super().construct_scalar(node)
