@@ -106,6 +106,22 @@ encode_declared = msgspec.json.Encoder(order="deterministic").encode
 DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError, ValueError, OverflowError, RecursionError)
 
 
+def json_kind(value: Any) -> str:
+    """What a decoded JSON value is, in JSON's words (a reason names it, never a Python type):
+    `null`, `true`, `false`, `a number`, `a string`, `an object` or `a list`."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float | Decimal):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, dict):
+        return "an object"
+    return "a list" if isinstance(value, list) else "not a JSON value"
+
+
 def hex_fingerprint(data: bytes) -> str:
     return PREFIX + hashlib.sha256(data).hexdigest()
 

@@ -59,6 +59,7 @@ from filter.core.canonical import (
     canonical_decoder,
     encode_sorted,
     hex_fingerprint,
+    json_kind,
     ordered_rows,
     plain_decoder,
     wide_decoder,
@@ -157,7 +158,7 @@ def _rows(route: Route, payload: Any) -> list[Any]:
     if rows is MISSING:
         raise MissingField(str(route.rows), f"{route.rows} is missing from the payload")
     if not isinstance(rows, list):
-        raise MissingField(str(route.rows), f"{route.rows} is a {type(rows).__name__}, not a list of rows")
+        raise MissingField(str(route.rows), f"{route.rows} is {json_kind(rows)}, not a list of rows")
     return rows
 
 
