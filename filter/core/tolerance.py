@@ -123,8 +123,13 @@ class Tolerance:
             a, b = was.get(f, _ABSENT), now.get(f, _ABSENT)
             if type(a) is type(b) and a == b:
                 continue
-            move = _move(a, b)
-            if move is None or not amount.allows(move, a):  # type: ignore[arg-type]
+            if type(a) is int and type(b) is int:  # the usual numbers: exact in integers
+                move: int | Decimal | None = abs(b - a)
+                last: Any = a
+            else:
+                last = exact(a) if type(a) in _NUMBERS else a  # type: ignore[arg-type]
+                move = _move(last, b)
+            if move is None or not amount.allows(move, last):
                 beyond.append(f)
             else:
                 moves[f] = move if isinstance(move, int) else _shown(move)
@@ -155,16 +160,13 @@ def _value(v: Any) -> Value:
     return "=" + hashlib.sha256(encode_sorted(v)).hexdigest()[:16]
 
 
-def _move(a: object, b: object) -> int | Decimal | None:
-    """|b - a|, exactly, when both are numbers (not booleans), else None: compared exactly.
-    Integers in integer arithmetic; with a fraction, the decimals their canonical text writes."""
-    if type(a) is int and type(b) is int:
-        return abs(b - a)
-    ta, tb = type(a), type(b)
-    if ta not in _NUMBERS or tb not in _NUMBERS:
+def _move(last: object, b: object) -> Decimal | None:
+    """|b - last| (`last` already a decimal, `exact`), exactly, when both are numbers (not
+    booleans), else None: compared exactly. A fraction is the decimal its canonical text writes."""
+    if type(last) is not Decimal or type(b) not in _NUMBERS:
         return None
     try:
-        return EXACT.subtract(exact(b), exact(a)).copy_abs()  # type: ignore[arg-type]
+        return EXACT.subtract(exact(b), last).copy_abs()  # type: ignore[arg-type]
     except DecimalException:  # pragma: no cover - exact operands never round
         return None
 

@@ -34,13 +34,17 @@ EXACT = decimal.Context(
 )
 
 
+_HUNDRED = Decimal(100)
+_float_text = float.__repr__
+
+
 def exact(value: int | float | Decimal) -> Decimal:
     """`value` as the decimal its canonical text writes: an int as it is, a double as its
     shortest round-trip text (the canonical JSON of it), a Decimal as it is."""
     t = type(value)
-    if t is float:
-        return Decimal(repr(value))
-    return Decimal(value)
+    if t is Decimal:
+        return value  # type: ignore[return-value]
+    return Decimal(_float_text(value) if t is float else value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,25 +58,28 @@ class Amount:
     numerator: int = -1
     denominator: int = 1
 
+    #: the same, as a decimal (exact: a power of ten divides it)
+    decimal: Decimal = Decimal(0)
+
     def __post_init__(self) -> None:
         if self.numerator < 0:
             ratio = (self.value, 1) if type(self.value) is int else _ratio(repr(self.value))
             object.__setattr__(self, "numerator", ratio[0])
             object.__setattr__(self, "denominator", ratio[1])
+        object.__setattr__(self, "decimal", EXACT.divide(Decimal(self.numerator), Decimal(self.denominator)))
 
     def allows(self, move: int | Decimal, last: int | float | Decimal) -> bool:
-        """`move` (|new - last|, never negative, exact: `tolerance._move`) is within this amount of `last`."""
-        num, den = self.numerator, self.denominator
+        """`move` (|new - last|, never negative, exact: `tolerance._move`) is within this amount
+        of `last` (a decimal already, from `exact`, saves converting it again)."""
         if type(move) is int and type(last) is int:
             # integers: exact in integer arithmetic; a percentage of 0 allows no move at all
             if self.relative:
-                return move * 100 * den <= num * abs(last)
-            return move * den <= num
+                return move * 100 * self.denominator <= self.numerator * abs(last)
+            return move * self.denominator <= self.numerator
         try:
-            scaled = EXACT.multiply(exact(move), Decimal(den))
             if self.relative:
-                return EXACT.multiply(scaled, Decimal(100)) <= EXACT.multiply(Decimal(num), exact(last).copy_abs())
-            return scaled <= num
+                return EXACT.multiply(Decimal(move), _HUNDRED) <= EXACT.multiply(self.decimal, exact(last).copy_abs())
+            return move <= self.decimal
         except decimal.DecimalException:  # cannot be told exactly: a change, never held back
             return False
 
