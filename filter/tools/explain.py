@@ -193,7 +193,10 @@ def _tolerance_lines(result: dict[str, Any]) -> list[str]:
             + " (changed since the last forward, beyond any tolerance)"
         )
     if result.get("tolerance_state"):
-        lines.append(f"tolerance:    no reference kept ({result['tolerance_state']}): the next change is forwarded")
+        lines.append(f"tolerance:    no reference kept: {result['tolerance_state']}")
+    for state in ("rows_state", "fields_state"):
+        if result.get(state):
+            lines.append(f"{state.replace('_', ' ') + ':':<14}{result[state]}")
     return lines
 
 
