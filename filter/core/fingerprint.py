@@ -32,8 +32,10 @@ Schemes for the payload fingerprint:
     in ``include``, in that order), sorted, ``json.dumps``-ed.
 
 A payload that is not JSON is fingerprinted over its raw bytes (``payload_kind`` says so). So
-is one holding a number beyond double range: the decision still reads it (`Scheme.readable`),
-so its key, rows and fields are found and a repeat of its bytes is deduplicated.
+is one holding a number beyond double range in the content the route counts; in a field it
+leaves out, the number does not count, and the fingerprint is by value (`_by_value`). Either
+way the decision still reads the payload (`Scheme.readable`): its key, rows and fields are
+found, and a repeat is deduplicated.
 All values are written ``sha256:<64 hex>``; the seed schemes' hex part equals the seeds' own.
 """
 
@@ -43,6 +45,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from operator import itemgetter
 from typing import Any
 
@@ -116,6 +119,9 @@ class Scheme:
     #: The payload as the decision reads it when the fingerprint is over the raw bytes
     #: (`readable`); None: the same as `decode`.
     wide: Callable[[bytes], Any] | None = None
+    #: The fingerprint of such a payload by value, when the route counts none of what made it
+    #: raw (`_by_value`); None: over its bytes
+    by_value: Callable[[Any], str | None] | None = None
 
     def readable(self, data: bytes) -> Any:
         """The payload the decision reads (its key, bypass rules, fields, rows, tolerance) when
@@ -133,6 +139,11 @@ class Scheme:
                     return done
             payload = self.decode(data)
             if payload is NOT_JSON:
+                if self.wide is not None and self.by_value is not None:
+                    # JSON with a number beyond double range: by value unless the route counts it
+                    wide = self.wide(data)
+                    if wide is not NOT_JSON and (value := self.by_value(wide)) is not None:
+                        return wide, value
                 return payload, raw_fingerprint(data)
             return payload, self.digest(payload)
         except RecursionError:
@@ -211,6 +222,34 @@ def _canonical(route: Route) -> Callable[[Any], str]:
     return digest_rows
 
 
+def _by_value(route: Route) -> Callable[[Any], str | None]:
+    """The canonical fingerprint of a payload that holds a number beyond double range (read by
+    `wide_decoder`) when no such number is in the content the route counts: the number is in a
+    field the route leaves out, so the fingerprint is by value, as if it were not there (the
+    typed fast path never reads such a field either). None when one is counted: canonical text
+    has no spelling for it, and the payload is fingerprinted over its bytes."""
+    select, digest = selector(route), _canonical(route)
+
+    def by_value(payload: Any) -> str | None:
+        if route.rows is None:
+            counted = [select(r) for r in payload] if isinstance(payload, list) else select(payload)
+        else:
+            counted = [select(r) for r in _rows(route, payload)]
+        return None if _holds_wide(counted) else digest(payload)
+
+    return by_value
+
+
+def _holds_wide(value: Any) -> bool:
+    """Whether a number beyond double range (a Decimal, `canonical.wide_number`) is in `value`."""
+    t = type(value)
+    if t is dict:
+        return any(map(_holds_wide, value.values()))
+    if t is list:
+        return any(map(_holds_wide, value))
+    return t is Decimal
+
+
 def _get(row: Any, key: str) -> Any:
     return row.get(key) if isinstance(row, dict) else None
 
@@ -261,7 +300,13 @@ def compile_scheme(route: Route) -> Scheme:
         typed = typed_canonical(route)
         fast, selected = typed if typed is not None else (None, None)
         return Scheme(
-            "canonical", _decoder(canonical_decoder), _canonical(route), fast, selected, _decoder(wide_decoder)
+            "canonical",
+            _decoder(canonical_decoder),
+            _canonical(route),
+            fast,
+            selected,
+            _decoder(wide_decoder),
+            _by_value(route),
         )
     if route.scheme == "data_hash":
         return Scheme("data_hash", _decoder(plain_decoder), _data_hash(route))

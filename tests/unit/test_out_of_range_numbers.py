@@ -105,3 +105,22 @@ def test_the_fingerprint_stays_over_the_bytes_and_the_payload_is_read_as_decimal
     assert scheme.readable(data) == {"k": 1, "v": Decimal("1e400"), "w": 0, "x": 2.5}
     assert scheme.readable(b"not json") is NOT_JSON
     assert str(wide_number("1230000e400")) == "1.23E+406" and wide_number("-0e999") == 0
+
+
+async def test_in_a_field_the_route_leaves_out_it_does_not_count(tmp_path: Path) -> None:
+    # an excluded field (a scrape time, say) beyond double range: by value, so noise is noise
+    route = {**WHOLE, "exclude": ["noise"], "tolerance": {}, "changed_attributes": []}
+    bodies = [
+        b'{"k": 1, "p": 100, "noise": 1e400}',
+        b'{"k": 1, "p": 100, "noise": 2e400}',
+        b'{"p": 100, "k": 1, "noise": 3}',
+        b'{"k": 1, "p": 101, "noise": 4e400}',
+    ]
+    assert [(d, r, kind) for d, r, kind, _ in await decide(tmp_path, route, bodies)] == [
+        ("forwarded", "new key", None),
+        ("suppressed", "unchanged since last forward", None),
+        ("suppressed", "unchanged since last forward", None),
+        ("forwarded", "content changed", None),
+    ]
+    scheme = compile_scheme(Route.model_validate(route))
+    assert scheme(bodies[0])[1] == scheme(b'{"k":1,"p":100}')[1]  # the canonical fingerprint, by value
