@@ -90,6 +90,26 @@ def wide_number(text: str) -> float | int | Decimal:
         return Decimal((sign, digits[:kept], exponent + len(digits) - kept))
 
 
+def _as_written(text: str) -> float | Decimal:
+    value = float(text)
+    return value if math.isfinite(value) else Decimal(text)
+
+
+_spelled_decoder = msgspec.json.Decoder(float_hook=_as_written)
+#: What writes a payload read by `plain_decode` back: a number beyond double range as the number.
+plain_encode = msgspec.json.Encoder(decimal_format="number").encode
+
+
+def plain_decode(data: bytes | str) -> Any:
+    """JSON as msgspec reads it plainly (what a forward sends on as its payload, `partial`), and
+    a number beyond double range, which msgspec refuses, as its decimal (`plain_encode` writes it
+    back as the number it was), never a failed decision."""
+    try:
+        return msgspec.json.decode(data)
+    except msgspec.ValidationError:
+        return _spelled_decoder.decode(data)
+
+
 canonical_decoder = msgspec.json.Decoder(float_hook=canonical_number)
 wide_decoder = msgspec.json.Decoder(float_hook=wide_number)
 plain_decoder = msgspec.json.Decoder()

@@ -241,13 +241,19 @@ def _by_value(route: Route) -> Callable[[Any], str | None]:
 
 
 def _holds_wide(value: Any) -> bool:
-    """Whether a number beyond double range (a Decimal, `canonical.wide_number`) is in `value`."""
-    t = type(value)
-    if t is dict:
-        return any(map(_holds_wide, value.values()))
-    if t is list:
-        return any(map(_holds_wide, value))
-    return t is Decimal
+    """Whether a number beyond double range (a Decimal, `canonical.wide_number`) is in `value`.
+    A loop, not a recursion: JSON may nest deeper than Python's stack goes."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is dict:
+            stack.extend(v.values())
+        elif t is list:
+            stack.extend(v)
+        elif t is Decimal:
+            return True
+    return False
 
 
 def _get(row: Any, key: str) -> Any:

@@ -124,3 +124,23 @@ async def test_in_a_field_the_route_leaves_out_it_does_not_count(tmp_path: Path)
     ]
     scheme = compile_scheme(Route.model_validate(route))
     assert scheme(bodies[0])[1] == scheme(b'{"k":1,"p":100}')[1]  # the canonical fingerprint, by value
+
+
+async def test_a_changed_rows_forward_sends_such_a_number_as_it_was(tmp_path: Path) -> None:
+    route = {**ROWS, "rows_mode": "changed", "removed_rows": "tombstone", "changed_attributes": []}
+    bodies = [
+        b'{"k": "g", "at": 1e400, "rows": [{"id": 1, "v": 1, "w": 1}, {"id": 2, "v": 2, "w": 1}]}',
+        b'{"k": "g", "at": 2e400, "rows": [{"id": 1, "v": 1e400, "w": 1}, {"id": 3, "v": 2, "w": 1}]}',
+    ]
+    engine = engine_on_sqlite(tmp_path, {"routes": [route]})
+    publisher: Any = engine.publisher
+    try:
+        for n, data in enumerate(bodies):
+            rec = (await engine.handle("props", Message(data=data, attributes={}, message_id=str(n)))).record
+            assert str(rec.decision) == "forwarded", rec.reason
+    finally:
+        await engine.store.close()
+    sent = publisher.published[-1].data
+    assert sent == (
+        b'{"k":"g","at":2E+400,"rows":[{"id":1,"v":1E+400,"w":1},{"id":3,"v":2,"w":1},{"id":2,"filter_removed":true}]}'
+    )
