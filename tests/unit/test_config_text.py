@@ -10,6 +10,7 @@ such text anyway (a record, a log line) writes it escaped, never losing the row 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import sqlite3
 from pathlib import Path
@@ -100,6 +101,8 @@ def test_a_decision_line_with_such_text_is_written_escaped() -> None:
 
 # --- the property: `check` refuses the config, or the engine decides without a 5xx ------------
 
+EXAMPLES = itertools.count()
+
 #: Any text, lone surrogates included (`st.characters()` leaves category Cs out).
 TEXT = st.lists(
     st.one_of(st.characters(), st.characters(min_codepoint=0xD800, max_codepoint=0xDFFF)), min_size=1, max_size=6
@@ -126,9 +129,12 @@ def test_any_config_text_is_refused_or_decided_without_a_5xx(tmp_path: Path, tex
     except ConfigError:
         return  # refused by check: never served
 
+    scratch = tmp_path / str(next(EXAMPLES))  # each example on fresh state
+    scratch.mkdir()
+
     async def push_three() -> list[int]:
-        engine = engine_on_sqlite(tmp_path / str(abs(hash(tuple(texts)))), config)
-        sink = SqliteSink(tmp_path / "records.db")
+        engine = engine_on_sqlite(scratch, config)
+        sink = SqliteSink(scratch / "records.db")
         async with push_client(engine) as client:
             codes = []
             for n, body in enumerate([{"k": 1, "s": 1, **{t: 1 for t in texts}}, {"k": 1, "s": 2}, {"s": 3}]):
@@ -139,7 +145,6 @@ def test_any_config_text_is_refused_or_decided_without_a_5xx(tmp_path: Path, tex
         await engine.store.close()
         return codes
 
-    (tmp_path / str(abs(hash(tuple(texts))))).mkdir(exist_ok=True)
     with production_logs() as logs:
         codes = asyncio.run(push_three())
     assert all(c < 500 for c in codes), codes
