@@ -163,7 +163,11 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
     payload, fp = rules.scheme(msg.data)
     print(fp)
     if args.verbose:
-        print(f"scheme: {route.scheme}{' (payload is not JSON: raw bytes)' if payload is NOT_JSON else ''}")
+        readable = rules.scheme.readable(msg.data) if payload is NOT_JSON else payload
+        raw = "" if payload is not NOT_JSON else " (payload is not JSON: raw bytes)"
+        if readable is not NOT_JSON:
+            raw, payload = (raw and " (raw bytes: a number beyond double range)"), readable
+        print(f"scheme: {route.scheme}{raw}")
         try:
             print(f"key: {rules.key_of(payload, msg.attributes)}")
         except ValueError as exc:

@@ -277,7 +277,7 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     try:
         raw = yamlfile.load(text)
     except yamlfile.DuplicateKeys as exc:
-        raise ConfigError(src, [f"{p} (YAML keeps only the last one)" for p in exc.problems]) from None
+        raise ConfigError(src, exc.problems) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

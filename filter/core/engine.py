@@ -230,13 +230,14 @@ class Engine:
         # 1. extract
         try:
             payload, fp = rules.scheme(msg.data)
+            raw = payload is NOT_JSON
+            if raw:  # fingerprinted over its bytes; still read, if it is JSON (a number beyond double range)
+                payload = rules.scheme.readable(msg.data)
             key = rules.key_of(payload, msg.attributes)
         except MissingField as exc:
             return await self._keyless(rules, msg, sender, exc, traced)
         bypass = rules.bypassed(payload, msg.attributes)
-        d = Delivery(
-            route, msg, key, fp, message_fingerprint(msg.data, msg.attributes), payload is NOT_JSON, None, traced
-        )
+        d = Delivery(route, msg, key, fp, message_fingerprint(msg.data, msg.attributes), raw, None, traced)
         # 2. look
         try:
             state = self.failed_open.view(route.name, key, await self.store.read(route.name, key))

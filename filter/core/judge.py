@@ -271,17 +271,20 @@ def _fields_forwarded(
     new_key = state is None or (state.fingerprint is None and state.forwarded_at is None)
     before = None if state is None else rules.fields_before(state.rows)
     now = fields.Now(payload, selects, before)
-    out = Outgoing(msg.data, {}, now.blob(fp), full)
+    field_state = now.blob(fp)
+    out = Outgoing(msg.data, {}, field_state, full)
     reference = None
     if (tol := rules.tolerance) is not None:
         sent = tolerance_look.whole_forward(
-            rules, tol, out.rows, 3 if now.clocks else 2, payload, state, known and not new_key, now.changed_all
+            rules, tol, field_state, 3 if now.clocks else 2, payload, state, known and not new_key, now.changed_all
         )
         out, reference = Outgoing(msg.data, sent.flags, sent.blob, full), sent.reference
         _tolerance_details(tol.listed, sent, details)
     kept = None
-    if out.rows is None:
-        details["fields_state"] = "too many fields to keep"
+    if field_state is None:
+        details["fields_state"] = rows.FIELDS_UNKEPT
+        if out.rows is not None:  # the tolerance reference alone (`tolerance_look.whole_forward`)
+            kept = Kept(out.rows, reference)
     else:
         kept = Kept(out.rows, reference, fields_state=now.stored(_unselected_values(rules, payload)))
     if new_key:
@@ -366,7 +369,7 @@ def _what_to_send(
         return Outgoing(msg.data, _every_flag(rules), None, full), details, None
     kept = rows.encode(digests)
     if kept is None:
-        details["rows_state"] = "too large to keep"
+        details["rows_state"] = rows.ROWS_UNKEPT
     content_changed = state is not None and state.fingerprint not in (None, fp)
     partial_send = rules.route.rows_mode == "changed" and content_changed
     diff = rows.diff(before, digests) if before is not None else None

@@ -166,6 +166,8 @@ class RouteRules:
                 return digests
         payload = self.scheme.decode(data)
         if payload is NOT_JSON:
+            payload = self.scheme.readable(data)  # a number beyond double range: its rows still have digests
+        if payload is NOT_JSON:
             return None
         found = self.route.rows.resolve(payload, {})
         return rows.digest_rows(self.route, found, before) if isinstance(found, list) else None

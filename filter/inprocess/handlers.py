@@ -24,6 +24,7 @@ from typing import Any, TypeVar, overload
 import msgspec
 
 from filter.core.answer import answer_for
+from filter.core.canonical import plain_decode
 from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError
 from filter.core.errors import FilterError, FilterTypeError, UnknownRouteError
@@ -63,7 +64,7 @@ def cloudevent_message(event: Any) -> Message:
 
 def _payload_of(forward: Forward) -> Any:
     try:
-        return msgspec.json.decode(forward.data)
+        return plain_decode(forward.data)  # a number beyond double range as its decimal
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return forward.data
 

@@ -74,6 +74,9 @@ async def explain(cfg: Config, route: Route, msg: Message) -> dict[str, Any]:
     data, attributes = msg.data, msg.attributes
     try:
         payload, fp = rules.scheme(data)
+        raw = payload is NOT_JSON
+        if raw:  # as the engine reads it: JSON with a number beyond double range still decodes
+            payload = rules.scheme.readable(data)
         key = rules.key_of(payload, attributes)
     except MissingField as exc:
         return _keyless(rules, msg, exc)
@@ -85,7 +88,14 @@ async def explain(cfg: Config, route: Route, msg: Message) -> dict[str, Any]:
     result: dict[str, Any] = {
         "route": route.name,
         "key": key,
-        "scheme": route.scheme + (" (payload is not JSON: raw bytes)" if payload is NOT_JSON else ""),
+        "scheme": route.scheme
+        + (
+            ""
+            if not raw
+            else " (payload is not JSON: raw bytes)"
+            if payload is NOT_JSON
+            else " (raw bytes: a number beyond double range)"
+        ),
         "payload_fingerprint": fp,
         "message_fingerprint": message_fingerprint(data, attributes),
         "stored": _state(state, now),
@@ -206,7 +216,10 @@ def _tolerance_lines(result: dict[str, Any]) -> list[str]:
             + " (changed since the last forward, beyond any tolerance)"
         )
     if result.get("tolerance_state"):
-        lines.append(f"tolerance:    no reference kept ({result['tolerance_state']}): the next change is forwarded")
+        lines.append(f"tolerance:    no reference kept: {result['tolerance_state']}")
+    for state in ("rows_state", "fields_state"):
+        if result.get(state):
+            lines.append(f"{state.replace('_', ' ') + ':':<14}{result[state]}")
     return lines
 
 

@@ -64,7 +64,7 @@ MISTAKES: list[tuple[str, dict[str, Any], list[str]]] = [
         {"routes": [a_route(colour="red")]},
         [
             "route 'r': colour: unknown key; the keys here are audit_sample, bypass, cache_result, changed_attributes, "
-            "destination, exclude, include, key, mode, name, on_missing_key, on_store_error, push_format, "
+            "destination, exclude, include, key, mode, name, new_fields, on_missing_key, on_store_error, push_format, "
             "removed_rows, row_key, rows, rows_mode, scheme, stale, subscription, tolerance, window"
         ],
     ),

@@ -144,7 +144,7 @@ def test_explain_in_words_names_the_field_that_cannot_be_read(
     assert main(["explain", "--config", str(path), "--route", "injury", str(file)]) == 0
     out = capsys.readouterr().out
     assert "key:          none: payload.players cannot be read" in out
-    assert "decision:     fail_open: payload.players is a str, not a list of rows: forwarded without" in out
+    assert "decision:     fail_open: payload.players is a string, not a list of rows: forwarded without" in out
     assert "stored:       not read" in out
 
 

@@ -74,3 +74,13 @@ def test_the_flags_count_among_the_filters_own_attributes() -> None:
     r = parse(route(changed_attributes=["a", "b"])).routes[0]
     assert RouteRules(r).own_attributes_at_most == 9
     assert (RULES_MAX_ATTRIBUTES, RULES_MAX_NAME_BYTES) == (MAX_ATTRIBUTES, MAX_NAME_BYTES)
+
+
+def test_a_field_written_as_a_path_is_refused_with_the_name_it_meant() -> None:
+    # `payload.p` matches only a field literally named so: the tolerance and flag would never apply
+    said = problems(tolerance={"payload.p": 5}, changed_attributes=["payload.s"])
+    assert "tolerance: 'payload.p' is a path" in said and "did you mean 'p'?" in said
+    assert "changed_attributes: 'payload.s' is a path" in said and "did you mean 's'?" in said
+    on_rows = problems(rows="payload.props", row_key=["player"], tolerance={"payload.props.price": 5})
+    assert "each row's fields" in on_rows and "did you mean 'price'?" in on_rows
+    assert "'attributes.src' is a path" in problems(changed_attributes=["attributes.src"])

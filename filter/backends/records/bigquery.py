@@ -29,6 +29,7 @@ from filter.backends.records.batch import BatchingRecorder
 from filter.backends.records.extra import encode_extra
 from filter.core.config import BigqueryRecords
 from filter.core.errors import FilterError
+from filter.core.escaped import text
 from filter.core.model import COLUMN_NAMES, DECISION_COLUMNS, Column, DecisionRecord
 from filter.core.ports import Bucket, DecisionCount, DecisionRow
 from filter.core.selection import FORWARDED_LABEL, SELECTION_CHANGED, SUPPRESSED_LABEL
@@ -94,13 +95,14 @@ def to_row(rec: DecisionRecord) -> dict[str, Any]:
     for name in _TIMES:
         row[name] = _timestamp(row[name])
     row["extra"] = encode_extra(rec.extra) if rec.extra else None
-    return row
+    # text UTF-8 cannot write (a lone surrogate) is sent escaped: the row is never refused for it
+    return {k: text(v) if isinstance(v, str) else v for k, v in row.items()}
 
 
 def insert_id(rec: DecisionRecord) -> str:
     """A stable insertId, so BigQuery's best-effort dedup drops a retried batch's rows."""
     raw = f"{rec.route}\x00{rec.message_id}\x00{rec.decision}\x00{rec.time!r}\x00{rec.key}"
-    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 class BigQuerySink:
