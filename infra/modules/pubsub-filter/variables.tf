@@ -240,6 +240,12 @@ variable "contention_per_hour_threshold" {
   default     = 10
 }
 
+variable "push_overloaded_per_hour_threshold" {
+  description = "Alert when one route has more than this many pushes answered 429 unread (`failed`, cause `overloaded`: the instance at server.max_bytes_in_flight) in an hour."
+  type        = number
+  default     = 30
+}
+
 variable "heartbeat_failures_per_hour_threshold" {
   description = "Alert when the service logs more than this many `heartbeat_failed` lines in an hour."
   type        = number
