@@ -24,6 +24,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from msgspec.structs import replace
 
@@ -195,7 +196,10 @@ class Engine:
                 done = await self._decide_and_act(rules, msg, sender, traced, None)
             else:
                 async with self.lane.slot:  # one large message decoded at a time: its peak memory once
-                    done = await self._decide_and_act(rules, msg, sender, traced, self.lane)
+                    try:
+                        done = await self._decide_and_act(rules, msg, sender, traced, self.lane)
+                    finally:
+                        self.lane.forget()  # its payload freed on the lane's thread, not the loop
         except PayloadError as exc:
             done = Done(Decision.REJECTED, str(exc))
         except asyncio.CancelledError:
@@ -250,14 +254,16 @@ class Engine:
             raise PayloadError(unforwardable)  # the same on every delivery: rejected, not a failing publish
         # 1. extract
         try:
-            payload, fp = rules.scheme(msg.data) if lane is None else await lane.run(rules.scheme, msg.data)
+            if lane is None:
+                payload, fp = rules.scheme(msg.data)
+                message_fp = message_fingerprint(msg.data, msg.attributes)
+            else:
+                payload, fp, message_fp = await lane.run(_extracted, rules, msg)
             key = rules.key_of(payload, msg.attributes)
         except MissingField as exc:
             return await self._keyless(rules, msg, sender, exc, traced, lane)
         bypass = rules.bypassed(payload, msg.attributes)
-        d = Delivery(
-            route, msg, key, fp, message_fingerprint(msg.data, msg.attributes), payload is NOT_JSON, None, traced
-        )
+        d = Delivery(route, msg, key, fp, message_fp, payload is NOT_JSON, None, traced)
         # 2. look
         try:
             state = self.failed_open.view(route.name, key, await self.store.read(route.name, key))
@@ -472,6 +478,12 @@ class Engine:
         self.telemetry.decided(rec)  # telemetry: count it, describe it on its span
         log_decision(rec, self.quieting)
         return rec
+
+
+def _extracted(rules: RouteRules, msg: Message) -> tuple[Any, str, str]:
+    """Step 1 for a large message, on the lane: the payload, its fingerprint and the message's."""
+    payload, fp = rules.scheme(msg.data)
+    return payload, fp, message_fingerprint(msg.data, msg.attributes)
 
 
 def _describe(exc: BaseException) -> str:
