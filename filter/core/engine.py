@@ -195,11 +195,7 @@ class Engine:
             if len(msg.data) < self.off_loop_bytes:
                 done = await self._decide_and_act(rules, msg, sender, traced, None)
             else:
-                async with self.lane.slot:  # one large message decoded at a time: its peak memory once
-                    try:
-                        done = await self._decide_and_act(rules, msg, sender, traced, self.lane)
-                    finally:
-                        self.lane.forget()  # its payload freed on the lane's thread, not the loop
+                done = await self._off_loop(rules, msg, sender, traced)
         except PayloadError as exc:
             done = Done(Decision.REJECTED, str(exc))
         except asyncio.CancelledError:
@@ -232,6 +228,18 @@ class Engine:
         rec = self._finish(route_name, msg, rejected, time.perf_counter(), trace, message_id)
         await self.recorded()
         return rec
+
+    async def _off_loop(self, rules: RouteRules, msg: Message, sender: Sender, traced: Traced) -> Done:
+        """A large message: its CPU steps on the lane's thread (`filter.core.offload`), and one
+        such decision at a time (its peak memory once), but for the in-process caller's own work,
+        which never waits behind another caller's."""
+        try:
+            if sender is not self.publishing:
+                return await self._decide_and_act(rules, msg, sender, traced, self.lane)
+            async with self.lane.slot:
+                return await self._decide_and_act(rules, msg, sender, traced, self.lane)
+        finally:
+            self.lane.forget()  # its payload freed on the lane's thread, not the loop
 
     async def turned_away(
         self, route_name: str, reason: str, *, trace: str | None = None, message_id: str | None = None

@@ -22,7 +22,9 @@ Why one at a time (`Lane.slot`, held for the whole decision of such a message): 
 payload and its row digests are many times its bytes (+190 MiB for 68,000 rows), so two
 decoded at once is twice the peak. Held one after another, a burst costs its bodies while they
 wait, and one decision's peak. How many may wait is the push endpoint's bound on bytes in
-flight (`server.max_bytes_in_flight`).
+flight (`server.max_bytes_in_flight`). The in-process API's caller does its own work in place of
+the publish (`Engine.handle(via=...)`), for as long as it takes: its decisions use the lane's
+thread but not the slot, so one caller's long work never holds back another's.
 
 Below `OFF_LOOP_BYTES` nothing changes: a small message is decided on the loop, as before,
 for the one comparison of its length."""
