@@ -79,7 +79,7 @@ variable "cpu" {
 }
 
 variable "memory" {
-  description = "Memory limit per instance (Cloud Run syntax: \"512Mi\", \"1Gi\"). The BigQuery record buffer holds up to records.max_buffer rows."
+  description = "Memory limit per instance (Cloud Run syntax: \"512Mi\", \"1Gi\"). The BigQuery record buffer holds up to records.max_buffer rows. 512Mi fits the config's default server.max_bytes_in_flight (64 MiB) with messages of up to 10 MB at any concurrency: raise both together (docs/deploying.md, \"Large messages\")."
   type        = string
   default     = "512Mi"
 }
