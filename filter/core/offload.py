@@ -7,9 +7,11 @@ then fires on the server's own delay). So a message whose data is at least `OFF_
 runs those steps on one worker thread of its own (`Lane`), and the loop keeps serving.
 
 Why one thread does: the work is Python-level loops over rows, which CPython interrupts every
-`sys.getswitchinterval()` (5 ms) to let the loop's thread take the GIL; the longest single C
-call on the way (msgspec's decode of the whole document) measured 43 ms for 8 MB, under the
-100 ms a callback may hold the loop (`tests/support/loopwatch.py`). More worker threads would
+`sys.getswitchinterval()` (5 ms) to let the loop's thread take the GIL. A single C call does not
+give it back: msgspec's decode of a whole 8 MB document was one of 43 ms, so a large document is
+decoded in pieces (`filter.core.piecewise`); the longest calls left are the canonical text's
+encode and the row state's (10-35 ms for 68,000 rows), under the 100 ms a callback may hold
+the loop (`tests/support/loopwatch.py`). More worker threads would
 not decide faster (they share the GIL) and would hand the loop the GIL less often.
 
 Why the garbage collector is off while a step runs: a collection is one C call that walks
