@@ -141,6 +141,11 @@ class StoreErrors(Strict):
 SHUTDOWN_BUDGET = 8.0
 
 
+#: `server.max_bytes_in_flight`'s default: what fits the Terraform module's default 512 MiB with
+#: the largest messages (docs/deploying.md, "Large messages: memory and concurrency").
+DEFAULT_MAX_BYTES_IN_FLIGHT = 64 * 1024 * 1024
+
+
 class ServerConfig(Strict):
     # The default takes the largest push a valid message makes (10 MB of data, base64 with every
     # `/` escaped, 100 attributes of the longest names and values, every byte escaped, the fields
@@ -149,7 +154,12 @@ class ServerConfig(Strict):
     max_body: Annotated[Size, Field(ge=1024)] = DEFAULT_MAX_BODY
     # SIGTERM to exit, every step of the stop included (filter.core.stopping)
     shutdown_budget: Annotated[Duration, Field(gt=0)] = SHUTDOWN_BUDGET
-    body_timeout: Duration = 10.0  # a push body not received in full by then is answered 408
+    # of the sender's own time (the server's delays are not counted): past it a body is answered 408
+    body_timeout: Duration = 10.0
+    # Push bodies taken in at once, in bytes: past it a push is answered 429 at once, unread, and
+    # Pub/Sub sends it again (one is always taken in, whatever its size). docs/deploying.md sizes
+    # memory from it: a large message waits as its body and data, and is decided one at a time.
+    max_bytes_in_flight: Annotated[Size, Field(ge=1)] = DEFAULT_MAX_BYTES_IN_FLIGHT
 
     @model_validator(mode="before")
     @classmethod

@@ -24,6 +24,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from msgspec.structs import replace
 
@@ -52,6 +53,7 @@ from filter.core.judge import Decided, Outgoing, decide
 from filter.core.keyless import keyless
 from filter.core.logs import get_logger
 from filter.core.model import Cause, Decision, DecisionRecord, KeyState, Lease, Message
+from filter.core.offload import OFF_LOOP_BYTES, Lane
 from filter.core.ports import (
     SYSTEM_CLOCK,
     UNOBSERVED,
@@ -113,6 +115,9 @@ class Engine:
         # which `close` and the surfaces (`under_way`) wait on
         self.deciding = closing.Deciding()
         self.telemetry = telemetry or UNOBSERVED  # telemetry: metrics and the decision's span
+        # large messages: decided on a thread of their own, one at a time (`filter.core.offload`)
+        self.lane = Lane()
+        self.off_loop_bytes = OFF_LOOP_BYTES
 
     async def close(self, stop: Stop | None = None) -> None:
         """The one close sequence, for every surface, inside one budget: `stop` (by default
@@ -124,7 +129,10 @@ class Engine:
         store and the last telemetry batches. Each step runs even when one before it failed or
         ran out of time; a step past its share is given up (logged as `close_step_cut`)."""
         stop = stop or Stop.begin(self.config.server.shutdown_budget)
-        await closing.close(self.deciding, self.publisher, self.recorder, self.store, self.telemetry, stop)
+        try:
+            await closing.close(self.deciding, self.publisher, self.recorder, self.store, self.telemetry, stop)
+        finally:
+            self.lane.close()
 
     def under_way(self) -> set[asyncio.Future[None]]:
         """The decisions under way (`handle` calls) in tasks other than this one: a future for
@@ -187,7 +195,10 @@ class Engine:
             return self._finish(route_name, msg, done, started, trace), done
         self.in_flight += 1
         try:
-            done = await self._decide_and_act(rules, msg, sender, traced)
+            if len(msg.data) < self.off_loop_bytes:
+                done = await self._decide_and_act(rules, msg, sender, traced, None)
+            else:
+                done = await self._off_loop(rules, msg, sender, traced)
         except PayloadError as exc:
             done = Done(Decision.REJECTED, str(exc))
         except asyncio.CancelledError:
@@ -221,7 +232,32 @@ class Engine:
         await self.recorded()
         return rec
 
-    async def _decide_and_act(self, rules: RouteRules, msg: Message, sender: Sender, traced: Traced) -> Done:
+    async def _off_loop(self, rules: RouteRules, msg: Message, sender: Sender, traced: Traced) -> Done:
+        """A large message: its CPU steps on the lane's thread (`filter.core.offload`), and one
+        such decision at a time (its peak memory once), but for the in-process caller's own work,
+        which never waits behind another caller's."""
+        try:
+            if sender is not self.publishing:
+                return await self._decide_and_act(rules, msg, sender, traced, self.lane)
+            async with self.lane.slot:
+                return await self._decide_and_act(rules, msg, sender, traced, self.lane)
+        finally:
+            self.lane.forget()  # its payload freed on the lane's thread, not the loop
+
+    async def turned_away(
+        self, route_name: str, reason: str, *, trace: str | None = None, message_id: str | None = None
+    ) -> DecisionRecord:
+        """Record a message a surface did not take in (it was at its bound: `Cause.OVERLOADED`,
+        answered as a retry); returns once the record is written, as `reject` does."""
+        done = Done(Decision.FAILED, reason, cause=Cause.OVERLOADED)
+        rec = self._finish(route_name, None, done, time.perf_counter(), trace, message_id)
+        await self.recorded()
+        return rec
+
+    async def _decide_and_act(
+        self, rules: RouteRules, msg: Message, sender: Sender, traced: Traced, lane: Lane | None
+    ) -> Done:
+        """With `lane` (a large message), the CPU steps (extract, decide) run on its thread."""
         route = rules.route
         if not rules.accepts_subscription(msg.subscription):
             raise PayloadError(f"pushed from subscription {msg.subscription!r}, route expects {route.subscription!r}")
@@ -229,15 +265,15 @@ class Engine:
             raise PayloadError(unforwardable)  # the same on every delivery: rejected, not a failing publish
         # 1. extract
         try:
-            payload, fp = rules.scheme(msg.data)
-            raw = payload is NOT_JSON
-            if raw:  # fingerprinted over its bytes; still read, if it is JSON (a number beyond double range)
-                payload = rules.scheme.readable(msg.data)
+            if lane is None:
+                payload, fp, message_fp, raw = _extracted(rules, msg)
+            else:
+                payload, fp, message_fp, raw = await lane.run(_extracted, rules, msg)
             key = rules.key_of(payload, msg.attributes)
         except MissingField as exc:
-            return await self._keyless(rules, msg, sender, exc, traced)
+            return await self._keyless(rules, msg, sender, exc, traced, lane)
         bypass = rules.bypassed(payload, msg.attributes)
-        d = Delivery(route, msg, key, fp, message_fingerprint(msg.data, msg.attributes), raw, None, traced)
+        d = Delivery(route, msg, key, fp, message_fp, raw, None, traced)
         # 2. look
         try:
             state = self.failed_open.view(route.name, key, await self.store.read(route.name, key))
@@ -246,7 +282,11 @@ class Engine:
         for _ in range(CLAIM_ATTEMPTS):
             now = self.clock.now()
             # 3. decide: each look at the state is decided afresh, and only the last one is recorded
-            decided = decide(rules, msg, fp, state, now, bypass, self.random, payload)
+            decided = (
+                decide(rules, msg, fp, state, now, bypass, self.random, payload)
+                if lane is None
+                else await lane.run(decide, rules, msg, fp, state, now, bypass, self.random, payload)
+            )
             verdict = decided.verdict
             # 4. act
             if verdict.decision is not Decision.FORWARDED:
@@ -417,10 +457,10 @@ class Engine:
         return done
 
     async def _keyless(
-        self, rules: RouteRules, msg: Message, sender: Sender, missing: MissingField, traced: Traced
+        self, rules: RouteRules, msg: Message, sender: Sender, missing: MissingField, traced: Traced, lane: Lane | None
     ) -> Done:
         """No key, so no state to decide on: forwarded without a lease, or rejected (`filter.core.keyless`)."""
-        k = keyless(rules, msg.data, missing)
+        k = keyless(rules, msg.data, missing) if lane is None else await lane.run(keyless, rules, msg.data, missing)
         message_fp = message_fingerprint(msg.data, msg.attributes)
         d = Delivery(rules.route, msg, "", k.fingerprint, message_fp, k.raw, k.missing, traced)
         return await self._forward_unleased(d, sender, Decision.FAIL_OPEN, k.reason)
@@ -450,6 +490,17 @@ class Engine:
         self.telemetry.decided(rec)  # telemetry: count it, describe it on its span
         log_decision(rec, self.quieting)
         return rec
+
+
+def _extracted(rules: RouteRules, msg: Message) -> tuple[Any, str, str, bool]:
+    """Step 1 (for a large message, on the lane): the payload, its fingerprint, the message's,
+    and whether the payload was fingerprinted over its bytes (raw). A raw payload is still read
+    when it is JSON (a number beyond double range), so its key, rows and fields count."""
+    payload, fp = rules.scheme(msg.data)
+    raw = payload is NOT_JSON
+    if raw:
+        payload = rules.scheme.readable(msg.data)
+    return payload, fp, message_fingerprint(msg.data, msg.attributes), raw
 
 
 def _describe(exc: BaseException) -> str:

@@ -70,6 +70,7 @@ from filter.core.canonical import (
 from filter.core.config import Route
 from filter.core.fingerprint_fast import typed_canonical
 from filter.core.paths import MISSING
+from filter.core.piecewise import PIECEWISE_BYTES, decode_in_pieces
 
 __all__ = [
     "NOT_JSON",
@@ -153,6 +154,8 @@ class Scheme:
 
 def _decoder(decoder: msgspec.json.Decoder[Any]) -> Callable[[bytes], Any]:
     def decode(data: bytes) -> Any:
+        if len(data) >= PIECEWISE_BYTES and (pieces := decode_in_pieces(decoder, data)) is not None:
+            return pieces  # the same value, the GIL given back between pieces (`filter.core.piecewise`)
         try:
             return decoder.decode(data)
         except DECODE_ERRORS:

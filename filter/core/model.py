@@ -53,6 +53,7 @@ class Cause(enum.StrEnum):
     WORK = "work"  # the in-process caller's work raised in place of the publish
     CANCELLED = "cancelled"  # abandoned to a cancel (a shutdown past its budget, or the caller)
     INTERNAL = "internal"  # the filter itself raised on this message (a bug): recorded, answered 500, retried
+    OVERLOADED = "overloaded"  # turned away unread: the push endpoint's bytes in flight were at their bound (429)
 
 
 #: Decisions after which the source message is acked (push answers 2xx).

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,20 +26,25 @@ _KEPT_BYTES = 8 * 1024 * 1024
 
 class _Decoded(dict[bytes, Any]):
     """Stored states decoded, by their bytes, oldest out first past `_KEPT_STATES` entries or
-    `_KEPT_BYTES` of keys: a route's many keys never hold more than that."""
+    `_KEPT_BYTES` of keys: a route's many keys never hold more than that. A large message's
+    decision keeps from its own thread (`filter.core.offload`): the eviction takes a lock."""
 
     def __init__(self) -> None:
         super().__init__()
         self.size = 0
+        self.lock = threading.Lock()
 
     def keep(self, blob: bytes, decoded: Any) -> None:
         if blob in self:
             return
-        self.size += len(blob)
-        while self and (len(self) >= _KEPT_STATES or self.size > _KEPT_BYTES):
-            self.size -= len(oldest := next(iter(self)))
-            del self[oldest]
-        self[blob] = decoded
+        with self.lock:
+            if blob in self:
+                return
+            self.size += len(blob)
+            while self and (len(self) >= _KEPT_STATES or self.size > _KEPT_BYTES):
+                self.size -= len(oldest := next(iter(self)))
+                del self[oldest]
+            self[blob] = decoded
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,7 +94,7 @@ locals {
   # (tests/unit/test_infra_wiring.py writes a document and compares).
   store_unindexed_fields = [
     "route", "key", "fingerprint", "forwarded_at", "message_id", "publish_time", "recent", "fence", "lease", "rows",
-    "full_fingerprint", "results",
+    "full_fingerprint", "results", "selection",
   ]
 
   # One entry per route. The subscription name is the route's `subscription` (the filter

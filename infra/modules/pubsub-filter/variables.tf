@@ -98,7 +98,7 @@ variable "cpu" {
 }
 
 variable "memory" {
-  description = "Memory limit per instance (Cloud Run syntax: \"512Mi\", \"1Gi\"). The BigQuery record buffer holds up to records.max_buffer rows."
+  description = "Memory limit per instance (Cloud Run syntax: \"512Mi\", \"1Gi\"). The BigQuery record buffer holds up to records.max_buffer rows. 512Mi fits the config's default server.max_bytes_in_flight (64 MiB) with messages of up to 10 MB at any concurrency: raise both together (docs/deploying.md, \"Large messages\")."
   type        = string
   default     = "512Mi"
 }
@@ -257,6 +257,12 @@ variable "contention_per_hour_threshold" {
   description = "Alert when one route has more than this many `contended` decisions (503: another version of the key in flight) in an hour."
   type        = number
   default     = 10
+}
+
+variable "push_overloaded_per_hour_threshold" {
+  description = "Alert when one route has more than this many pushes answered 429 unread (`failed`, cause `overloaded`: the instance at server.max_bytes_in_flight) in an hour."
+  type        = number
+  default     = 30
 }
 
 variable "heartbeat_failures_per_hour_threshold" {
