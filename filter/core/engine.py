@@ -276,8 +276,14 @@ class Engine:
             message_id=d.msg.message_id,
         )
         route, key = d.route.name, d.key
+        # The claim runs in a task of its own, so that a cancel (a shutdown's) does not cut its
+        # call short: a write sent lands or not whatever its caller does (a cancelled RPC the
+        # store applies all the same), and only its answer tells which.
+        claiming = asyncio.ensure_future(
+            self.store.claim(route, key, state, claimed(state, lease, now + self._retention(d.route)))
+        )
         try:
-            held = await self.store.claim(route, key, state, claimed(state, lease, now + self._retention(d.route)))
+            held = await asyncio.shield(claiming)
             if held is None:
                 # A claim whose reply was lost may still have landed: ours if the holder token is.
                 current = await self.store.read(route, key)
@@ -285,9 +291,10 @@ class Engine:
                     return Beaten(current)
                 held = current
         except asyncio.CancelledError:
-            # Cancelled with the claim on its way: it may have landed all the same. The message
-            # is nacked, so free the key rather than make its redelivery wait out the lease.
-            await to_the_end(self._release_if_ours(d, lease.holder))
+            # Cancelled with the claim on its way: its answer is waited for (the store bounds
+            # it), and a claim that landed, even after the cancel, is released. The message is
+            # nacked, so its redelivery (another worker's) must find the key free, not leased.
+            await to_the_end(self._release_claimed(d, claiming, lease.holder))
             raise
         self.failed_open.claimed(route, key)
         if state is not None and state.lease is not None and not state.lease.live(now):
@@ -361,6 +368,17 @@ class Engine:
     async def _release(self, d: Delivery, held: KeyState) -> None:
         """Free the key for the redelivery, to the end through any cancel (`cancels.to_the_end`)."""
         await to_the_end(self._release_now(d, held))
+
+    async def _release_claimed(self, d: Delivery, claiming: asyncio.Future[KeyState | None], holder: str) -> None:
+        """Once `claiming` has its answer: release the lease it took, if it took one (or may have)."""
+        try:
+            held = await claiming
+        except Exception:  # no answer (the store failed or timed out): it may have landed still
+            held = None
+        if held is not None:
+            await self._release_now(d, held)
+        else:
+            await self._release_if_ours(d, holder)
 
     async def _release_if_ours(self, d: Delivery, holder: str) -> None:
         try:
