@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Coroutine, Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +27,7 @@ from filter.core.model import Decision, KeyState, Message
 from filter.core.ports import StateStore
 from filter.pull.worker import PullWorker
 from filter.runtime.wiring import make_store
+from tests.support.cancels import cancels_seen
 from tests.support.emulators import PubsubEmulator
 from tests.support.fakes import MemoryPublisher, MemoryRecorder, PassingStore
 from tests.support.pubsub_helpers import PubsubAdmin
@@ -68,30 +67,6 @@ class LateClaim(PassingStore):
         """The claim whose caller gave up reaches `store` (the same state, opened again) now."""
         if self._late is not None:
             await store.claim(*self._late)
-
-
-@contextmanager
-def cancels_seen(on_cancel: asyncio.Event) -> Iterator[None]:
-    """Tasks made on this loop set `on_cancel` when a pulled message's decision (the worker's
-    `_handle`) is cancelled: the stop's cancel, seen as it is made."""
-    loop = asyncio.get_running_loop()
-
-    class Watched(asyncio.Task[Any]):
-        def cancel(self, msg: Any = None) -> bool:
-            cancelling = super().cancel(msg)
-            if self.get_coro().__qualname__.endswith("PullWorker._handle"):  # type: ignore[union-attr]
-                on_cancel.set()
-            return cancelling
-
-    def factory(loop: asyncio.AbstractEventLoop, coro: Coroutine[Any, Any, Any], **kwargs: Any) -> asyncio.Task[Any]:
-        return Watched(coro, loop=loop, **kwargs)
-
-    before = loop.get_task_factory()
-    loop.set_task_factory(factory)
-    try:
-        yield
-    finally:
-        loop.set_task_factory(before)
 
 
 def config(emu: PubsubEmulator, tmp_path: Path, subscription: str) -> dict[str, Any]:
