@@ -65,13 +65,14 @@ from filter.core.ports import (
     Sender,
     StateStore,
     StoreUnavailable,
+    Suspends,
     Traced,
     Worked,
 )
 from filter.core.record import log_decision, record_of
 from filter.core.routes import RouteRules
 from filter.core.sending import Publishing, send
-from filter.core.stopping import Stop
+from filter.core.stopping import CLAIMS, Stop
 from filter.core.transitions import claimed, forwarded
 from filter.core.unsettled import FailedOpen
 
@@ -118,6 +119,12 @@ class Engine:
         # large messages: decided on a thread of their own, one at a time (`filter.core.offload`)
         self.lane = Lane()
         self.off_loop_bytes = OFF_LOOP_BYTES
+        # a store whose calls never suspend (SQLite) cannot be cancelled inside one: its claim
+        # needs no task of its own (`_claim`)
+        self._store_inline = isinstance(store, Suspends) and not store.suspends
+        # set at the close's share for the claims' answers (`stopping.CLAIMS`): past it a claim
+        # on its way at a cancel is no longer waited for
+        self.claims_cut = asyncio.Event()
 
     async def close(self, stop: Stop | None = None) -> None:
         """The one close sequence, for every surface, inside one budget: `stop` (by default
@@ -129,9 +136,11 @@ class Engine:
         store and the last telemetry batches. Each step runs even when one before it failed or
         ran out of time; a step past its share is given up (logged as `close_step_cut`)."""
         stop = stop or Stop.begin(self.config.server.shutdown_budget)
+        cut = asyncio.get_running_loop().call_later(stop.left(CLAIMS), self.claims_cut.set)
         try:
             await closing.close(self.deciding, self.publisher, self.recorder, self.store, self.telemetry, stop)
         finally:
+            cut.cancel()
             self.lane.close()
 
     def under_way(self) -> set[asyncio.Future[None]]:
@@ -320,8 +329,14 @@ class Engine:
             message_id=d.msg.message_id,
         )
         route, key = d.route.name, d.key
+        # The claim runs in a task of its own, so that a cancel (a shutdown's) does not cut its
+        # call short: a write sent lands or not whatever its caller does (a cancelled RPC the
+        # store applies all the same), and only its answer tells which. A store whose calls
+        # never suspend (SQLite) needs none: no cancel lands inside its call.
+        claim = self.store.claim(route, key, state, claimed(state, lease, now + self._retention(d.route)))
+        claiming = asyncio.ensure_future(claim) if not self._store_inline else None
         try:
-            held = await self.store.claim(route, key, state, claimed(state, lease, now + self._retention(d.route)))
+            held = await (asyncio.shield(claiming) if claiming is not None else claim)
             if held is None:
                 # A claim whose reply was lost may still have landed: ours if the holder token is.
                 current = await self.store.read(route, key)
@@ -329,9 +344,13 @@ class Engine:
                     return Beaten(current)
                 held = current
         except asyncio.CancelledError:
-            # Cancelled with the claim on its way: it may have landed all the same. The message
-            # is nacked, so free the key rather than make its redelivery wait out the lease.
-            await to_the_end(self._release_if_ours(d, lease.holder))
+            # Cancelled with the claim on its way: its answer is waited for (the store bounds
+            # it), and a claim that landed, even after the cancel, is released. The message is
+            # nacked, so its redelivery (another worker's) must find the key free, not leased.
+            if claiming is None:  # cancelled past the claim (in its read): it has its answer
+                await to_the_end(self._release_if_ours(d, lease.holder))
+            else:
+                await to_the_end(self._release_claimed(d, claiming, lease.holder))
             raise
         self.failed_open.claimed(route, key)
         if state is not None and state.lease is not None and not state.lease.live(now):
@@ -406,6 +425,26 @@ class Engine:
     async def _release(self, d: Delivery, held: KeyState) -> None:
         """Free the key for the redelivery, to the end through any cancel (`cancels.to_the_end`)."""
         await to_the_end(self._release_now(d, held))
+
+    async def _release_claimed(self, d: Delivery, claiming: asyncio.Future[KeyState | None], holder: str) -> None:
+        """Once `claiming` has its answer: release the lease it took, if it took one (or may have).
+        A claim still unanswered at the close's share for it (`stopping.CLAIMS`) is cut short."""
+        if not claiming.done():
+            cut = asyncio.ensure_future(self.claims_cut.wait())
+            try:
+                either: set[asyncio.Future[Any]] = {claiming, cut}
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                cut.cancel()
+            claiming.cancel()  # no-op once answered
+        try:
+            held = await claiming
+        except (Exception, asyncio.CancelledError):  # no answer (failed, timed out, cut): it may have landed
+            held = None
+        if held is not None:
+            await self._release_now(d, held)
+        else:
+            await self._release_if_ours(d, holder)
 
     async def _release_if_ours(self, d: Delivery, holder: str) -> None:
         try:
