@@ -2,14 +2,24 @@
 #
 # pubsub-filter: a small, non-root image with the project installed in a venv.
 #
-#   docker build -t pubsub-filter .
+#   make image      # docker build --build-arg VERSION=<filter/_version.py> -t pubsub-filter:<version> .
 #   docker run --rm -p 8080:8080 -v "$PWD/filter.yaml:/etc/pubsub-filter/filter.yaml:ro" pubsub-filter
 #
 # The config is read from $PUBSUB_FILTER_CONFIG (mounted from Secret Manager on Cloud
 # Run); the push endpoint listens on $PORT (Cloud Run sets it; default 8080).
 
+# The base image of both stages. A tag moves when Debian or CPython ship a patch; for a
+# build that is the same every time, pin it by digest (infra/README.md, "Pin the base image"):
+#   --build-arg PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:<digest>
+# `docker buildx imagetools inspect python:3.11.13-slim-bookworm` prints the digest.
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
+
 # --- build: the pinned dependencies, then a wheel of the project, into /opt/venv --------
-FROM python:3.11.13-slim-bookworm AS builder
+FROM ${PYTHON_IMAGE} AS builder
+
+# The package's version (filter/_version.py), passed by `make image` and infra/cloudbuild.yaml:
+# the build fails below unless it is the version of the wheel, so the label cannot lie.
+ARG VERSION
 
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 \
     PIP_NO_CACHE_DIR=1
@@ -27,19 +37,26 @@ RUN python -m venv /opt/venv \
 
 # Then the project itself, with --no-deps: its dependencies are the lock's, and `pip check`
 # fails the build if the lock no longer satisfies pyproject.toml.
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY filter ./filter
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
     && /opt/venv/bin/pip install --no-cache-dir --compile --no-deps /wheels/pubsub_filter-*.whl \
     && /opt/venv/bin/pip check \
+    && built="$(/opt/venv/bin/pubsub-filter --version)" \
+    && if [ "$built" != "pubsub-filter ${VERSION}" ]; then \
+         echo "VERSION=${VERSION} but the wheel says '$built': build with make image" >&2; exit 1; fi \
     && /opt/venv/bin/pip uninstall --yes pip setuptools
 
 # --- runtime: python slim + the venv, nothing else ---------------------------------------
-FROM python:3.11.13-slim-bookworm
+FROM ${PYTHON_IMAGE}
 
+ARG PYTHON_IMAGE
+ARG VERSION
 LABEL org.opencontainers.image.title="pubsub-filter" \
       org.opencontainers.image.description="Pub/Sub sidecar that forwards a message only when its content changed" \
-      org.opencontainers.image.licenses="Apache-2.0"
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.base.name="${PYTHON_IMAGE}"
 
 ENV PATH="/opt/venv/bin:${PATH}" \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -12,6 +12,11 @@ CONFIG ?= examples/filter.yaml
 # newest versions pyproject.toml allows (what `pip install pubsub-filter` gives a user).
 LOCK      ?= -c requirements.lock
 TEST_LOCK ?= -c requirements-test.lock
+# The version, written once in filter/_version.py (the wheel, `--version` and the image's label read it)
+VERSION   := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' filter/_version.py)
+# The image's base (Dockerfile ARG PYTHON_IMAGE): pin it by digest, NAME:TAG@sha256:..., for a
+# build that is the same every time (infra/README.md, "Pin the base image")
+PYTHON_IMAGE ?= python:3.11.13-slim-bookworm
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +31,7 @@ $(VENV)/.installed-test: pyproject.toml requirements-test.lock | $(BIN)/python
 	$(BIN)/python -c "import duckdb, duckdb_extensions; duckdb_extensions.import_extension('spatial', con=duckdb.connect())"
 	touch $@ $(VENV)/.installed
 
-.PHONY: serve test test-unpinned lint unit install lock bench-smoke docs fuzz
+.PHONY: serve test test-unpinned lint unit install lock bench-smoke docs fuzz release image
 install: $(VENV)/.installed
 
 serve: $(VENV)/.installed
@@ -63,9 +68,43 @@ PUSH_FUZZ_EXAMPLES ?= 12000
 fuzz: $(VENV)/.installed-test
 	PUSH_FUZZ_EXAMPLES=$(PUSH_FUZZ_EXAMPLES) $(BIN)/pytest tests/faults/test_push_fuzz.py -q -s --timeout 3600
 
-# the documentation site (mkdocs.yml) into site/, strictly; tests/unit/test_docs_site.py builds it in make test
-docs: $(VENV)/.installed-test
-	$(BIN)/mkdocs build --strict --site-dir site
+# the documentation site (mkdocs.yml) into site/, strictly, from the docs extra alone in a venv of its
+# own (nothing of the test extra); tests/unit/test_docs_site.py builds it in make test
+DOCS_VENV ?= $(VENV)-docs
+$(DOCS_VENV)/.installed: pyproject.toml requirements-test.lock
+	$(PYTHON) -m venv $(DOCS_VENV)
+	$(DOCS_VENV)/bin/pip install -q --upgrade pip
+	$(DOCS_VENV)/bin/pip install -q $(TEST_LOCK) -e ".[docs]"
+	touch $@
+
+docs: $(DOCS_VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(DOCS_VENV)/bin/mkdocs build --strict --site-dir site
+
+# The release: wheel and sdist into dist/ (the wheel built from the sdist, so the sdist is
+# complete), their metadata checked, then the wheel installed alone into a fresh venv with the
+# pinned runtime (requirements.lock) and run from outside the source tree: `--version` must be
+# $(VERSION) and `check` must accept $(CONFIG). Publish dist/ with `twine upload dist/*`.
+RELEASE_VENV ?= $(VENV)-wheel
+$(VENV)/.installed-release: pyproject.toml requirements.lock | $(BIN)/python
+	$(BIN)/pip install -q $(LOCK) -e ".[release]"
+	touch $@ $(VENV)/.installed
+
+release: $(VENV)/.installed-release
+	rm -rf dist $(RELEASE_VENV)
+	$(BIN)/python -m build --outdir dist .
+	$(BIN)/twine check --strict dist/*
+	$(PYTHON) -m venv $(RELEASE_VENV)
+	$(RELEASE_VENV)/bin/pip install -q --no-deps -r requirements.lock
+	$(RELEASE_VENV)/bin/pip install -q --no-deps dist/pubsub_filter-$(VERSION)-py3-none-any.whl
+	$(RELEASE_VENV)/bin/pip check
+	cd $$(mktemp -d) && test "$$($(abspath $(RELEASE_VENV))/bin/pubsub-filter --version)" = "pubsub-filter $(VERSION)" \
+	  && $(abspath $(RELEASE_VENV))/bin/pubsub-filter check $(abspath $(CONFIG))
+	@echo "release $(VERSION): $$(ls dist | tr "\n" " ")"
+
+# The image, labelled with $(VERSION) (the build fails if the wheel says otherwise); to push it
+# to Artifact Registry and get its digest use infra/cloudbuild.yaml (infra/README.md, step 1)
+image:
+	docker build --build-arg VERSION=$(VERSION) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) -t pubsub-filter:$(VERSION) .
 
 # The locks, regenerated in throw-away venvs, and what moved: requirements.lock is what
 # `pip install .` resolves for the runtime dependencies (the image installs exactly these;

@@ -20,9 +20,8 @@ from __future__ import annotations
 
 import importlib
 
+from filter._version import __version__
 from filter.core.errors import FilterError, FilterTypeError, FilterUsageError, ResultNotStored, UnknownRouteError
-
-__version__ = "0.1.0"
 
 # Not `typing.TYPE_CHECKING`: importing typing would triple the cost of `import filter` (type
 # checkers treat any name TYPE_CHECKING as true).

@@ -16,8 +16,9 @@ from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, Config, ConfigError, 
 from filter.core.config_coalesce import held_note
 from filter.core.errors import FilterError
 from filter.core.model import Message
-from filter.runtime import preflight
+from filter.runtime import durability, preflight
 from filter.runtime.operational import BIGQUERY, FIRESTORE, PUBSUB, Backend, describe, require
+from filter.tools.subscriptions import DEFAULT_NAME
 
 ATTRIBUTE_HELP = "a message attribute (repeatable), for keys and bypass rules that read attributes"
 #: exit codes (the "Exit codes" table of docs/cli.md)
@@ -58,6 +59,20 @@ def _backends(cfg: Config) -> list[Backend]:
     return used
 
 
+def _source(args: argparse.Namespace) -> str:
+    """The config file a command loaded, as its errors name it."""
+    return str(args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+
+
+def _startable(cfg: Config, source: str) -> None:
+    """Raise `ConfigError` unless `serve` or `pull` can start with `cfg` here: its files open, and
+    no embedded backend loses what it holds where this runs (Cloud Run: `filter.runtime.durability`)."""
+    preflight.check(cfg, source)
+    refused = durability.refusal(cfg, durability.detect())
+    if refused:
+        raise ConfigError(source, refused)
+
+
 def _port(args: argparse.Namespace) -> int:
     port: int
     if args.port is not None:
@@ -92,9 +107,20 @@ def _says(line: str, more: str | None = None) -> Callable[[Command], Command]:
 def cmd_check(args: argparse.Namespace) -> int:
     source = args.file or args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG
     cfg = _config(source)
-    preflight.check(cfg, source)  # the files it names, as `serve` will open them from here
+    # the files it names, as `serve` will open them from here; and what the runtime it is checked
+    # for (--for, else the one this runs on) would lose. The experiment's opt-out is not asked:
+    # `check` says whether the config is fit to run there, and with embedded files it is not.
+    runtime = durability.target(args.target) if args.target else durability.detect()
+    found = preflight.problems(cfg) + (durability.lost(cfg, runtime) if runtime is not None else [])
+    if found:
+        raise ConfigError(source, found)
     names = ", ".join(r.name for r in cfg.routes)
-    print(f"{source}: ok ({len(cfg.routes)} route{'s' if len(cfg.routes) != 1 else ''}: {names})")
+    fit = f" for {runtime.name}" if runtime is not None else ""
+    print(f"{source}: ok{fit} ({len(cfg.routes)} route{'s' if len(cfg.routes) != 1 else ''}: {names})")
+    from filter.tools.plan import selection_notes
+
+    for note in selection_notes(cfg, source):  # where the state can be listed cheaply (SQLite)
+        print(note)
     for route in cfg.routes:
         if route.coalesce is not None:
             print(f"{source}: note: {held_note(route.name, route.coalesce)}")
@@ -107,7 +133,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     port = _port(args)
     cfg = _config(args.config)
-    preflight.check(cfg, args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    _startable(cfg, _source(args))
     preflight.credentials(_backends(cfg))
     return serve(cfg, args.host, port)
 
@@ -141,7 +167,11 @@ def cmd_fingerprint(args: argparse.Namespace) -> int:
     payload, fp = rules.scheme(msg.data)
     print(fp)
     if args.verbose:
-        print(f"scheme: {route.scheme}{' (payload is not JSON: raw bytes)' if payload is NOT_JSON else ''}")
+        readable = rules.scheme.readable(msg.data) if payload is NOT_JSON else payload
+        raw = "" if payload is not NOT_JSON else " (payload is not JSON: raw bytes)"
+        if readable is not NOT_JSON:
+            raw, payload = (raw and " (raw bytes: a number beyond double range)"), readable
+        print(f"scheme: {route.scheme}{raw}")
         try:
             print(f"key: {rules.key_of(payload, msg.attributes)}")
         except ValueError as exc:
@@ -176,6 +206,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     return run(args)
 
 
+@_says(
+    "what a config deploy changes in what each route compares, and how many keys it would forward; writes nothing",
+    "Exit 0 when nothing would forward that did not change, 2 when something would, 1 on an error.",
+)
+def cmd_plan(args: argparse.Namespace) -> int:
+    from filter.tools.plan import run
+
+    return run(args, args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+
+
 # --- pull, replay, provision ---------------------------------------------------------------------
 
 
@@ -184,7 +224,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
     from filter.pull.command import run
 
     cfg = _config(args.config)
-    preflight.check(cfg, args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
+    _startable(cfg, _source(args))
     preflight.credentials([PUBSUB, *(b for b in _backends(cfg) if b is not PUBSUB)])  # it pulls from Pub/Sub
     return run(cfg, args.route, health_port=args.health_port)
 
@@ -199,6 +239,10 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from filter.replay.command import run
 
     def probe(cfg: Config | None) -> None:
+        if args.through_filter and cfg is not None and not args.dry_run:  # it acks what its backends took
+            refused = durability.refusal(cfg, durability.detect())
+            if refused:
+                raise ConfigError(_source(args), refused)
         require(PUBSUB, *(_backends(cfg) if args.through_filter and cfg is not None else ()))
 
     return run(args, probe)
@@ -208,7 +252,8 @@ def cmd_replay(args: argparse.Namespace) -> int:
     "create the topics and subscriptions the config needs (idempotent)",
     "Create each route's destination topic, source topic, subscription (push or pull, ack deadline = "
     "lease.ack_deadline, retry 10s-600s, dead-letter policy) and dead-letter topic <subscription>-dlq with its "
-    "pull subscription <subscription>-dlq-sub. A second run changes nothing.",
+    "pull subscription <subscription>-dlq-sub. A push route without `subscription` gets NAME-ROUTE, the name "
+    "infra/ gives it. A second run changes nothing.",
 )
 def cmd_provision(args: argparse.Namespace) -> int:
     from filter.tools.provision import run
@@ -304,6 +349,13 @@ def _add_provision(sub: Any) -> None:
     how.add_argument("--pull", action="store_true", help="pull subscriptions (for pubsub-filter pull)")
     sp.add_argument("--project", metavar="P", help="default: the config's project, then $GOOGLE_CLOUD_PROJECT")
     sp.add_argument(
+        "--name",
+        default=DEFAULT_NAME,
+        metavar="NAME",
+        help=f"infra/'s `name`: a push route without `subscription` gets NAME-ROUTE, as Terraform names it "
+        f"(default {DEFAULT_NAME})",
+    )
+    sp.add_argument(
         "--source-topic",
         action="append",
         default=[],
@@ -336,6 +388,15 @@ def _add_check(sub: Any) -> None:
     sp = _command(sub, cmd_check)
     sp.add_argument(
         "file", nargs="?", metavar="F", help="the config file (default: --config, $PUBSUB_FILTER_CONFIG, ./filter.yaml)"
+    )
+    sp.add_argument(
+        "--for",
+        dest="target",
+        choices=[durability.CLOUD_RUN],
+        default=None,
+        metavar=durability.CLOUD_RUN,
+        help="also refuse what cannot be durable there: on cloud-run, the embedded files (SQLite state and "
+        "records, the outbox). Default: where this runs (Cloud Run when $K_SERVICE or $CLOUD_RUN_JOB is set)",
     )
 
 
@@ -411,6 +472,22 @@ def _add_tune(sub: Any) -> None:
     _log_lines(sp)
 
 
+def _add_plan(sub: Any) -> None:
+    sp = _command(sub, cmd_plan, config_help=f"the config to deploy (default: ${CONFIG_ENV}, then ./filter.yaml)")
+    sp.add_argument(
+        "--from",
+        dest="old",
+        metavar="OLD",
+        help="the config deployed now (default: the selections the state was written under, on the SQLite store)",
+    )
+    sp.add_argument(
+        "--records",
+        metavar="FILE",
+        help="count keys from this embedded records file (default: the config's records backend)",
+    )
+    _one_of(sp, "--format", ["table", "json"], help="table (default) or json")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="pubsub-filter",
@@ -426,6 +503,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_explain,
         _add_skip_rate,
         _add_tune,
+        _add_plan,
         _add_pull,
         _add_replay,
         _add_provision,

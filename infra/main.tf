@@ -61,6 +61,7 @@ module "pubsub_filter" {
   skip_rate_threshold                   = var.skip_rate_threshold
   skip_rate_thresholds                  = var.skip_rate_thresholds
   contention_per_hour_threshold         = var.contention_per_hour_threshold
+  push_overloaded_per_hour_threshold    = var.push_overloaded_per_hour_threshold
   heartbeat_failures_per_hour_threshold = var.heartbeat_failures_per_hour_threshold
   lease_takeovers_per_hour_threshold    = var.lease_takeovers_per_hour_threshold
   dead_letter_backlog_threshold         = var.dead_letter_backlog_threshold

@@ -127,6 +127,12 @@ variable "contention_per_hour_threshold" {
   default     = 10
 }
 
+variable "push_overloaded_per_hour_threshold" {
+  description = "Alert when a route has more pushes answered 429 unread (the instance at server.max_bytes_in_flight) than this in an hour."
+  type        = number
+  default     = 30
+}
+
 variable "heartbeat_failures_per_hour_threshold" {
   description = "Alert when more lease heartbeats than this fail in an hour."
   type        = number

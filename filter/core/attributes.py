@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from filter.core.model import Message
 from filter.core.pubsub_limits import (
@@ -20,11 +19,9 @@ from filter.core.pubsub_limits import (
     publish_request_bytes,
 )
 from filter.core.times import format_time
-from filter.core.tolerance_amount import CHANGED_PREFIX
 
-if TYPE_CHECKING:  # the config's rules count a forward's attributes with `own_attribute_count`
-    from filter.core.config import Route
-
+#: The attribute a forward carries for each `changed_attributes` field that changed: this, then the name.
+CHANGED_PREFIX = "filter_changed_"
 ATTR_FINGERPRINT = "filter_fingerprint"
 ATTR_SOURCE_ID = "filter_source_message_id"
 ATTR_ROUTE = "filter_route"
@@ -88,11 +85,6 @@ def forward_attributes(route: str, msg: Message, fingerprint: str, own: Mapping[
     if msg.publish_time is not None:
         attributes[ATTR_SOURCE_PUBLISH_TIME] = format_time(msg.publish_time)
     return attributes
-
-
-def own_attributes_at_most(route: Route) -> int:
-    """How many attributes the filter may add to a forward on `route` (`own_attribute_count`)."""
-    return own_attribute_count(route.rows_mode == "changed", len(route.changed_attributes))
 
 
 def own_attribute_count(rows_changed: bool, flags: int) -> int:

@@ -74,9 +74,49 @@ def canonical_number(text: str) -> float | int:
     return value
 
 
+def wide_number(text: str) -> float | int | Decimal:
+    """`canonical_number`, and a number beyond double range (`1e400`) as its exact decimal,
+    trailing zeros dropped (`10e399` is `1E+400`): how the decision reads a payload whose
+    fingerprint is over its raw bytes for such a number (`Scheme.readable`). Never an int: an
+    exponent can be any size, and the decimal holds it in as many digits as it was written."""
+    try:
+        return canonical_number(text)
+    except ValueError:
+        sign, digits, exponent = Decimal(text).as_tuple()
+        assert isinstance(exponent, int)  # a JSON number: never NaN or infinite
+        kept = len(digits)
+        while kept > 1 and digits[kept - 1] == 0:
+            kept -= 1
+        return Decimal((sign, digits[:kept], exponent + len(digits) - kept))
+
+
+def _as_written(text: str) -> float | Decimal:
+    value = float(text)
+    return value if math.isfinite(value) else Decimal(text)
+
+
+_spelled_decoder = msgspec.json.Decoder(float_hook=_as_written)
+#: What writes a payload read by `plain_decode` back: a number beyond double range as the number.
+plain_encode = msgspec.json.Encoder(decimal_format="number").encode
+
+
+def plain_decode(data: bytes | str) -> Any:
+    """JSON as msgspec reads it plainly (what a forward sends on as its payload, `partial`), and
+    a number beyond double range, which msgspec refuses, as its decimal (`plain_encode` writes it
+    back as the number it was), never a failed decision."""
+    try:
+        return msgspec.json.decode(data)
+    except msgspec.ValidationError:
+        return _spelled_decoder.decode(data)
+
+
 canonical_decoder = msgspec.json.Decoder(float_hook=canonical_number)
+wide_decoder = msgspec.json.Decoder(float_hook=wide_number)
 plain_decoder = msgspec.json.Decoder()
-sorted_encoder = msgspec.json.Encoder(order="sorted")
+# A Decimal (only ever a number beyond double range, `wide_number`) is written as the JSON
+# number it is, never as a string that a string value could equal. No fingerprint meets one:
+# a payload holding such a number is fingerprinted over its bytes.
+sorted_encoder = msgspec.json.Encoder(order="sorted", decimal_format="number")
 encode_sorted = sorted_encoder.encode
 # For the typed fast path: its structs declare their fields already sorted by JSON name, and
 # "deterministic" sorts dict keys but keeps struct fields in declaration order, which skips a
@@ -84,6 +124,22 @@ encode_sorted = sorted_encoder.encode
 encode_declared = msgspec.json.Encoder(order="deterministic").encode
 # RecursionError: nested deeper than the decoder goes; such a payload is read as raw bytes.
 DECODE_ERRORS = (msgspec.DecodeError, UnicodeDecodeError, ValueError, OverflowError, RecursionError)
+
+
+def json_kind(value: Any) -> str:
+    """What a decoded JSON value is, in JSON's words (a reason names it, never a Python type):
+    `null`, `true`, `false`, `a number`, `a string`, `an object` or `a list`."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float | Decimal):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, dict):
+        return "an object"
+    return "a list" if isinstance(value, list) else "not a JSON value"
 
 
 def hex_fingerprint(data: bytes) -> str:

@@ -149,6 +149,8 @@ class Route(Strict):
     on_store_error: Literal["forward", "retry"] = "forward"
     on_missing_key: Literal["forward", "reject"] = "forward"  # a key (or rows) that cannot be read
     stale: Literal["suppress", "forward"] = "suppress"
+    # a selection that now compares fields the last forward's did not (`filter.core.reselect`)
+    new_fields: Literal["forward", "adopt"] = "forward"
     bypass: list[Condition] = []
     rows_mode: Literal["whole", "changed"] = "whole"
     removed_rows: Literal["attribute", "tombstone", "ignore"] = "attribute"
@@ -279,7 +281,7 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     try:
         raw = yamlfile.load(text)
     except yamlfile.DuplicateKeys as exc:
-        raise ConfigError(src, [f"{p} (YAML keeps only the last one)" for p in exc.problems]) from None
+        raise ConfigError(src, exc.problems) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""

@@ -10,8 +10,17 @@ import os
 from typing import Any
 
 from filter.core.config_coalesce import coalesce_rules
-from filter.core.config_sections import STATE_TTL, LeaseConfig, OutboxPublisher, SqliteRecords, SqliteStore, StoreErrors
+from filter.core.config_sections import (
+    STATE_TTL,
+    LeaseConfig,
+    OutboxPublisher,
+    SqliteRecords,
+    SqliteStore,
+    StoreErrors,
+    loud_decisions_quieted,
+)
 from filter.core.config_tolerance import tolerance_rules
+from filter.core.escaped import encodable, unwritable
 from filter.core.times import parse_duration
 
 Problem = tuple[tuple[Any, ...], str]
@@ -40,13 +49,39 @@ def _strings(value: Any) -> list[str]:
 def rules(raw: dict[str, Any]) -> list[Problem]:
     """Every problem across keys, each as (pydantic-style location, message)."""
     return [
+        *_text_rules(raw, ()),
         *_route_rules(raw),
         *tolerance_rules(raw),
         *_timing_rules(raw),
         *_auth_rules(raw),
         *_file_rules(raw),
+        *_decision_logs_rules(raw),
         *coalesce_rules(raw),
     ]
+
+
+def _text_rules(value: Any, loc: tuple[Any, ...]) -> list[Problem]:
+    """Every string, key or value, at any depth, must be text UTF-8 can write: it may become an
+    attribute name, and it reaches log lines and records (a file's own are refused on their line
+    as it is read, `yamlfile`; this covers a config built in code)."""
+    found: list[Problem] = []
+    if isinstance(value, str):
+        if not encodable(value):
+            found.append((loc, unwritable(value)))
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if isinstance(k, str) and not encodable(k):
+                found.append((loc, f"a key: {unwritable(k)}"))
+            found += _text_rules(v, (*loc, k))
+    elif isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            found += _text_rules(v, (*loc, i))
+    return found
+
+
+def _decision_logs_rules(raw: dict[str, Any]) -> list[Problem]:
+    refused = loud_decisions_quieted(raw.get("decision_logs"))
+    return [(("decision_logs",), refused)] if refused else []
 
 
 def _route_rules(raw: dict[str, Any]) -> list[Problem]:

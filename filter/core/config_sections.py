@@ -5,15 +5,22 @@ defaults, and the value types they share (durations, sizes)."""
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, NamedTuple
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from filter.core.decision_line import Quieting
 from filter.core.pubsub_limits import DEFAULT_MAX_BODY
 from filter.core.times import parse_duration
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+class Quieting(NamedTuple):
+    """How one decision's lines are logged: at `level` (None: the decision's own level) for the
+    share `sample` of its messages (by message id), at debug for the others."""
+
+    level: str | None = None
+    sample: float = 1.0
 
 
 def _parse_size(value: Any) -> int:
@@ -134,6 +141,11 @@ class StoreErrors(Strict):
 SHUTDOWN_BUDGET = 8.0
 
 
+#: `server.max_bytes_in_flight`'s default: what fits the Terraform module's default 512 MiB with
+#: the largest messages (docs/deploying.md, "Large messages: memory and concurrency").
+DEFAULT_MAX_BYTES_IN_FLIGHT = 64 * 1024 * 1024
+
+
 class ServerConfig(Strict):
     # The default takes the largest push a valid message makes (10 MB of data, base64 with every
     # `/` escaped, 100 attributes of the longest names and values, every byte escaped, the fields
@@ -142,7 +154,12 @@ class ServerConfig(Strict):
     max_body: Annotated[Size, Field(ge=1024)] = DEFAULT_MAX_BODY
     # SIGTERM to exit, every step of the stop included (filter.core.stopping)
     shutdown_budget: Annotated[Duration, Field(gt=0)] = SHUTDOWN_BUDGET
-    body_timeout: Duration = 10.0  # a push body not received in full by then is answered 408
+    # of the sender's own time (the server's delays are not counted): past it a body is answered 408
+    body_timeout: Duration = 10.0
+    # Push bodies taken in at once, in bytes: past it a push is answered 429 at once, unread, and
+    # Pub/Sub sends it again (one is always taken in, whatever its size). docs/deploying.md sizes
+    # memory from it: a large message waits as its body and data, and is decided one at a time.
+    max_bytes_in_flight: Annotated[Size, Field(ge=1)] = DEFAULT_MAX_BYTES_IN_FLIGHT
 
     @model_validator(mode="before")
     @classmethod
@@ -227,6 +244,18 @@ class DecisionLog(Strict):
     sample: float = Field(default=1.0, ge=0.0, le=1.0)
 
 
+def loud_decisions_quieted(raw: Any) -> str | None:
+    """Why a `decision_logs` section may not stand: it quiets a decision the alerts and runbooks
+    follow (`LOUD_DECISIONS`); None when it quiets none of them."""
+    loud = [name for name in LOUD_DECISIONS if name in raw] if isinstance(raw, dict) else []
+    if not loud:
+        return None
+    return (
+        f"the lines of {', '.join(loud)} cannot be quieted: alerts and runbooks follow them "
+        f"(quiet any of {', '.join(DecisionLogs.model_fields)})"
+    )
+
+
 class DecisionLogs(Strict):
     """Per decision, how its log line is written (`filter.core.decision_line`). Every decision is
     still recorded and counted in the metrics; only the line is quieted. At the default
@@ -242,13 +271,11 @@ class DecisionLogs(Strict):
     @model_validator(mode="before")
     @classmethod
     def _loud_ones_stay(cls, raw: Any) -> Any:
+        # The decisions that may not be quieted are refused by a rule across keys
+        # (`config_rules`, `loud_decisions_quieted`), not here: left out of what is validated,
+        # they do not hide a misspelt decision beside them.
         if isinstance(raw, dict):
-            loud = [name for name in LOUD_DECISIONS if name in raw]
-            if loud:
-                raise ValueError(
-                    f"the lines of {', '.join(loud)} cannot be quieted: alerts and runbooks follow them "
-                    f"(quiet any of {', '.join(cls.model_fields)})"
-                )
+            return {name: value for name, value in raw.items() if name not in LOUD_DECISIONS}
         return raw
 
     def quieting(self) -> dict[str, Quieting]:

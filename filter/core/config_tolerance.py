@@ -12,9 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from filter.core.attributes import own_attribute_count
+from filter.core.attributes import CHANGED_PREFIX, own_attribute_count
 from filter.core.pubsub_limits import MAX_ATTRIBUTES, MAX_NAME_BYTES
-from filter.core.tolerance_amount import CHANGED_PREFIX
 
 Problem = tuple[tuple[Any, ...], str]
 
@@ -49,6 +48,9 @@ def _route(i: int, route: dict[str, Any]) -> list[Problem]:
         if has_rows and not row_key:
             found.append((where, f"{key} on a rows route needs row_key: rows are compared by their key"))
         for name in names:
+            if (meant := _field_meant(name, route.get("rows"))) is not None:
+                found.append((where, meant))
+                continue
             if name in exclude or (include and name not in include):
                 found.append(
                     (where, f"{name!r} does not count for this route (see include/exclude): {key} names counted fields")
@@ -60,6 +62,18 @@ def _route(i: int, route: dict[str, Any]) -> list[Problem]:
         else:
             found += _attribute_names(where, names, route.get("rows_mode") == "changed")
     return found
+
+
+def _field_meant(name: str, rows: Any) -> str | None:
+    """Why `name`, written as a path (`payload.p`), matches no field: these name fields as
+    `include` does, by name; the field the path reaches, as a "did you mean". None: a name."""
+    prefix = f"{rows}." if isinstance(rows, str) and rows != "payload" else "payload."
+    if not name.startswith(("payload.", "attributes.")):
+        return None
+    where = "each row's fields" if isinstance(rows, str) else "the payload's top-level fields"
+    meant = name.removeprefix(prefix) if name.startswith(prefix) else None
+    guess = f"; did you mean {meant!r}?" if meant and "." not in meant else ""
+    return f"{name!r} is a path: this names one of {where} by its name, as include does{guess}"
 
 
 def _attribute_names(where: tuple[Any, ...], names: list[str], rows_changed: bool) -> list[Problem]:

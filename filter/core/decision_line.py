@@ -15,22 +15,15 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, MutableMapping
-from typing import Any, NamedTuple
+from typing import Any
 
 import structlog
 
+from filter.core.config_sections import Quieting
 from filter.core.model import DecisionRecord
 
 #: The event key a `WholeRecord` chain finds the decision's record under.
 RECORD = "decision_record"
-
-
-class Quieting(NamedTuple):
-    """How one decision's lines are logged: at `level` (None: the decision's own level) for the
-    share `sample` of its messages (by message id), at debug for the others."""
-
-    level: str | None = None
-    sample: float = 1.0
 
 
 def line_level(decision: str, own: str, message_id: str, quieting: Mapping[str, Quieting] | None) -> str:

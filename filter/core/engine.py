@@ -24,6 +24,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 from msgspec.structs import replace
 
@@ -54,6 +55,7 @@ from filter.core.judge import Decided, Outgoing, Verdict, decide
 from filter.core.keyless import keyless
 from filter.core.logs import get_logger
 from filter.core.model import Cause, Decision, DecisionRecord, KeyState, Lease, Message
+from filter.core.offload import OFF_LOOP_BYTES, Lane
 from filter.core.ports import (
     SYSTEM_CLOCK,
     UNOBSERVED,
@@ -65,13 +67,14 @@ from filter.core.ports import (
     Sender,
     StateStore,
     StoreUnavailable,
+    Suspends,
     Traced,
     Worked,
 )
 from filter.core.record import log_decision, record_of
 from filter.core.routes import RouteRules
 from filter.core.sending import Publishing, send
-from filter.core.stopping import Stop
+from filter.core.stopping import CLAIMS, Stop
 from filter.core.transitions import claimed, forwarded
 from filter.core.unsettled import FailedOpen
 
@@ -107,12 +110,24 @@ class Engine:
         self.in_flight = 0
         #: events for the health output (`/healthz`'s `counts`): the heartbeat's, the surface's
         self.counts: Counter[str] = Counter()
+        #: the decisions made so far, by decision (`/healthz`'s `counts` too): one dict
+        #: increment a decision, so a probe says what the process did without a records query
+        self.decided: Counter[str] = Counter()
         self.failed_open = FailedOpen()  # keys whose destination a fail-open forward of ours moved
         # every decision under way (its `handle` call): the one registry of work in flight,
         # which `close` and the surfaces (`under_way`) wait on
         self.deciding = closing.Deciding()
         self.telemetry = telemetry or UNOBSERVED  # telemetry: metrics and the decision's span
         self.holding = Holding(self.clock, sleep)  # the bursts held on `coalesce` routes
+        # large messages: decided on a thread of their own, one at a time (`filter.core.offload`)
+        self.lane = Lane()
+        self.off_loop_bytes = OFF_LOOP_BYTES
+        # a store whose calls never suspend (SQLite) cannot be cancelled inside one: its claim
+        # needs no task of its own (`_claim`)
+        self._store_inline = isinstance(store, Suspends) and not store.suspends
+        # set at the close's share for the claims' answers (`stopping.CLAIMS`): past it a claim
+        # on its way at a cancel is no longer waited for
+        self.claims_cut = asyncio.Event()
 
     async def close(self, stop: Stop | None = None) -> None:
         """The one close sequence, for every surface, inside one budget: `stop` (by default
@@ -125,7 +140,12 @@ class Engine:
         ran out of time; a step past its share is given up (logged as `close_step_cut`)."""
         stop = stop or Stop.begin(self.config.server.shutdown_budget)
         self.holding.release_all()  # what is held is decided now, inside the stop (`coalescing`)
-        await closing.close(self.deciding, self.publisher, self.recorder, self.store, self.telemetry, stop)
+        cut = asyncio.get_running_loop().call_later(stop.left(CLAIMS), self.claims_cut.set)
+        try:
+            await closing.close(self.deciding, self.publisher, self.recorder, self.store, self.telemetry, stop)
+        finally:
+            cut.cancel()
+            self.lane.close()
 
     def under_way(self) -> set[asyncio.Future[None]]:
         """The decisions under way (`handle` calls) in tasks other than this one: a future for
@@ -188,7 +208,10 @@ class Engine:
             return self._finish(route_name, msg, done, started, trace), done
         self.in_flight += 1
         try:
-            done = await self._decide_and_act(rules, msg, sender, traced)
+            if len(msg.data) < self.off_loop_bytes:
+                done = await self._decide_and_act(rules, msg, sender, traced, None)
+            else:
+                done = await self._off_loop(rules, msg, sender, traced)
         except PayloadError as exc:
             done = Done(Decision.REJECTED, str(exc))
         except asyncio.CancelledError:
@@ -222,7 +245,32 @@ class Engine:
         await self.recorded()
         return rec
 
-    async def _decide_and_act(self, rules: RouteRules, msg: Message, sender: Sender, traced: Traced) -> Done:
+    async def _off_loop(self, rules: RouteRules, msg: Message, sender: Sender, traced: Traced) -> Done:
+        """A large message: its CPU steps on the lane's thread (`filter.core.offload`), and one
+        such decision at a time (its peak memory once), but for the in-process caller's own work,
+        which never waits behind another caller's."""
+        try:
+            if sender is not self.publishing:
+                return await self._decide_and_act(rules, msg, sender, traced, self.lane)
+            async with self.lane.slot:
+                return await self._decide_and_act(rules, msg, sender, traced, self.lane)
+        finally:
+            self.lane.forget()  # its payload freed on the lane's thread, not the loop
+
+    async def turned_away(
+        self, route_name: str, reason: str, *, trace: str | None = None, message_id: str | None = None
+    ) -> DecisionRecord:
+        """Record a message a surface did not take in (it was at its bound: `Cause.OVERLOADED`,
+        answered as a retry); returns once the record is written, as `reject` does."""
+        done = Done(Decision.FAILED, reason, cause=Cause.OVERLOADED)
+        rec = self._finish(route_name, None, done, time.perf_counter(), trace, message_id)
+        await self.recorded()
+        return rec
+
+    async def _decide_and_act(
+        self, rules: RouteRules, msg: Message, sender: Sender, traced: Traced, lane: Lane | None
+    ) -> Done:
+        """With `lane` (a large message), the CPU steps (extract, decide) run on its thread."""
         route = rules.route
         if not rules.accepts_subscription(msg.subscription):
             raise PayloadError(f"pushed from subscription {msg.subscription!r}, route expects {route.subscription!r}")
@@ -230,14 +278,15 @@ class Engine:
             raise PayloadError(unforwardable)  # the same on every delivery: rejected, not a failing publish
         # 1. extract
         try:
-            payload, fp = rules.scheme(msg.data)
+            if lane is None:
+                payload, fp, message_fp, raw = _extracted(rules, msg)
+            else:
+                payload, fp, message_fp, raw = await lane.run(_extracted, rules, msg)
             key = rules.key_of(payload, msg.attributes)
         except MissingField as exc:
-            return await self._keyless(rules, msg, sender, exc, traced)
+            return await self._keyless(rules, msg, sender, exc, traced, lane)
         bypass = rules.bypassed(payload, msg.attributes)
-        d = Delivery(
-            route, msg, key, fp, message_fingerprint(msg.data, msg.attributes), payload is NOT_JSON, None, traced
-        )
+        d = Delivery(route, msg, key, fp, message_fp, raw, None, traced)
         if route.coalesce is not None and not bypass and (early := await self._coalesce(d, route.coalesce, sender)):
             return early  # superseded by a newer message of its burst (`filter.core.coalescing`)
         # 2. look
@@ -248,7 +297,11 @@ class Engine:
         for _ in range(CLAIM_ATTEMPTS):
             now = self.clock.now()
             # 3. decide: each look at the state is decided afresh, and only the last one is recorded
-            decided = decide(rules, msg, fp, state, now, bypass, self.random, payload)
+            decided = (
+                decide(rules, msg, fp, state, now, bypass, self.random, payload)
+                if lane is None
+                else await lane.run(decide, rules, msg, fp, state, now, bypass, self.random, payload)
+            )
             verdict = decided.verdict
             # 4. act
             if verdict.decision is not Decision.FORWARDED:
@@ -303,8 +356,14 @@ class Engine:
             message_id=d.msg.message_id,
         )
         route, key = d.route.name, d.key
+        # The claim runs in a task of its own, so that a cancel (a shutdown's) does not cut its
+        # call short: a write sent lands or not whatever its caller does (a cancelled RPC the
+        # store applies all the same), and only its answer tells which. A store whose calls
+        # never suspend (SQLite) needs none: no cancel lands inside its call.
+        claim = self.store.claim(route, key, state, claimed(state, lease, now + self._retention(d.route)))
+        claiming = asyncio.ensure_future(claim) if not self._store_inline else None
         try:
-            held = await self.store.claim(route, key, state, claimed(state, lease, now + self._retention(d.route)))
+            held = await (asyncio.shield(claiming) if claiming is not None else claim)
             if held is None:
                 # A claim whose reply was lost may still have landed: ours if the holder token is.
                 current = await self.store.read(route, key)
@@ -312,9 +371,13 @@ class Engine:
                     return Beaten(current)
                 held = current
         except asyncio.CancelledError:
-            # Cancelled with the claim on its way: it may have landed all the same. The message
-            # is nacked, so free the key rather than make its redelivery wait out the lease.
-            await to_the_end(self._release_if_ours(d, lease.holder))
+            # Cancelled with the claim on its way: its answer is waited for (the store bounds
+            # it), and a claim that landed, even after the cancel, is released. The message is
+            # nacked, so its redelivery (another worker's) must find the key free, not leased.
+            if claiming is None:  # cancelled past the claim (in its read): it has its answer
+                await to_the_end(self._release_if_ours(d, lease.holder))
+            else:
+                await to_the_end(self._release_claimed(d, claiming, lease.holder))
             raise
         self.failed_open.claimed(route, key)
         if state is not None and state.lease is not None and not state.lease.live(now):
@@ -351,6 +414,7 @@ class Engine:
             {**decided.out.attributes, **fence_attributes(key, held.fence)},
             decided.out.rows,
             decided.out.full_fingerprint,
+            decided.out.selection,
         )
         try:
             async with heartbeat:
@@ -388,6 +452,26 @@ class Engine:
     async def _release(self, d: Delivery, held: KeyState) -> None:
         """Free the key for the redelivery, to the end through any cancel (`cancels.to_the_end`)."""
         await to_the_end(self._release_now(d, held))
+
+    async def _release_claimed(self, d: Delivery, claiming: asyncio.Future[KeyState | None], holder: str) -> None:
+        """Once `claiming` has its answer: release the lease it took, if it took one (or may have).
+        A claim still unanswered at the close's share for it (`stopping.CLAIMS`) is cut short."""
+        if not claiming.done():
+            cut = asyncio.ensure_future(self.claims_cut.wait())
+            try:
+                either: set[asyncio.Future[Any]] = {claiming, cut}
+                await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                cut.cancel()
+            claiming.cancel()  # no-op once answered
+        try:
+            held = await claiming
+        except (Exception, asyncio.CancelledError):  # no answer (failed, timed out, cut): it may have landed
+            held = None
+        if held is not None:
+            await self._release_now(d, held)
+        else:
+            await self._release_if_ours(d, holder)
 
     async def _release_if_ours(self, d: Delivery, holder: str) -> None:
         try:
@@ -439,10 +523,10 @@ class Engine:
         return done
 
     async def _keyless(
-        self, rules: RouteRules, msg: Message, sender: Sender, missing: MissingField, traced: Traced
+        self, rules: RouteRules, msg: Message, sender: Sender, missing: MissingField, traced: Traced, lane: Lane | None
     ) -> Done:
         """No key, so no state to decide on: forwarded without a lease, or rejected (`filter.core.keyless`)."""
-        k = keyless(rules, msg.data, missing)
+        k = keyless(rules, msg.data, missing) if lane is None else await lane.run(keyless, rules, msg.data, missing)
         message_fp = message_fingerprint(msg.data, msg.attributes)
         d = Delivery(rules.route, msg, "", k.fingerprint, message_fp, k.raw, k.missing, traced)
         return await self._forward_unleased(d, sender, Decision.FAIL_OPEN, k.reason)
@@ -468,9 +552,21 @@ class Engine:
         enforced = rules.route.enforced if rules else True
         rec = record_of(route_name, msg, done, started, trace, message_id, enforced, self.clock.now())
         self.recorder.record(rec)
+        self.decided[rec.decision] += 1
         self.telemetry.decided(rec)  # telemetry: count it, describe it on its span
         log_decision(rec, self.quieting)
         return rec
+
+
+def _extracted(rules: RouteRules, msg: Message) -> tuple[Any, str, str, bool]:
+    """Step 1 (for a large message, on the lane): the payload, its fingerprint, the message's,
+    and whether the payload was fingerprinted over its bytes (raw). A raw payload is still read
+    when it is JSON (a number beyond double range), so its key, rows and fields count."""
+    payload, fp = rules.scheme(msg.data)
+    raw = payload is NOT_JSON
+    if raw:
+        payload = rules.scheme.readable(msg.data)
+    return payload, fp, message_fingerprint(msg.data, msg.attributes), raw
 
 
 def _describe(exc: BaseException) -> str:

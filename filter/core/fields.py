@@ -14,7 +14,7 @@ for the key compares against it:
   outside the selection that changed).
 
 Each list holds at most `MAX_NAMED` names, sorted; `*_more` counts the rest. A state written
-before this feature (or too large to keep) has no field checksums: the forward then records
+before this feature (or too large to keep: `rows.MAX_STORED_BYTES`) has no field checksums: the forward then records
 `fields_changed: null`, "unknown", and tune counts it as not evaluable.
 
 Cost: the payload is the one the fingerprint decoded (the engine hands it to `judge.decide`),
@@ -37,16 +37,15 @@ from typing import Any
 
 import msgspec
 
+from filter.core import rows
 from filter.core.config import Route
 
 #: How many field names a decision record lists (the count of the rest is always there).
 MAX_NAMED = 32
-#: A payload with more top-level fields than this is not tracked field by field.
-MAX_FIELDS = 512
 #: The payload's row key in the stored blob: never a row key (those are JSON lists).
 PAYLOAD = ""
 
-_encode = msgspec.json.Encoder(order="sorted").encode
+_encode = msgspec.json.Encoder(order="sorted", decimal_format="number").encode  # `canonical.sorted_encoder`
 _encode_stored = msgspec.json.Encoder().encode
 _crc32 = zlib.crc32
 _MISSING = "-" * 8
@@ -159,10 +158,10 @@ class Now:
                 clocks[n] = c
 
     def blob(self, fingerprint: str) -> bytes | None:
-        """What a forward stores; None when the payload has too many fields to keep."""
-        if len(self.names) > MAX_FIELDS:
-            return None
-        return _encode_stored(_Stored(self.names, {PAYLOAD: (fingerprint[-16:], self.packed)}, self.clocks))
+        """What a forward stores; None past the state limit (`rows.MAX_STORED_BYTES`, the row
+        state's: one limit on the stored state, whatever it holds; ~60,000 fields of 6 characters)."""
+        blob = _encode_stored(_Stored(self.names, {PAYLOAD: (fingerprint[-16:], self.packed)}, self.clocks))
+        return blob if len(blob) <= rows.MAX_STORED_BYTES else None
 
     def stored(self, values: dict[str, Any] | None = None) -> Before:
         """What `decode` gives for `blob()`, without decoding it, and `values` (`kept_values`):

@@ -31,7 +31,11 @@ Schemes for the payload fingerprint:
     account_id, product_id, side, str(price), quantity, event_type) (or the fields named
     in ``include``, in that order), sorted, ``json.dumps``-ed.
 
-A payload that is not JSON is fingerprinted over its raw bytes (``payload_kind`` says so).
+A payload that is not JSON is fingerprinted over its raw bytes (``payload_kind`` says so). So
+is one holding a number beyond double range in the content the route counts; in a field it
+leaves out, the number does not count, and the fingerprint is by value (`_by_value`). Either
+way the decision still reads the payload (`Scheme.readable`): its key, rows and fields are
+found, and a repeat is deduplicated.
 All values are written ``sha256:<64 hex>``; the seed schemes' hex part equals the seeds' own.
 """
 
@@ -41,6 +45,7 @@ import hashlib
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from operator import itemgetter
 from typing import Any
 
@@ -57,12 +62,15 @@ from filter.core.canonical import (
     canonical_decoder,
     encode_sorted,
     hex_fingerprint,
+    json_kind,
     ordered_rows,
     plain_decoder,
+    wide_decoder,
 )
 from filter.core.config import Route
 from filter.core.fingerprint_fast import typed_canonical
 from filter.core.paths import MISSING
+from filter.core.piecewise import PIECEWISE_BYTES, decode_in_pieces
 
 __all__ = [
     "NOT_JSON",
@@ -109,6 +117,19 @@ class Scheme:
     #: The rows the fast path hashes, decoded its way, or None when it would not vouch for
     #: them: what `filter.core.rows` digests on a forward.
     typed_rows: Callable[[bytes], TypedRows | None] | None = None
+    #: The payload as the decision reads it when the fingerprint is over the raw bytes
+    #: (`readable`); None: the same as `decode`.
+    wide: Callable[[bytes], Any] | None = None
+    #: The fingerprint of such a payload by value, when the route counts none of what made it
+    #: raw (`_by_value`); None: over its bytes
+    by_value: Callable[[Any], str | None] | None = None
+
+    def readable(self, data: bytes) -> Any:
+        """The payload the decision reads (its key, bypass rules, fields, rows, tolerance) when
+        `__call__` gave `NOT_JSON`: valid JSON holding a number beyond double range (`1e400`)
+        decodes, that number as its exact decimal (`canonical.wide_number`); the fingerprint
+        stays the one over its bytes. `NOT_JSON` for anything that is not JSON."""
+        return (self.wide or self.decode)(data)
 
     def __call__(self, data: bytes) -> tuple[Any, str]:
         """(decoded payload or NOT_JSON, fingerprint) for raw message data."""
@@ -119,6 +140,11 @@ class Scheme:
                     return done
             payload = self.decode(data)
             if payload is NOT_JSON:
+                if self.wide is not None and self.by_value is not None:
+                    # JSON with a number beyond double range: by value unless the route counts it
+                    wide = self.wide(data)
+                    if wide is not NOT_JSON and (value := self.by_value(wide)) is not None:
+                        return wide, value
                 return payload, raw_fingerprint(data)
             return payload, self.digest(payload)
         except RecursionError:
@@ -128,6 +154,8 @@ class Scheme:
 
 def _decoder(decoder: msgspec.json.Decoder[Any]) -> Callable[[bytes], Any]:
     def decode(data: bytes) -> Any:
+        if len(data) >= PIECEWISE_BYTES and (pieces := decode_in_pieces(decoder, data)) is not None:
+            return pieces  # the same value, the GIL given back between pieces (`filter.core.piecewise`)
         try:
             return decoder.decode(data)
         except DECODE_ERRORS:
@@ -144,7 +172,7 @@ def _rows(route: Route, payload: Any) -> list[Any]:
     if rows is MISSING:
         raise MissingField(str(route.rows), f"{route.rows} is missing from the payload")
     if not isinstance(rows, list):
-        raise MissingField(str(route.rows), f"{route.rows} is a {type(rows).__name__}, not a list of rows")
+        raise MissingField(str(route.rows), f"{route.rows} is {json_kind(rows)}, not a list of rows")
     return rows
 
 
@@ -197,6 +225,40 @@ def _canonical(route: Route) -> Callable[[Any], str]:
     return digest_rows
 
 
+def _by_value(route: Route) -> Callable[[Any], str | None]:
+    """The canonical fingerprint of a payload that holds a number beyond double range (read by
+    `wide_decoder`) when no such number is in the content the route counts: the number is in a
+    field the route leaves out, so the fingerprint is by value, as if it were not there (the
+    typed fast path never reads such a field either). None when one is counted: canonical text
+    has no spelling for it, and the payload is fingerprinted over its bytes."""
+    select, digest = selector(route), _canonical(route)
+
+    def by_value(payload: Any) -> str | None:
+        if route.rows is None:
+            counted = [select(r) for r in payload] if isinstance(payload, list) else select(payload)
+        else:
+            counted = [select(r) for r in _rows(route, payload)]
+        return None if _holds_wide(counted) else digest(payload)
+
+    return by_value
+
+
+def _holds_wide(value: Any) -> bool:
+    """Whether a number beyond double range (a Decimal, `canonical.wide_number`) is in `value`.
+    A loop, not a recursion: JSON may nest deeper than Python's stack goes."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        t = type(v)
+        if t is dict:
+            stack.extend(v.values())
+        elif t is list:
+            stack.extend(v)
+        elif t is Decimal:
+            return True
+    return False
+
+
 def _get(row: Any, key: str) -> Any:
     return row.get(key) if isinstance(row, dict) else None
 
@@ -246,7 +308,15 @@ def compile_scheme(route: Route) -> Scheme:
     if route.scheme == "canonical":
         typed = typed_canonical(route)
         fast, selected = typed if typed is not None else (None, None)
-        return Scheme("canonical", _decoder(canonical_decoder), _canonical(route), fast, selected)
+        return Scheme(
+            "canonical",
+            _decoder(canonical_decoder),
+            _canonical(route),
+            fast,
+            selected,
+            _decoder(wide_decoder),
+            _by_value(route),
+        )
     if route.scheme == "data_hash":
         return Scheme("data_hash", _decoder(plain_decoder), _data_hash(route))
     return Scheme("event", _decoder(plain_decoder), _event(route))

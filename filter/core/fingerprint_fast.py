@@ -47,11 +47,12 @@ def typed_canonical(route: Route) -> tuple[_Fast, _TypedRowsOf] | None:
     * msgspec does not check the UTF-8 of strings it skips, the generic decoder does: a
       payload that is not ASCII is UTF-8-checked first (a few µs) and falls back if invalid.
 
-    One divergence is left on purpose: a number the canonical text refuses (an integer of
-    more than 4300 digits, msgspec's and CPython's limit; a fraction or exponent beyond
-    double range, `1e400`) inside a *skipped* field makes the generic decoder call the
-    payload "not JSON"; here it is skipped unread like any other skipped field. Finding
-    one means scanning every byte (a regex costs about half the fast path on 450 rows).
+    One divergence is left on purpose: an integer of more than 4300 digits (msgspec's and
+    CPython's limit) inside a *skipped* field makes the generic decoder call the payload "not
+    JSON"; here it is skipped unread like any other skipped field. Finding one means scanning
+    every byte (a regex costs about half the fast path on 450 rows). (A fraction or exponent
+    beyond double range, `1e400`, in a skipped field does not count on the generic path either:
+    `fingerprint._by_value`, the same fingerprint.)
 
     The payload returned holds only the top-level fields the route's key and bypass paths
     read: they are the only readers of the payload (`RouteRules.key_of`, `bypassed`).

@@ -29,13 +29,13 @@ from typing import Any
 
 import msgspec
 
-from filter.core import fields, forwarded_rows, rows, tolerance_look
+from filter.core import fields, forwarded_rows, reselect, rows, tolerance_look
+from filter.core.attributes import CHANGED_PREFIX
 from filter.core.config import Route
 from filter.core.model import UNKNOWN, Decision, KeyState, Message
 from filter.core.partial import partial
 from filter.core.routes import Kept, RouteRules
 from filter.core.tolerance import WITHIN, largest
-from filter.core.tolerance_amount import CHANGED_PREFIX
 
 #: The reason of a redelivery: this message id, last forwarded with this content.
 REDELIVERED = "message already forwarded"
@@ -64,6 +64,7 @@ class Outgoing(msgspec.Struct, frozen=True):
     attributes: Mapping[str, str]
     rows: bytes | None = None
     full_fingerprint: str | None = None
+    selection: str | None = None  # what the route compares, stored with the forward (`filter.core.selection`)
 
 
 class Decided(msgspec.Struct, frozen=True):
@@ -100,11 +101,20 @@ def decide(
     are read from it, never from a second decode."""
     if state is not None and state.expired(now):
         state = state.forgotten()
-    verdict = judge(rules.route, msg, fp, state, now, bypass)
+    # the last forward was judged under another selection: compared field by field (`reselect`)
+    again = None
+    if state is not None and state.selection is not None and state.selection != rules.selection_text:
+        again = _reselected(rules, msg, fp, state, now, payload)
+    verdict = judge(rules.route, msg, fp, state if again is None else again[1], now, bypass)
     details: dict[str, Any] = {}
     # the destination holds the last forward, and this is other content: a tolerance may
     # still call it unchanged, and a forward flags only the fields that changed
     known = verdict.reason == CHANGED and state is not None and _settled(state) and _in_window(rules.route, state, now)
+    if again is not None:
+        compared = again[0]
+        known = known and compared.why is None and compared.change.fingerprints_comparable
+        verdict = _reason_under(compared, verdict, rules.route.new_fields == "adopt")
+        details.update(compared.details())
     look = _within_tolerance(rules, msg, state, payload) if known else None
     moves = look.moves if look is not None else None
     if moves is not None:
@@ -117,10 +127,31 @@ def decide(
         verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
     elif verdict.decision is Decision.FORWARDED:
         out, found, kept = _what_to_send(rules, msg, fp, state, payload, known, look)
+        out = msgspec.structs.replace(out, selection=rules.selection_text)
         return Decided(verdict, state, out, {**details, **found}, kept)
     if verdict.decision in _HELD_BACK and rules.tracks_fields and rules.selects is not None:
         _excluded_changed(rules, msg, state, details, payload)
     return Decided(verdict, state, Outgoing(msg.data, {}), details)
+
+
+def _reselected(
+    rules: RouteRules, msg: Message, fp: str, state: KeyState, now: float, payload: Any
+) -> tuple[reselect.Look, KeyState] | None:
+    """The look at a last forward made under another selection, and the state as the table
+    judges it (`reselect.as_judged`)."""
+    change = reselect.change_of(state.selection or "", rules.selection)
+    if change is None:
+        return None
+    if change.fingerprints_comparable:
+        return reselect.Look(change), state  # a tolerance changes no fingerprint: compared as stored
+    look = reselect.look(change, rules.tracks_rows, state, msg.data, payload, rules)
+    return look, reselect.as_judged(look, state, fp, now, _settled(state), rules.route.new_fields == "adopt")
+
+
+def _reason_under(look: reselect.Look, verdict: Verdict, adopt: bool) -> Verdict:
+    """The verdict's reason, saying that the selection changed: never `content changed`."""
+    reason = reselect.reason(look, verdict.decision, verdict.reason, verdict.reason == CHANGED, adopt)
+    return verdict if reason == verdict.reason else Verdict(verdict.decision, reason)
 
 
 def judge(
@@ -240,17 +271,20 @@ def _fields_forwarded(
     new_key = state is None or (state.fingerprint is None and state.forwarded_at is None)
     before = None if state is None else rules.fields_before(state.rows)
     now = fields.Now(payload, selects, before)
-    out = Outgoing(msg.data, {}, now.blob(fp), full)
+    field_state = now.blob(fp)
+    out = Outgoing(msg.data, {}, field_state, full)
     reference = None
     if (tol := rules.tolerance) is not None:
         sent = tolerance_look.whole_forward(
-            rules, tol, out.rows, 3 if now.clocks else 2, payload, state, known and not new_key, now.changed_all
+            rules, tol, field_state, 3 if now.clocks else 2, payload, state, known and not new_key, now.changed_all
         )
         out, reference = Outgoing(msg.data, sent.flags, sent.blob, full), sent.reference
         _tolerance_details(tol.listed, sent, details)
     kept = None
-    if out.rows is None:
-        details["fields_state"] = "too many fields to keep"
+    if field_state is None:
+        details["fields_state"] = rows.FIELDS_UNKEPT
+        if out.rows is not None:  # the tolerance reference alone (`tolerance_look.whole_forward`)
+            kept = Kept(out.rows, reference)
     else:
         kept = Kept(out.rows, reference, fields_state=now.stored(_unselected_values(rules, payload)))
     if new_key:
@@ -335,7 +369,7 @@ def _what_to_send(
         return Outgoing(msg.data, _every_flag(rules), None, full), details, None
     kept = rows.encode(digests)
     if kept is None:
-        details["rows_state"] = "too large to keep"
+        details["rows_state"] = rows.ROWS_UNKEPT
     content_changed = state is not None and state.fingerprint not in (None, fp)
     partial_send = rules.route.rows_mode == "changed" and content_changed
     diff = rows.diff(before, digests) if before is not None else None

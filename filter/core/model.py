@@ -54,6 +54,7 @@ class Cause(enum.StrEnum):
     WORK = "work"  # the in-process caller's work raised in place of the publish
     CANCELLED = "cancelled"  # abandoned to a cancel (a shutdown past its budget, or the caller)
     INTERNAL = "internal"  # the filter itself raised on this message (a bug): recorded, answered 500, retried
+    OVERLOADED = "overloaded"  # turned away unread: the push endpoint's bytes in flight were at their bound (429)
 
 
 #: Decisions after which the source message is acked (push answers 2xx).
@@ -114,6 +115,9 @@ class KeyState:
     # (`cache_result`), oldest first, within `RESULTS_MAX_BYTES` (`filter.core.transitions`).
     results: tuple[tuple[str, str, str], ...] = ()
     version: Any = field(default=None, compare=False)
+    #: what the route compared when this forward was made (`filter.core.selection`: its canonical
+    #: text); None for state written before selections were stored, read as the route's own
+    selection: str | None = None
 
     def decided(self, message_id: str) -> str | None:
         """The fingerprint this message id was forwarded with, if it is a recent one."""

@@ -13,7 +13,8 @@ import msgspec
 
 from filter.core import rows
 from filter.core.attributes import ATTRIBUTE_LIMIT
-from filter.core.fingerprint import TypedRows
+from filter.core.canonical import plain_decode, plain_encode
+from filter.core.fingerprint import NOT_JSON, TypedRows
 from filter.core.paths import list_index
 from filter.core.routes import RouteRules
 
@@ -40,9 +41,7 @@ def partial(
         "filter_rows_removed": str(len(diff.removed)),
     }
     if route.removed_rows == "tombstone":
-        kept += [
-            {**dict(zip(row_key, msgspec.json.decode(k), strict=False)), "filter_removed": True} for k in diff.removed
-        ]
+        kept += [{**dict(zip(row_key, plain_decode(k), strict=False)), "filter_removed": True} for k in diff.removed]
     elif route.removed_rows == "attribute" and diff.removed:
         listed = msgspec.json.encode(diff.removed).decode()
         if len(listed.encode()) > ATTRIBUTE_LIMIT:
@@ -53,7 +52,7 @@ def partial(
         parent[leaf] = kept
     else:
         payload = kept
-    return msgspec.json.encode(payload), attributes
+    return plain_encode(payload), attributes
 
 
 def _kept(
@@ -62,8 +61,10 @@ def _kept(
     """The rows to send, chosen by their keys as the digests read them, sent as the producer
     spelled them (plain decode)."""
     assert rules.route.rows is not None
-    payload = msgspec.json.decode(data)
+    payload = plain_decode(data)
     canonical = rules.scheme.decode(data)
+    if canonical is NOT_JSON:
+        canonical = rules.scheme.readable(data)  # a number beyond double range, as the row digests read it
     parent, leaf = _parent(payload, rules.route.rows.parts)
     found = parent[leaf] if leaf else payload
     as_read = rules.route.rows.resolve(canonical, {})  # the same list, row for row
@@ -88,7 +89,7 @@ def _kept_raw(
     leaf = rules.route.rows.parts[0]
     try:
         top = _top(data)
-    except msgspec.DecodeError:
+    except (msgspec.DecodeError, msgspec.ValidationError):  # a number beyond double range: `_kept` reads it
         return None
     found = top.get(leaf)
     if not isinstance(found, list) or len(found) != len(typed.rows):
@@ -97,7 +98,7 @@ def _kept_raw(
     payload = {k: None if k == leaf else _plain(v) for k, v in top.items()}
     if keys is None or len(keys) != len(found):
         keys = [typed.key_json(row).decode() for row in typed.rows]
-    kept = [msgspec.json.decode(raw) for raw, key in zip(found, keys, strict=True) if key in wanted]
+    kept = [plain_decode(raw) for raw, key in zip(found, keys, strict=True) if key in wanted]
     return payload, payload, leaf, kept
 
 
@@ -108,7 +109,7 @@ _top = msgspec.json.Decoder(dict[str, list[msgspec.Raw] | dict[str, Any] | str |
 
 def _plain(value: Any) -> Any:
     """A top-level value as `msgspec.json.decode` reads it: a list's raw elements decoded."""
-    return [msgspec.json.decode(raw) for raw in value] if isinstance(value, list) else value
+    return [plain_decode(raw) for raw in value] if isinstance(value, list) else value
 
 
 def _parent(payload: Any, parts: tuple[str, ...]) -> tuple[Any, str | None]:

@@ -6,7 +6,8 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from filter.core.decision_line import Quieting, line_level, write_line
+from filter.core.config_sections import Quieting
+from filter.core.decision_line import line_level, write_line
 from filter.core.handled import Delivery, Done
 from filter.core.judge import Decided
 from filter.core.logs import get_logger

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from filter.core import fields, forwarded_rows, rows
-from filter.core.attributes import own_attributes_at_most, unforwardable
+from filter.core import fields, forwarded_rows, reselect, rows
+from filter.core.attributes import own_attribute_count, unforwardable
 from filter.core.canonical import MissingField
 from filter.core.conditions import holds
 from filter.core.config import Route
 from filter.core.fingerprint import NOT_JSON, Scheme, TypedRows, compile_scheme
 from filter.core.paths import MISSING
+from filter.core.selection import of_route
 from filter.core.tolerance import Reference, Tolerance, read
 
 #: How many stored states a route keeps decoded, and how many bytes of stored state at most: a
@@ -24,20 +26,25 @@ _KEPT_BYTES = 8 * 1024 * 1024
 
 class _Decoded(dict[bytes, Any]):
     """Stored states decoded, by their bytes, oldest out first past `_KEPT_STATES` entries or
-    `_KEPT_BYTES` of keys: a route's many keys never hold more than that."""
+    `_KEPT_BYTES` of keys: a route's many keys never hold more than that. A large message's
+    decision keeps from its own thread (`filter.core.offload`): the eviction takes a lock."""
 
     def __init__(self) -> None:
         super().__init__()
         self.size = 0
+        self.lock = threading.Lock()
 
     def keep(self, blob: bytes, decoded: Any) -> None:
         if blob in self:
             return
-        self.size += len(blob)
-        while self and (len(self) >= _KEPT_STATES or self.size > _KEPT_BYTES):
-            self.size -= len(oldest := next(iter(self)))
-            del self[oldest]
-        self[blob] = decoded
+        with self.lock:
+            if blob in self:
+                return
+            self.size += len(blob)
+            while self and (len(self) >= _KEPT_STATES or self.size > _KEPT_BYTES):
+                self.size -= len(oldest := next(iter(self)))
+                del self[oldest]
+            self[blob] = decoded
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,6 +67,11 @@ class RouteRules:
     def __init__(self, route: Route):
         self.route = route
         self.scheme: Scheme = compile_scheme(route)
+        # what the route compares, stored with each forward: a later decision tells a changed
+        # selection from changed content (`filter.core.reselect`)
+        self.selection = of_route(route)
+        self.selection_text = self.selection.text
+        self.looks = reselect.Looks()  # the looks at state another selection stored (`reselect.look`)
         # the same content with nothing left out: what the noise audit compares
         self.full_scheme: Scheme | None = (
             compile_scheme(route.model_copy(update={"include": [], "exclude": [], "scheme": "canonical"}))
@@ -68,7 +80,7 @@ class RouteRules:
         )
         self.tracks_rows = route.rows is not None and bool(route.row_key) and route.scheme == "canonical"
         self.row_memo = rows.Memo()  # the last forward's rows: most of the next forward's are the same
-        self.own_attributes_at_most = own_attributes_at_most(route)
+        self.own_attributes_at_most = own_attribute_count(route.rows_mode == "changed", len(route.changed_attributes))
         # whole-payload routes keep a checksum per top-level field (`filter.core.fields`)
         # (from the payload the fingerprint decoded: whole, as no fast path decodes such a route)
         self.tracks_fields = route.rows is None and route.scheme == "canonical" and self.scheme.fast is None
@@ -159,6 +171,8 @@ class RouteRules:
             if digests is not None:
                 return digests
         payload = self.scheme.decode(data)
+        if payload is NOT_JSON:
+            payload = self.scheme.readable(data)  # a number beyond double range: its rows still have digests
         if payload is NOT_JSON:
             return None
         found = self.route.rows.resolve(payload, {})

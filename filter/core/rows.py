@@ -9,7 +9,7 @@ forward path writes anyway, and nothing on the suppress path.
 Size: a row costs its key (as JSON) plus ~24 bytes plus 8 per field; 450 injury rows
 with 7 included fields take ~54 KB, so Firestore's 1 MiB document limit is reached near
 8,000 rows of that shape. Above `MAX_STORED_BYTES` the row state is not stored (the route falls back
-to whole-payload decisions for that key, and the record says so).
+to whole-payload decisions for that key, and the record says so: `ROWS_UNKEPT`).
 """
 
 from __future__ import annotations
@@ -32,7 +32,23 @@ MAX_STORED_BYTES = 900_000
 #: How many changed rows a decision record names (the counts are always complete).
 EXPLAIN_ROWS = 10
 
-_encode = msgspec.json.Encoder(order="sorted").encode
+#: What a record says when a forward's state passes `MAX_STORED_BYTES` (as the record's
+#: `rows_state`, `fields_state` or `tolerance_state`): the limit, and what the key's next
+#: decision falls back to. One limit, on the whole state blob, for every kind of state.
+STATE_LIMIT = f"past the state limit of {MAX_STORED_BYTES:,} bytes"
+ROWS_UNKEPT = (
+    f"too large to keep ({STATE_LIMIT}): the next message of this key is compared as a whole "
+    "payload (no row diff, every changed_attributes field flagged, no tolerance)"
+)
+FIELDS_UNKEPT = (
+    f"too large to keep ({STATE_LIMIT}): the next forward of this key cannot say which fields "
+    "changed (fields_changed: null; changed_attributes flagged unless the tolerance reference says)"
+)
+TOLERANCE_UNKEPT = (
+    f"too large to keep ({STATE_LIMIT}): the next change of this key is forwarded, not compared within tolerance"
+)
+
+_encode = msgspec.json.Encoder(order="sorted", decimal_format="number").encode  # `canonical.sorted_encoder`
 _MISSING_FIELD = "-" * 8
 _hexdigest = methodcaller("hexdigest")
 

@@ -19,6 +19,9 @@ import msgspec
 #: The share of the budget, from the signal, by which each step has ended.
 DRAIN = 0.5  # requests and messages in flight finish by themselves
 PUBLISHER = 0.6  # the publisher's flush: what it holds lands or fails
+#: a claim on its way when its decision was cancelled is waited for until then (its answer says
+#: whether it took the lease); one still unanswered is cut short, and the release gets the rest
+CLAIMS = 0.7
 RELEASE = 0.75  # what still runs is cancelled: leases released, decisions recorded, messages nacked
 RECORDS = 0.9  # the decision records still batched are written
 CLOSE = 0.95  # the store and telemetry close; the rest is the process's own exit

@@ -71,15 +71,32 @@ def parse_duration(value: Any) -> float:
 
 def parse_instant(text: str, now: float) -> float:
     """A point in time as an operator writes it → epoch seconds: a duration back from `now`
-    (`24h`, `90m`, `7d`), a date (`2026-01-10`, its midnight UTC) or an RFC 3339 time."""
+    (`24h`, `90m`, `7d`), a date (`2026-01-10`, its midnight UTC) or an RFC 3339 time.
+
+    A date or time that names no real day or time (`2026-01-45`, `24:00:00`) is an error saying
+    which part is out of range, not the day it would overflow into: an operator's typo must not
+    quietly move the period read."""
     text = text.strip()
-    try:
-        return parse_time(f"{text}T00:00:00Z" if _DATE.match(text) else text)
-    except ValueError:
-        pass
+    stamp = f"{text}T00:00:00Z" if _DATE.match(text) else text
+    written = _RFC3339.match(stamp)
+    if written:
+        _refuse_overflow(text, written)
+        return parse_time(stamp)
     try:
         return now - parse_duration(text)
     except ValueError:
         raise ValueError(
             f"{text!r}: write a duration (24h, 90m, 7d), a date (2026-01-10) or an RFC 3339 time (2026-01-10T17:00:00Z)"
         ) from None
+
+
+def _refuse_overflow(text: str, written: re.Match[str]) -> None:
+    """`parse_time` (the per-message path, kept lean) normalises an out-of-range field into the
+    next one, as `calendar.timegm` does; an operator's instant is checked field by field first."""
+    import datetime  # only here: the message path never pays for the import
+
+    y, mo, d, h, mi, s = (int(part) for part in written.groups()[:6])
+    try:
+        datetime.datetime(y, mo, d, h, mi, min(s, 59))  # 60: a leap second, as RFC 3339 allows
+    except ValueError as exc:
+        raise ValueError(f"{text!r} is no such date or time: {exc}") from None

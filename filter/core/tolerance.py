@@ -15,10 +15,10 @@ forward that carried it, after its publish was confirmed, and never by a claim.
 
 A message is within tolerance of the reference when every row's `rest` is the one stored
 (the same rows: none added or removed) and every tolerance field is either equal, or a number
-both times with |new - last| <= its amount (for "N%": N/100 of |last|). Integers compare in
-exact integer arithmetic; a fraction makes it double precision (an integer too large for a
-double against a fraction is a change). JSON has no NaN or infinity, and a number beyond
-double range makes the payload raw (compared exactly), so no value is non-finite.
+both times with |new - last| <= its amount (for "N%": N/100 of |last|), computed exactly
+(`filter.core.tolerance_amount`): integers in integer arithmetic, a fraction as the decimal
+its canonical text writes. JSON has no NaN or infinity; a number beyond double range (`1e400`,
+which makes the fingerprint raw) is read as a decimal and compared exactly, as a string is.
 
 Pure: no I/O. The decision reads it through `filter.core.judge`.
 """
@@ -28,14 +28,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from decimal import Decimal, DecimalException
 from typing import Any
 
 import msgspec
 
+from filter.core.attributes import CHANGED_PREFIX
 from filter.core.canonical import encode_sorted
 from filter.core.config import Route
 from filter.core.fingerprint import selector
-from filter.core.tolerance_amount import CHANGED_PREFIX, Amount, parse_amount
+from filter.core.tolerance_amount import EXACT, Amount, exact, parse_amount
 
 #: The reason of a suppression whose only changes are moves within tolerance.
 WITHIN = "moved within tolerance"
@@ -122,11 +124,16 @@ class Tolerance:
             a, b = was.get(f, _ABSENT), now.get(f, _ABSENT)
             if type(a) is type(b) and a == b:
                 continue
-            move = _move(a, b)
-            if move is None or not amount.allows(move, a):  # type: ignore[arg-type]
+            if type(a) is int and type(b) is int:  # the usual numbers: exact in integers
+                move: int | Decimal | None = abs(b - a)
+                last: Any = a
+            else:
+                last = exact(a) if type(a) in _NUMBERS else a  # type: ignore[arg-type]
+                move = _move(last, b)
+            if move is None or not amount.allows(move, last):
                 beyond.append(f)
             else:
-                moves[f] = move
+                moves[f] = move if isinstance(move, int) else _shown(move)
         return Compared(old[0] == new[0], moves, frozenset(beyond))
 
     def flags(self, changed: Iterable[str]) -> dict[str, str]:
@@ -150,14 +157,21 @@ def _value(v: Any) -> Value:
     t = type(v)
     if t is int or t is float:
         return v  # type: ignore[no-any-return]
+    # anything else (a number beyond double range too: a Decimal, written as a JSON number) by digest
     return "=" + hashlib.sha256(encode_sorted(v)).hexdigest()[:16]
 
 
-def _move(a: object, b: object) -> int | float | None:
-    """|b - a| when both are numbers (not booleans), else None: compared exactly."""
-    if type(a) not in _NUMBERS or type(b) not in _NUMBERS:
+def _move(last: object, b: object) -> Decimal | None:
+    """|b - last| (`last` already a decimal, `exact`), exactly, when both are numbers (not
+    booleans), else None: compared exactly. A fraction is the decimal its canonical text writes."""
+    if type(last) is not Decimal or type(b) not in _NUMBERS:
         return None
     try:
-        return abs(b - a)  # type: ignore[operator, no-any-return]
-    except OverflowError:  # an integer too large for a double, against a fraction
+        return EXACT.subtract(exact(b), last).copy_abs()  # type: ignore[arg-type]
+    except DecimalException:  # pragma: no cover - exact operands never round
         return None
+
+
+def _shown(move: Decimal) -> int | float:
+    """A move as the record shows it: an integer when it is one, else the nearest double."""
+    return int(move) if move == move.to_integral_value() else float(move)

@@ -20,8 +20,12 @@ from filter.core.tolerance import Entry, Reference, Tolerance, attach, largest
 
 Moves = dict[str, int | float]
 
-_TOO_LARGE = "too large to keep"
+_TOO_LARGE = rows.TOLERANCE_UNKEPT
 _UNMATCHED = "rows not matched by key: a row is not an object, or rows share a key"
+_NO_ROW_STATE = "not kept: no reference without the row state (rows_state)"
+#: A state with no field checksums (`fields.decode` reads none), for a reference alone: the
+#: whole payload's field state did not fit (`fields.Now.blob`), its tolerance reference may.
+_NO_FIELDS = b"[[],{},{}]"
 
 
 @dataclass(frozen=True)
@@ -144,15 +148,25 @@ def whole_forward(
     """A whole-payload forward: the payload's reference, and the flags (all, unless `known`)."""
     entry = tol.entry(payload)
     kept = Reference({fields.PAYLOAD: entry})
-    new_blob = attach(blob, kept, elements, rows.MAX_STORED_BYTES) if blob else None
+    # no field state (past the state limit): the reference alone, which is small, so that the
+    # tolerance still applies to the next change
+    new_blob = attach(blob or _NO_FIELDS, kept, elements if blob else 3, rows.MAX_STORED_BYTES)
     reference = kept if new_blob is not None else None  # the next decision for the key reads it back
-    unkept = None if new_blob is not None or not blob else _TOO_LARGE
+    unkept = None if new_blob is not None else _TOO_LARGE
     # kept or not, the state is stored: without a reference, the next change is forwarded
     new_blob = new_blob or blob
-    if not known or changed_all is None or state is None:
+    if not known or state is None:
         return ForwardPlan(new_blob, dict(tol.every_flag), unkept=unkept, reference=reference)
     before = rules.reference_of(state.rows)
     old = before.rows.get(fields.PAYLOAD) if before is not None else None
+    if changed_all is None:
+        # no field checksums to say what changed: the reference still says whether anything but
+        # the tolerance fields did (its rest digest), and which of those moved beyond tolerance
+        if old is None:
+            return ForwardPlan(new_blob, dict(tol.every_flag), unkept=unkept, reference=reference)
+        compared = tol.compare(old, entry)
+        rest = set() if compared.same_rest else {f for f in tol.listed if f not in tol.names}
+        return ForwardPlan(new_blob, tol.flags(rest | compared.beyond), unkept=unkept, reference=reference)
     changed = set(changed_all)
     if old is not None:
         beyond = tol.compare(old, entry).beyond
@@ -178,6 +192,12 @@ def rows_forward(
 
     `partial`: only the rows that changed beyond tolerance are sent (`rows_mode: changed`)."""
     reference = rules.reference_of(state.rows) if state is not None and diff is not None else None
+    if blob is None:
+        # the row state passed the state limit (`rows.encode`): no reference can ride on it. With
+        # no reference kept before either, nothing was held back from the last forward: the
+        # digests (when compared with a stored state) say which fields changed; else every flag.
+        flags = flags_of(tol, known, diff, _fields_of(diff)) if reference is None else dict(tol.every_flag)
+        return ForwardPlan(None, flags, unkept=_NO_ROW_STATE if tol.amounts else None)
     fresh = None if reference is None or diff is None else [*diff.added, *diff.changed]
     found = rows_by_key(rules, tol, digests, typed, payload, fresh)
     if found is None:
@@ -199,19 +219,27 @@ def rows_forward(
             if compared.within and known and partial:
                 within_rows[key] = compared.moves
                 entries[key] = old  # kept, if the row is not sent (`rows_mode: changed`; see `judge`)
+    if reference is None:
+        # no reference was kept with the last forward: nothing was held back from it, so the row
+        # digests alone say which fields changed since (a tolerance field that moved at all too)
+        changed = _fields_of(diff)
     kept = Reference(entries)
-    new_blob = attach(blob, kept, 2, rows.MAX_STORED_BYTES) if blob else None
+    new_blob = attach(blob, kept, 2, rows.MAX_STORED_BYTES)
     if new_blob is None:
-        # no reference kept (or no row state): the next change is forwarded, so no row is held back
-        unkept = _TOO_LARGE if blob else None
-        return ForwardPlan(blob, flags_of(tol, known, reference, diff, changed), unkept=unkept)
-    return ForwardPlan(new_blob, flags_of(tol, known, reference, diff, changed), within_rows, reference=kept)
+        # no reference kept: the next change is forwarded, so no row is held back
+        return ForwardPlan(blob, flags_of(tol, known, diff, changed), unkept=_TOO_LARGE)
+    return ForwardPlan(new_blob, flags_of(tol, known, diff, changed), within_rows, reference=kept)
 
 
-def flags_of(
-    tol: Tolerance, known: bool, reference: Reference | None, diff: rows.RowDiff | None, changed: set[str]
-) -> dict[str, str]:
-    whole = not known or reference is None or diff is None or bool(diff.added or diff.removed) or not diff.changed
+def _fields_of(diff: rows.RowDiff | None) -> set[str]:
+    """Every field the row digests found changed, in any row."""
+    return {f for names in diff.fields.values() for f in names} if diff is not None else set()
+
+
+def flags_of(tol: Tolerance, known: bool, diff: rows.RowDiff | None, changed: set[str]) -> dict[str, str]:
+    """The flags of `changed`; every flag when what changed is not known field by field (the
+    destination's content unknown, no row diff, a row added or removed, or no row digest changed)."""
+    whole = not known or diff is None or bool(diff.added or diff.removed) or not diff.changed
     return dict(tol.every_flag) if whole else tol.flags(changed)
 
 

@@ -61,6 +61,7 @@ def forwarded(
         rows=out.rows,
         full_fingerprint=out.full_fingerprint,
         results=_kept(base.results, recent, (msg.message_id, fp, result) if result is not None else None),
+        selection=out.selection,
     )
 
 

@@ -36,7 +36,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 
 from filter.core.answer import answer_for
-from filter.core.config import Config, load
+from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, Config, ConfigError, load
 from filter.core.engine import Engine
 from filter.core.errors import FilterError, FilterTypeError, FilterUsageError
 from filter.core.logs import get_logger
@@ -44,6 +44,7 @@ from filter.core.model import Decision, DecisionRecord, Message
 from filter.core.ports import Clock, Worked
 from filter.inprocess.body import BodySender, Forward, WorkFailed
 from filter.inprocess.messages import to_message
+from filter.runtime import durability
 from filter.runtime.wiring import make_recorder, make_store
 
 __all__ = ["Filter", "FilterClosed", "Forward", "Outcome", "SyncFilter"]
@@ -93,8 +94,21 @@ class Outcome(Generic[T]):
         return self.acked and not self.ran
 
 
+#: what the in-process API builds from a config: the body sends, so no publisher
+_PARTS = ("store", "records")
+
+
 def _config(config: Config | str | os.PathLike[str] | None) -> Config:
-    return config if isinstance(config, Config) else load(config)
+    """The config, refused (`ConfigError`) when its state or records are files that the runtime
+    loses (Cloud Run: `filter.runtime.durability`), as `serve` refuses them. Asked before
+    anything is built (`SyncFilter` starts a thread)."""
+    cfg = config if isinstance(config, Config) else load(config)
+    refused = durability.refusal(cfg, durability.detect(), parts=_PARTS)
+    if refused:
+        named = config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG
+        source = "<config>" if isinstance(config, Config) else str(named)
+        raise ConfigError(source, refused)
+    return cfg
 
 
 class FilterClosed(FilterError, RuntimeError):
@@ -127,6 +141,9 @@ class Filter:
             self.engine = config
         else:
             cfg = _config(config)
+            loss = durability.loss_line(cfg, parts=_PARTS)  # started anyway, by the experiment's variable
+            if loss is not None:
+                get_logger("pubsub_filter").error("embedded_backends_on_cloud_run", **loss)
             self.engine = Engine(cfg, make_store(cfg), None, make_recorder(cfg), clock)  # each call sends via its body
         self.closed = False
         self._unkept_said: set[str] = set()  # routes whose uncached result was logged (once a route)

@@ -24,6 +24,7 @@ from typing import Any, TypeVar, overload
 import msgspec
 
 from filter.core.answer import answer_for
+from filter.core.canonical import plain_decode
 from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError
 from filter.core.errors import FilterError, FilterTypeError, UnknownRouteError
@@ -63,7 +64,7 @@ def cloudevent_message(event: Any) -> Message:
 
 def _payload_of(forward: Forward) -> Any:
     try:
-        return msgspec.json.decode(forward.data)
+        return plain_decode(forward.data)  # a number beyond double range as its decimal
     except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
         return forward.data
 
@@ -147,35 +148,104 @@ def _decorator(
     return decorate
 
 
-class _Shape:
-    """The decorator factory of one handler shape: `shape(f, route)` decorates for a `SyncFilter` or a `Filter`."""
-
-    def __init__(self, to_message: ToMessage, gives_payload: bool, doc: str):
-        self.to_message = to_message
-        self.gives_payload = gives_payload
-        self.__doc__ = doc
-
-    @overload
-    def __call__(self, f: SyncFilter, route: str, *, cache_result: bool | None = None) -> SyncDecorator[Any]: ...
-    @overload
-    def __call__(self, f: Filter, route: str, *, cache_result: bool | None = None) -> AsyncDecorator[Any]: ...
-    def __call__(self, f: Filter | SyncFilter, route: str, *, cache_result: bool | None = None) -> Any:
-        """`cache_result`: keep the handler's result for a redelivery (default: the route's `cache_result`)."""
-        return _decorator(f, route, self.to_message, self.gives_payload, cache_result)
+# Plain functions, not one callable class with three instances: each is a documented decorator
+# in the API reference, with its own signature and overloads for type checkers.
 
 
-on_payload = _Shape(
-    payload_message,
-    gives_payload=True,
-    doc="`fn(payload)`, called as `fn(payload, attributes=None, message_id=None, publish_time=None)`.",
-)
-on_push = _Shape(
-    push_message,
-    gives_payload=False,
-    doc="`fn(envelope)` for a Pub/Sub push body; the body gets the envelope as it was called with it.",
-)
-on_cloudevent = _Shape(
-    cloudevent_message,
-    gives_payload=False,
-    doc="`fn(event)` for a functions-framework CloudEvent of a Pub/Sub message.",
-)
+@overload
+def on_payload(f: SyncFilter, route: str, *, cache_result: bool | None = None) -> SyncDecorator[Any]: ...
+@overload
+def on_payload(f: Filter, route: str, *, cache_result: bool | None = None) -> AsyncDecorator[Any]: ...
+def on_payload(f: Filter | SyncFilter, route: str, *, cache_result: bool | None = None) -> Any:
+    """Decorate a handler of a payload: `fn(payload)`, run only when the content changed.
+
+    Call the decorated function as `fn(payload, attributes=None, message_id=None,
+    publish_time=None)`; `payload` is bytes, text or an already decoded JSON value. The body
+    runs for a forward only, under the key's lease, and gets the payload forwarded (decoded
+    JSON, or bytes when it is not JSON).
+
+    ```python
+    @on_payload(f, "injury-report")
+    def rebuild(payload):
+        ...
+
+    outcome = rebuild(body, attributes={"source": "nbac"}, message_id="1001")
+    ```
+
+    Args:
+        f: a `SyncFilter` (decorate a plain function) or a `Filter` (decorate an `async def`).
+        route: the route of the config that decides the messages; an unknown route raises
+            `UnknownRouteError` here, before any message.
+        cache_result: keep what the body returned for a redelivery (default: the route's
+            `cache_result`).
+
+    Returns:
+        The decorator. The decorated function returns the `Outcome` (`outcome.skipped`: the
+        content was unchanged and the body did not run) and raises `Nack` for a decision that
+        must be redelivered (contended, failed, rejected).
+    """
+    return _decorator(f, route, payload_message, True, cache_result)
+
+
+@overload
+def on_push(f: SyncFilter, route: str, *, cache_result: bool | None = None) -> SyncDecorator[Any]: ...
+@overload
+def on_push(f: Filter, route: str, *, cache_result: bool | None = None) -> AsyncDecorator[Any]: ...
+def on_push(f: Filter | SyncFilter, route: str, *, cache_result: bool | None = None) -> Any:
+    """Decorate a handler of a Pub/Sub push body: `fn(envelope)`, run only when the content changed.
+
+    Call the decorated function with the push request's body (bytes, text or the decoded
+    dict). The message id, publish time and attributes come from the envelope; the body gets
+    the envelope as it was called with it.
+
+    ```python
+    @on_push(f, "injury-report")
+    def rebuild(envelope):
+        ...
+    ```
+
+    Args:
+        f: a `SyncFilter` (decorate a plain function) or a `Filter` (decorate an `async def`).
+        route: the route of the config that decides the messages; an unknown route raises
+            `UnknownRouteError` here, before any message.
+        cache_result: keep what the body returned for a redelivery (default: the route's
+            `cache_result`).
+
+    Returns:
+        The decorator; the decorated function returns the `Outcome` or raises `Nack`, as
+        `on_payload`'s does. A body that is no push envelope is recorded as rejected and
+        raises `Nack`.
+    """
+    return _decorator(f, route, push_message, False, cache_result)
+
+
+@overload
+def on_cloudevent(f: SyncFilter, route: str, *, cache_result: bool | None = None) -> SyncDecorator[Any]: ...
+@overload
+def on_cloudevent(f: Filter, route: str, *, cache_result: bool | None = None) -> AsyncDecorator[Any]: ...
+def on_cloudevent(f: Filter | SyncFilter, route: str, *, cache_result: bool | None = None) -> Any:
+    """Decorate a handler of a functions-framework CloudEvent of a Pub/Sub message: `fn(event)`.
+
+    The event's `data.message` holds the message (base64 `data`, `attributes`, `messageId`,
+    `publishTime`), as Cloud Run functions deliver it. The body runs only when the content
+    changed, and gets the event it was called with.
+
+    ```python
+    @functions_framework.cloud_event
+    @on_cloudevent(f, "injury-report")
+    def rebuild(event):
+        ...
+    ```
+
+    Args:
+        f: a `SyncFilter` (decorate a plain function) or a `Filter` (decorate an `async def`).
+        route: the route of the config that decides the messages; an unknown route raises
+            `UnknownRouteError` here, before any message.
+        cache_result: keep what the body returned for a redelivery (default: the route's
+            `cache_result`).
+
+    Returns:
+        The decorator; the decorated function returns the `Outcome` or raises `Nack`, as
+        `on_payload`'s does.
+    """
+    return _decorator(f, route, cloudevent_message, False, cache_result)

@@ -14,7 +14,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable, Mapping, MutableMapping
 from typing import Any, TextIO, cast
 
 import msgspec
@@ -24,6 +24,7 @@ from structlog.contextvars import merge_contextvars
 from structlog.processors import format_exc_info
 
 from filter.core.decision_line import RECORD, WholeRecord
+from filter.core.escaped import escaped
 from filter.core.times import format_time
 from filter.observability.stdlib_logs import route_stdlib
 
@@ -36,6 +37,15 @@ LABELS_FIELD = "logging.googleapis.com/labels"
 COMPONENT = "pubsub-filter"
 _FORBIDDEN = frozenset(("authorization", "token", "payload", "data", "body"))
 _ENCODER = msgspec.json.Encoder(enc_hook=str)  # what JSON cannot encode, as its `str`
+
+
+def _encoded(event: Mapping[str, Any]) -> str:
+    """The line's JSON; text UTF-8 cannot write (a lone surrogate) escaped, never the line lost
+    (nor the request that logged it failed)."""
+    try:
+        return _ENCODER.encode(event).decode()
+    except UnicodeEncodeError:
+        return _ENCODER.encode(escaped(event)).decode()
 
 
 class _Output:
@@ -107,7 +117,7 @@ class _CloudJson(WholeRecord):
             if (decision := event.get("decision")) is not None:
                 labels["decision"] = str(decision)
             event[LABELS_FIELD] = labels
-        return _ENCODER.encode(event).decode()
+        return _encoded(event)
 
 
 class _StdlibJson(logging.Formatter):
@@ -123,7 +133,7 @@ class _StdlibJson(logging.Formatter):
         }
         if record.exc_info:
             event["exception"] = self.formatException(record.exc_info)
-        return _ENCODER.encode(event).decode()
+        return _encoded(event)
 
 
 #: The processor list structlog holds: edited in place, so that cached loggers follow `configure`.

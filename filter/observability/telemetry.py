@@ -43,6 +43,7 @@ _COUNTERS = {
     "commit_refusals": "Commits refused because the lease's fence moved (the key was taken over), by route.",
     "fail_open": "Messages forwarded without a dedup decision (store unreachable, or no key to read), by route.",
     "ids_reused": "Messages whose id was forwarded recently with other content (decided as new), by route.",
+    "selection_changed": "Messages judged against a forward the route made under another selection, by route.",
 }
 
 
@@ -189,8 +190,11 @@ class Telemetry:
                 self.latency["decision"].record(rec.latency_ms / 1000, {"route": route, "decision": decision})
             if rec.decision is Decision.FAIL_OPEN:
                 self.counters["fail_open"].add(1, {"route": route})
-            if rec.extra and rec.extra.get("id_reused"):
-                self.counters["ids_reused"].add(1, {"route": route})
+            if rec.extra:
+                if rec.extra.get("id_reused"):
+                    self.counters["ids_reused"].add(1, {"route": route})
+                if rec.extra.get("selection_change") not in (None, "key changed"):  # a key changed: a new keyspace
+                    self.counters["selection_changed"].add(1, {"route": route})
         if self.recording():
             described: dict[str, str | bool | None] = {
                 "pubsub_filter.decision": str(rec.decision),

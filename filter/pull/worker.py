@@ -19,11 +19,13 @@ subscriptions a retry policy (`pubsub-filter provision` sets 10 s to 600 s), or 
 SIGTERM or SIGINT begins a stop inside one budget, `server.shutdown_budget` (filter.core.stopping):
 nothing new is started; the messages in flight get the first half to finish, and what still
 runs then is cancelled by the engine's close (lease released, message nacked, except that a
-publish already handed over is waited for). The streams stay open meanwhile, and until what the
-client library held past its flow control and what Pub/Sub had already sent on them has
-arrived; each message that arrives is nacked at once, so another worker gets it within seconds
-(a stream cancelled with messages on their way, or held by the library, loses them until their
-ack deadline). Then the streams close, the engine's close ends; exit 0. A second signal gives up the
+publish already handed over is waited for). The messages in flight are released from the
+library's lease management at once, so their flow-control slots free and the library hands over
+what it held past its flow control, not only as they finish. The streams stay open meanwhile,
+and until what Pub/Sub had already sent on them has arrived; each message that arrives is
+nacked at once, on its open stream, so another worker gets it within seconds (a stream
+cancelled with messages on their way, or held by the library, loses them until their ack
+deadline). Then the streams close, the engine's close ends; exit 0. A second signal gives up the
 wait for the messages in flight. Once the streams are cancelled the library sends no more acks,
 so the last acks and nacks go out as unary `Acknowledge` / `ModifyAckDeadline(0)` calls. The
 client's channel is closed only once the library's stream threads have ended (a thread still
@@ -115,6 +117,10 @@ class PullWorker:
         self._refusing = False  # stopping: what the library hands over is held, not started
         self._closing = False  # streams cancelled: acks go out as unary calls from here on
         self.arrived = 0  # messages the library handed over
+        # the messages handed to the engine and not settled yet, by ack id: released from the
+        # library's lease management when the stop begins
+        self._deciding: dict[str, Any] = {}
+        self._late_ready: asyncio.Event | None = None  # set when a late ack or nack is waiting
         self._late: dict[str, dict[str, list[str]]] = defaultdict(lambda: {"ack": [], "nack": []})
         self._late_lock = threading.Lock()
         self.ready = threading.Event()  # set once every stream is open (for in-process callers)
@@ -175,7 +181,14 @@ class PullWorker:
             before = set(threading.enumerate())
             for route in self.routes:
                 path = self.paths[route.name]
-                future = self.subscriber.subscribe(path, callback=self._callback(route.name, path), flow_control=flow)
+                # Callbacks queued at the stop still run, so what they bring is nacked by the
+                # worker once the stream is closed, not by the library as its stream closes.
+                future = self.subscriber.subscribe(
+                    path,
+                    callback=self._callback(route.name, path),
+                    flow_control=flow,
+                    await_callbacks_on_shutdown=True,
+                )
                 self._streams[route.name] = future
                 future.add_done_callback(self._stream_done(route.name))
             # `subscribe` starts each stream's threads before it returns: these are they. The client
@@ -249,10 +262,12 @@ class PullWorker:
                 self._give_back(path, received)
                 return
             loop = self._loop
+            self._deciding[received.ack_id] = received
             try:
                 assert loop is not None
                 future = asyncio.run_coroutine_threadsafe(self._handle(route, path, received), loop)
             except (RuntimeError, AssertionError):  # the loop is gone: let Pub/Sub redeliver it
+                self._deciding.pop(received.ack_id, None)
                 received.nack()
                 return
             future.add_done_callback(lambda f: self._settle(path, received, f))
@@ -261,14 +276,19 @@ class PullWorker:
 
     def _give_back(self, path: str, received: Any) -> None:
         """A message received while stopping is not started: nacked at once, on the stream while
-        it is open (so the library keeps reading what Pub/Sub already sent), else with the late
-        ones (the library hands over what it had read until its own shutdown ends)."""
+        it is open (Pub/Sub sends it on at once, to another worker's stream or back to this one,
+        given back again), else with the late ones once the streams are closed."""
         with self._late_lock:
             self.returned += 1
             if self._closing:
                 self._late[path]["nack"].append(received.ack_id)
-                return
-        received.nack()
+                closing = True
+            else:
+                closing = False
+        if closing:
+            self._late_waiting()
+        else:
+            received.nack()
 
     async def _handle(self, route: str, path: str, received: Any) -> bool | None:
         """Decide one message; True to ack it, None when it was not started (the worker is stopping)."""
@@ -287,6 +307,7 @@ class PullWorker:
 
     def _settle(self, path: str, received: Any, future: concurrent.futures.Future[bool | None]) -> None:
         """Ack or nack from the handling's result (runs on the loop's thread, or the caller's)."""
+        self._deciding.pop(received.ack_id, None)
         ran = not future.cancelled() and future.exception() is None
         if ran and future.result() is None:
             self._give_back(path, received)
@@ -302,6 +323,14 @@ class PullWorker:
             return
         with self._late_lock:
             self._late[path]["ack" if ack else "nack"].append(received.ack_id)
+        self._late_waiting()
+
+    def _late_waiting(self) -> None:
+        """Wake the flusher of the late acks and nacks (thread-safe)."""
+        loop, ready = self._loop, self._late_ready
+        if loop is not None and ready is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is gone: the last flush sent it
+                loop.call_soon_threadsafe(ready.set)
 
     # --- shutdown ---------------------------------------------------------------------------
 
@@ -321,14 +350,20 @@ class PullWorker:
         """In-flight messages, the streams, late acks and nacks, the engine, the library's threads, the client."""
         stop = self.stopping or Stop.begin(self.budget)
         self._refusing = True
-        await self._drain(stop)
-        if self._hurry is not None and self._hurry.is_set():  # the messages in flight get no more time
-            stop = Stop(min(stop.started, time.monotonic() - stop.budget * DRAIN), stop.budget)
-        # The streams settle while the engine closes: what they still bring is given back without
-        # the engine, and the decisions past the drain get the engine's shares of the stop (the
-        # publisher's flush, then the cancels and their releases) rather than what the settle left.
+        self._late_ready = asyncio.Event()
+        # The messages in flight are released from the library's lease management (their
+        # decisions go on, and ack or nack them): their flow-control slots free, so the library
+        # hands over at once what it holds past its flow control, to be given back.
+        for received in list(self._deciding.values()):
+            received.drop()
+        # The streams settle and close while the messages in flight drain and the engine closes:
+        # what they bring is given back, and the decisions get the engine's shares of the stop
+        # (the drain, the publisher's flush, the cancels and their releases).
         streams = asyncio.create_task(self._close_streams(stop))
         try:
+            await self._drain(stop)
+            if self._hurry is not None and self._hurry.is_set():  # the messages in flight get no more time
+                stop = Stop(min(stop.started, time.monotonic() - stop.budget * DRAIN), stop.budget)
             await self.engine.close(stop)  # cancels what still runs: its lease released, its message nacked
         finally:
             reached, stuck = await streams
@@ -349,26 +384,46 @@ class PullWorker:
             await self.health.stop()
 
     async def _close_streams(self, stop: Stop) -> tuple[bool, bool]:
-        """Settle the streams, then cancel them and send what came late: (whether Pub/Sub
-        answered the settle, whether a stream did not stop in time)."""
-        # What the library holds past its flow control reaches us only as the messages in flight
-        # free their slots: by themselves, or when the engine cancels them and they are nacked.
-        # So the settle begins once none is left (or at the cancels' share): a stream cancelled
-        # while the library still holds messages leaves their nacks to its own shutdown, which
-        # comes after the cancel, and the emulator then sends them to the cancelled stream,
-        # where they wait out their ack deadline. The settle has until the cancels' share, and a
-        # stop that took it whole still leaves it a round trip to Pub/Sub.
+        """Settle the streams, cancel them, then send the acks and nacks that come late, as they
+        come, while decisions are under way: (whether Pub/Sub answered the settle, whether a
+        stream did not stop in time)."""
+        # The messages in flight hold no flow-control slot any more (`_shut_down`), so what the
+        # library holds past its flow control is handed over (and given back) meanwhile. The
+        # streams close only once no message is in flight (or at the cancels' share): a nack on
+        # an open stream is sent on at once, to another worker's stream or back to this one
+        # (given back again), while the emulator sends a nack that comes after its stream closed
+        # to no stream before the message's ack deadline (the real service does). Then the settle
+        # reads what Pub/Sub still had on its way, until the cancels' share; a stop that took it
+        # whole still leaves it a round trip to Pub/Sub.
         await self._in_flight_settled(stop)
         reached = await self._settle_streams(stop, RELEASE)
         with self._late_lock:
             self._closing = True
         for future in self._streams.values():
-            future.cancel()  # stop pulling; the client nacks what it had not handed to us yet
+            future.cancel()  # stop pulling; the client nacks what it still held itself
         # the library's own shutdown hands over what it had read (nacked with the late ones),
-        # and nacks what it had not; a stream that cannot reach Pub/Sub ends only with its channel
+        # and nacks what it held; a stream that cannot reach Pub/Sub ends only with its channel
         stuck = await asyncio.to_thread(self._join_streams, min(STREAMS_TIMEOUT, max(stop.left(RECORDS), QUIET)))
         await asyncio.to_thread(self._send_late, stop)
+        # The decisions still under way ack or nack once the streams are closed: sent as they come.
+        ready = self._late_ready
+        assert ready is not None
+        while self.engine.under_way() and stop.left() > 0:
+            waiting = asyncio.create_task(ready.wait())
+            pending: set[asyncio.Future[Any]] = {waiting, *self.engine.under_way()}
+            await asyncio.wait(pending, timeout=stop.left(), return_when=asyncio.FIRST_COMPLETED)
+            waiting.cancel()
+            ready.clear()
+            await asyncio.sleep(0)  # the done-callbacks that queue them
+            await asyncio.to_thread(self._send_late, stop)
         return reached, stuck
+
+    async def _in_flight_settled(self, stop: Stop) -> None:
+        """Wait until no message is in flight (each acked or nacked on its open stream), or the
+        stop's share for the cancels has passed."""
+        while (in_flight := self.engine.under_way()) and (remaining := stop.left(RELEASE)) > 0:
+            await asyncio.wait(in_flight, timeout=remaining)
+        await asyncio.sleep(0)  # the done-callbacks that ack or nack them
 
     async def _drain(self, stop: Stop) -> None:
         """Wait for the messages in flight (the engine's decisions under way) until the stop's
@@ -387,13 +442,6 @@ class PullWorker:
             hurry.cancel()
         if in_flight:
             log.warning("in_flight_past_drain", count=len(in_flight), budget_s=stop.budget)
-
-    async def _in_flight_settled(self, stop: Stop) -> None:
-        """Wait until no message is in flight (each acked or nacked on its open stream), or the
-        stop's share for the cancels has passed."""
-        while (in_flight := self.engine.under_way()) and (remaining := stop.left(RELEASE)) > 0:
-            await asyncio.wait(in_flight, timeout=remaining)
-        await asyncio.sleep(0)  # the done-callbacks that ack or nack them
 
     async def _settle_streams(self, stop: Stop, share: float) -> bool:
         """Keep reading the streams, giving back what comes, until what Pub/Sub already sent on

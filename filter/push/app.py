@@ -21,10 +21,11 @@ from starlette.types import Receive, Scope, Send
 from filter.core.answer import answer_for
 from filter.core.engine import Engine
 from filter.core.envelope import EnvelopeError
-from filter.core.model import Cause, DecisionRecord
+from filter.core.model import Cause, DecisionRecord, Message
 from filter.core.numerals import bounded_int, digits_of
 from filter.core.stopping import Stop
 from filter.observability.tracing import REQUEST_PARENT
+from filter.push.admission import BytesInFlight, LoopLag, SenderDeadline
 from filter.push.trace_headers import REQUEST_HEADERS, request_parent_of, trace_of
 from filter.push.unwrapped import MESSAGE_ID, parse_push
 from filter.runtime.probes import probe_routes, telemetry_of
@@ -91,27 +92,54 @@ class _Disconnected(Exception):
     pass
 
 
-async def _body(receive: Receive, limit: int, declared: str | None, within: float) -> bytes:
-    """The request body, at most `limit` bytes (`_TooLarge`), within `within` seconds
-    (`TimeoutError`); `_Disconnected` when the client left."""
-    if declared is not None and declared.isascii() and declared.isdigit():
-        # more digits than `limit` has: larger, whatever they are (and never handed to int())
-        size = bounded_int(declared, digits_of(limit))
-        if size is None or size > limit:
+def declared_size(declared: str | None, limit: int) -> int | None:
+    """The body's declared length (`content-length`), None when there is none; `_TooLarge` over `limit`."""
+    if declared is None or not declared.isascii() or not declared.isdigit():
+        return None
+    # more digits than `limit` has: larger, whatever they are (and never handed to int())
+    size = bounded_int(declared, digits_of(limit))
+    if size is None or size > limit:
+        raise _TooLarge
+    return size
+
+
+#: The server's own delays while bodies are read (`filter.push.admission.LoopLag`).
+LAG = LoopLag()
+
+
+async def _body(receive: Receive, limit: int, declared: str | None, within: float, lag: LoopLag = LAG) -> bytes:
+    """The request body, at most `limit` bytes (`_TooLarge`), within `within` seconds of the
+    sender's (`TimeoutError`); `_Disconnected` when the client left.
+
+    The time the event loop was held meanwhile (`lag`) is the server's, not the sender's: the
+    deadline moves by it. A body that came whole in its first message (any small push) never
+    waits, and never starts the watch."""
+    declared_size(declared, limit)
+    async with asyncio.timeout(within) as timeout:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        if len(chunk) > limit:
             raise _TooLarge
-    chunks, size = [], 0
-    async with asyncio.timeout(within):
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise _Disconnected
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > limit:
-                raise _TooLarge
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
+        if not message.get("more_body", False):
+            return bytes(chunk)
+        sender = SenderDeadline(timeout, lag, within)  # from here on, the sender's time decides
+        try:
+            chunks, size = [chunk], len(chunk)
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _Disconnected
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise _TooLarge
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+        finally:
+            sender.close()
 
 
 def _cancelled_answer() -> Answer:
@@ -161,13 +189,23 @@ class _PushHandler:
     """`POST /push/{route}`: the request's few headers, its caller checked, its body read, its
     message decided by the engine, and the decision answered (`answer_for`)."""
 
-    __slots__ = ("authenticator", "body_timeout", "engine", "max_body", "no_metadata", "read_headers", "tracing")
+    __slots__ = (
+        "authenticator",
+        "body_timeout",
+        "engine",
+        "in_flight",
+        "max_body",
+        "no_metadata",
+        "read_headers",
+        "tracing",
+    )
 
     def __init__(self, engine: Engine, authenticator: Any, body_timeout: float) -> None:
         self.engine = engine
         self.authenticator = authenticator
         self.max_body = engine.config.server.max_body
         self.body_timeout = body_timeout
+        self.in_flight = BytesInFlight(engine.config.server.max_bytes_in_flight)
         tel = telemetry_of(engine)
         self.tracing = tel is not None and tel.tracing
         self.read_headers = _READ_HEADERS if authenticator is None else _READ_WITH_AUTH
@@ -198,14 +236,33 @@ class _PushHandler:
             rec = await engine.reject(route, None, f"unknown route {route!r}", trace=trace, cause=Cause.UNKNOWN_ROUTE)
             return _json({"decision": "rejected", "reason": rec.reason}, 404)
         try:
-            body = await _body(receive, self.max_body, headers.get(b"content-length"), self.body_timeout)
-        except (_TooLarge, TimeoutError, _Disconnected) as exc:
+            size = declared_size(headers.get(b"content-length"), self.max_body)
+        except _TooLarge as exc:
             return await self._unread(route, exc, trace)
+        held = size or 0  # a body of no declared length is counted once read
+        if not self.in_flight.admit(held):
+            return await self._overloaded(route, held, headers, trace)
         try:
-            msg = parse_push(body, scope["headers"], MESSAGE_ID in headers, route in self.no_metadata)
-        except EnvelopeError as exc:
-            rec = await engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
-            return _json({"decision": "rejected", "reason": rec.reason}, 400)
+            try:
+                body = await _body(receive, self.max_body, None, self.body_timeout)
+            except (_TooLarge, TimeoutError, _Disconnected) as exc:
+                return await self._unread(route, exc, trace)
+            if size is None:
+                if not self.in_flight.admit(len(body)):
+                    return await self._overloaded(route, len(body), headers, trace)
+                held = len(body)
+            try:
+                msg = parse_push(body, scope["headers"], MESSAGE_ID in headers, route in self.no_metadata)
+            except EnvelopeError as exc:
+                rec = await engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
+                return _json({"decision": "rejected", "reason": rec.reason}, 400)
+            del body  # the message holds what is needed: a large body is not kept twice while it waits
+            return await self._decide(route, msg, trace, parent)
+        finally:
+            self.in_flight.release(held)
+
+    async def _decide(self, route: str, msg: Message, trace: str | None, parent: Any) -> Answer:
+        engine = self.engine
         if parent is None:
             return _decided((await engine.handle(route, msg, trace)).record)
         token = REQUEST_PARENT.set(parent)  # the decision's parent: the push request's trace
@@ -213,6 +270,18 @@ class _PushHandler:
             return _decided((await engine.handle(route, msg, trace)).record)
         finally:
             REQUEST_PARENT.reset(token)
+
+    async def _overloaded(self, route: str, size: int, headers: dict[bytes, str], trace: str | None) -> Answer:
+        """The answer to a push past the bound on bytes in flight: a prompt retry, recorded and counted."""
+        self.engine.counts["push_overloaded"] += 1
+        bound = self.in_flight.bound
+        reason = (
+            f"{self.in_flight.held} bytes of pushes in flight, and this one's {size} would pass "
+            f"server.max_bytes_in_flight ({bound}): sent again later"
+        )
+        mid = headers.get(MESSAGE_ID)
+        rec = await self.engine.turned_away(route, reason, trace=trace, message_id=mid[:256] if mid else None)
+        return _decided(rec)
 
     async def _refused(self, route: str, authorization: str | None) -> Answer | None:
         """The answer to a caller the authenticator does not let in; None for one it does."""

@@ -69,9 +69,11 @@ def _json(body: dict[str, Any], status: int = 200) -> Response:
 
 def health(engine: Engine, status: str = "ok", **more: Any) -> dict[str, Any]:
     """`/healthz`'s body, the same shape for `serve` and `pull`: status, messages being decided,
-    the engine's counters (`Engine.counts`), then what the surface adds (pull: `handled`; on failure, `error`
+    the engine's counters (the decisions made so far by decision, `Engine.decided`, then the
+    events of `Engine.counts`), then what the surface adds (pull: `handled`; on failure, `error`
     and the failed `streams`)."""
-    return {"status": status, "in_flight": engine.in_flight, "counts": dict(engine.counts), **more}
+    counts = {str(decision): n for decision, n in engine.decided.items()} | dict(engine.counts)
+    return {"status": status, "in_flight": engine.in_flight, "counts": counts, **more}
 
 
 def telemetry_of(engine: Engine) -> Telemetry | None:

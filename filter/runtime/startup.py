@@ -15,6 +15,7 @@ from filter.backends.gcp import detect_project
 from filter.core.config import Config, Route
 from filter.core.engine import Engine
 from filter.observability.logsetup import configure
+from filter.runtime import durability
 from filter.runtime.wiring import make_engine, make_telemetry
 
 
@@ -25,8 +26,14 @@ def start(cfg: Config, routes: Sequence[Route] | None = None, **line: Any) -> En
 
     The engine's errors (no credentials, a backend that cannot be built) are the caller's to say."""
     configure(project=cfg.project, find_project=detect_project)
+    log = structlog.get_logger("pubsub_filter")
+    # Embedded files on Cloud Run: the commands refuse them unless the experiment's variable says
+    # otherwise; whoever starts anyway is told at ERROR what is being lost, before anything runs.
+    loss = durability.loss_line(cfg)
+    if loss is not None:
+        log.error("embedded_backends_on_cloud_run", **loss)
     engine = make_engine(cfg, make_telemetry(cfg))
-    structlog.get_logger("pubsub_filter").info(
+    log.info(
         "config_loaded",
         routes=[r.name for r in (cfg.routes if routes is None else routes)],
         store=cfg.store.backend,

@@ -15,6 +15,7 @@ from typing import Any
 import msgspec
 
 from filter.backends.stores.sqlite import read_only
+from filter.core.attributes import CHANGED_PREFIX
 from filter.core.canonical import MissingField
 from filter.core.config import Config, Route
 from filter.core.fingerprint import NOT_JSON, PayloadError, message_fingerprint
@@ -22,7 +23,7 @@ from filter.core.judge import decide
 from filter.core.keyless import keyless
 from filter.core.model import Decision, KeyState, Message
 from filter.core.routes import RouteRules
-from filter.core.tolerance_amount import CHANGED_PREFIX, parse_amount
+from filter.core.tolerance_amount import parse_amount
 from filter.runtime.wiring import make_store
 
 
@@ -73,6 +74,9 @@ async def explain(cfg: Config, route: Route, msg: Message) -> dict[str, Any]:
     data, attributes = msg.data, msg.attributes
     try:
         payload, fp = rules.scheme(data)
+        raw = payload is NOT_JSON
+        if raw:  # as the engine reads it: JSON with a number beyond double range still decodes
+            payload = rules.scheme.readable(data)
         key = rules.key_of(payload, attributes)
     except MissingField as exc:
         return _keyless(rules, msg, exc)
@@ -84,7 +88,14 @@ async def explain(cfg: Config, route: Route, msg: Message) -> dict[str, Any]:
     result: dict[str, Any] = {
         "route": route.name,
         "key": key,
-        "scheme": route.scheme + (" (payload is not JSON: raw bytes)" if payload is NOT_JSON else ""),
+        "scheme": route.scheme
+        + (
+            ""
+            if not raw
+            else " (payload is not JSON: raw bytes)"
+            if payload is NOT_JSON
+            else " (raw bytes: a number beyond double range)"
+        ),
         "payload_fingerprint": fp,
         "message_fingerprint": message_fingerprint(data, attributes),
         "stored": _state(state, now),
@@ -167,7 +178,29 @@ def render(result: dict[str, Any]) -> str:
             )
             lines.append(f"  {change['row']}: {what}")
     lines += _tolerance_lines(result)
+    lines += _selection_lines(result)
     return "\n".join(lines)
+
+
+def _selection_lines(result: dict[str, Any]) -> list[str]:
+    """A last forward judged under another selection than the route's, in words."""
+    if "selection_before" not in result:
+        return []
+    change = result["selection_change"]
+    if change == "key changed":
+        return [
+            f"selection:    the route's key changed since the last forward ({result['selection_before']} -> "
+            f"{result['selection']}): a new keyspace, decided as a new key"
+        ]
+    lines = [
+        f"selection:    {change}: the last forward was judged under selection {result['selection_before']}, "
+        f"the route's is {result['selection']} (pubsub-filter plan shows what the change forwards)"
+    ]
+    if result.get("newly_compared"):
+        lines.append(f"              newly compared: {', '.join(result['newly_compared'])}")
+    if result.get("selection_unjudged"):
+        lines.append(f"              not compared field by field: {result['selection_unjudged']}")
+    return lines
 
 
 def _tolerance_lines(result: dict[str, Any]) -> list[str]:
@@ -192,7 +225,10 @@ def _tolerance_lines(result: dict[str, Any]) -> list[str]:
             + " (changed since the last forward, beyond any tolerance)"
         )
     if result.get("tolerance_state"):
-        lines.append(f"tolerance:    no reference kept ({result['tolerance_state']}): the next change is forwarded")
+        lines.append(f"tolerance:    no reference kept: {result['tolerance_state']}")
+    for state in ("rows_state", "fields_state"):
+        if result.get(state):
+            lines.append(f"{state.replace('_', ' ') + ':':<14}{result[state]}")
     return lines
 
 

@@ -1,13 +1,16 @@
 """`pubsub-filter provision`: create the Pub/Sub resources a config needs, idempotently.
 
-For every route (each must name its `subscription`):
+For every route:
 
 - the **destination** topic (`destination`);
 - the **source** topic that feeds it: `--source-topic ROUTE=TOPIC`; else, when the
   subscription already exists, the topic it is attached to; else the subscription id with
   a trailing `-sub` or a leading `sub-` removed (`injuries-sub` → `injuries`). Any other
   subscription id needs `--source-topic`;
-- the **subscription**: push to `BASE_URL/push/ROUTE` (`--push-endpoint BASE_URL`, with
+- the **subscription**: the route's `subscription`, else (push only) `<NAME>-<route>` as infra/
+  names it (`--name NAME`, infra/'s `name`, default `pubsub-filter`); a pull subscription must
+  be named in the config, where `pubsub-filter pull` reads it. Push to `BASE_URL/push/ROUTE`
+  (`--push-endpoint BASE_URL`, with
   the config's `auth.service_account`/`auth.audience` as its OIDC token when set) or pull
   (`--pull`), ack deadline `lease.ack_deadline`, retry policy 10 s to 600 s, a dead-letter
   policy after `--max-delivery-attempts` (default: ceil(lease.duration / 10 s) + 5, as infra/
@@ -48,10 +51,12 @@ from filter.core.config import Config
 from filter.core.errors import FilterError
 from filter.core.pubsub_names import PubsubNameError
 from filter.tools.subscriptions import (
+    DEFAULT_NAME,
     DLQ_ACK_DEADLINE_S,
     DLQ_RETENTION_S,
     MIN_BACKOFF_S,
     SubscriptionSpec,
+    push_subscription_id,
     short_id,
 )
 
@@ -99,9 +104,11 @@ def plan(
     max_delivery_attempts: int,
     source_topics: dict[str, str],
     existing_topic_of: Any,
+    name: str = DEFAULT_NAME,
 ) -> Plan:
-    """Everything the config needs. `existing_topic_of(subscription path)` → its topic, or None."""
-    ack_deadline = _ack_deadline(cfg, max_delivery_attempts, source_topics)
+    """Everything the config needs. `existing_topic_of(subscription path)` → its topic, or None.
+    `name` is infra/'s: a push route without `subscription` gets `<name>-<route>`, as there."""
+    ack_deadline = _ack_deadline(cfg, max_delivery_attempts, source_topics, push=push_endpoint is not None)
     out = Plan(project)
     seen: set[str] = set()
 
@@ -114,8 +121,8 @@ def plan(
     oidc_sa = cfg.auth.service_account or ""
     oidc_aud = cfg.auth.audience or ""
     for route in cfg.routes:
-        assert route.subscription is not None
-        sub = pubsub_path(route.subscription, "subscription", project)
+        named = route.subscription or push_subscription_id(None, route.name, name)
+        sub = pubsub_path(named, "subscription", project)
         sub_id = short_id(sub)
         sub_project = sub.split("/")[1]
         topic(pubsub_path(route.destination, "topic", project), f"destination of route {route.name!r}")
@@ -151,7 +158,7 @@ def plan(
     return out
 
 
-def _ack_deadline(cfg: Config, max_delivery_attempts: int, source_topics: dict[str, str]) -> int:
+def _ack_deadline(cfg: Config, max_delivery_attempts: int, source_topics: dict[str, str], *, push: bool) -> int:
     """The routes' subscriptions' ack deadline in whole seconds, once the options and the config
     are ones Pub/Sub takes (`ProvisionError` otherwise, before anything is planned)."""
     if not 5 <= max_delivery_attempts <= 100:
@@ -167,10 +174,10 @@ def _ack_deadline(cfg: Config, max_delivery_attempts: int, source_topics: dict[s
     if unknown:
         raise ProvisionError(f"--source-topic names unknown route(s): {', '.join(unknown)}")
     missing = [r.name for r in cfg.routes if not r.subscription]
-    if missing:
+    if missing and not push:  # `pull` reads the subscription from the config: no default would reach it
         raise ProvisionError(
-            f"route(s) {', '.join(missing)} have no `subscription`: set one per route in the config, "
-            "it names the subscription to create"
+            f"route(s) {', '.join(missing)} have no `subscription`: a pull subscription is named in the config, "
+            "where `pubsub-filter pull` reads it; set one per route"
         )
     return ack_deadline
 
@@ -396,6 +403,7 @@ def run(cfg: Config, args: argparse.Namespace) -> int:
                 max_delivery_attempts=args.max_delivery_attempts or delivery_attempts_for(cfg),
                 source_topics=parse_source_topics(args.source_topic),
                 existing_topic_of=prov.topic_of,
+                name=args.name,
             )
         except (ProvisionError, PubsubNameError) as exc:
             print(f"{prog}: {exc}", file=sys.stderr)

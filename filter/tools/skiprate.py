@@ -1,8 +1,9 @@
 """Skip rate: how much the filter held back, per route and per hour or day.
 
-skip rate = (suppressed + within_tolerance + duplicate + stale + noise_only + superseded) / decided, where decided
-counts
-every message that was acked (forwarded, fail_open, and those held back). Contended
+skip rate = (suppressed + within_tolerance + selection_suppressed + duplicate + stale + noise_only + superseded)
+/ decided,
+where decided counts every message that was acked (forwarded, selection_forwarded, fail_open, and those held
+back); the selection_* columns are decisions under a changed selection (`filter.core.selection`). Contended
 and failed messages come back and are counted when they are finally decided; rejected
 ones were never understood. Only enforced decisions skip anything: a shadow route
 forwards everything, so its `skip_rate` is 0 and its `would_skip` is the skip rate
@@ -37,9 +38,8 @@ import msgspec
 from filter.core.config import CONFIG_ENV, DEFAULT_CONFIG, ConfigError, load
 from filter.core.ports import Bucket, RecordsReader
 from filter.core.times import parse_instant
-from filter.core.tolerance import WITHIN_TOLERANCE
 from filter.tools.skiprate_chart import ChartUnavailable, chart, figure_class
-from filter.tools.skiprows import DECISIONS, SKIPPED, SkipRow
+from filter.tools.skiprows import DECISIONS, OCCASIONAL, SKIPPED, SkipRow
 
 
 def summarize(counts: Iterable[Mapping[str, Any]]) -> list[SkipRow]:
@@ -79,8 +79,8 @@ def render(rows: list[SkipRow], fmt: str) -> str:
     show = [c for c in columns if c != "bucket" or any(d["bucket"] for d in dicts)]
     show = [c for c in show if c != "mode" or any(d["mode"] != "enforce" for d in dicts)]
     show = [c for c in show if c != "would_skip" or any(d["would_skip"] is not None for d in dicts)]
-    # a route without a tolerance never has one: the column shows where some route does
-    show = [c for c in show if c != WITHIN_TOLERANCE or any(d[WITHIN_TOLERANCE] for d in dicts)]
+    # a route without a tolerance never has one: such a column shows where some route does
+    show = [c for c in show if c not in OCCASIONAL or any(d[c] for d in dicts)]
     header = {c: c.replace("_", " ") for c in show}
 
     def cell(d: dict[str, Any], c: str) -> str:

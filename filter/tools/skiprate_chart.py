@@ -11,7 +11,10 @@ from filter.core.errors import FilterError
 if TYPE_CHECKING:  # the rows' type only
     from filter.tools.skiprows import SkipRow
 
-CHART_HINT = "pip install 'pubsub-filter[chart]'"
+#: the optional dependency group in pyproject.toml that holds matplotlib (tests/unit/test_skiprate.py
+#: checks that it exists there)
+CHART_EXTRA = "chart"
+CHART_HINT = f"pip install matplotlib (the '{CHART_EXTRA}' extra: pip install 'pubsub-filter[{CHART_EXTRA}]')"
 
 
 class ChartUnavailable(FilterError):

@@ -8,16 +8,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from filter.core.model import Decision
+from filter.core.selection import FORWARDED_LABEL, SUPPRESSED_LABEL
 from filter.core.tolerance import WITHIN_TOLERANCE
 
-#: every decision, in the model's order: one column each; a suppression within tolerance is
-#: counted under its own name, beside the others (the readers label it: `WITHIN_TOLERANCE`)
-DECISIONS = tuple(n for d in Decision for n in ((str(d), WITHIN_TOLERANCE) if d is Decision.SUPPRESSED else (str(d),)))
+#: Beside a decision, the names its records are also counted under: a suppression within
+#: tolerance, and a forward or a suppression under a changed selection (the readers label them)
+_APART = {Decision.FORWARDED: (FORWARDED_LABEL,), Decision.SUPPRESSED: (WITHIN_TOLERANCE, SUPPRESSED_LABEL)}
+#: every decision, in the model's order: one column each, those counted apart beside theirs
+DECISIONS = tuple(n for d in Decision for n in (str(d), *_APART.get(d, ())))
+#: the columns shown only where some row has one (a route without a tolerance never has one)
+OCCASIONAL = (WITHIN_TOLERANCE, FORWARDED_LABEL, SUPPRESSED_LABEL)
 #: held back: acked and not published (noise_only is a suppression the audit sample looked into;
 #: superseded, a burst's older message whose newest was held: `coalesce`)
-SKIPPED = ("suppressed", WITHIN_TOLERANCE, "duplicate", "stale", "noise_only", "superseded")
+SKIPPED = ("suppressed", WITHIN_TOLERANCE, SUPPRESSED_LABEL, "duplicate", "stale", "noise_only", "superseded")
 #: acked: published (forwarded, fail_open) or held back
-DECIDED = ("forwarded", "fail_open", *SKIPPED)
+DECIDED = ("forwarded", FORWARDED_LABEL, "fail_open", *SKIPPED)
 
 
 @dataclass

@@ -8,10 +8,21 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any
 
+#: infra/'s `name` by default: a push subscription the config does not name is `<name>-<route>`,
+#: in Terraform (modules/pubsub-filter/config.tf) and in `provision` alike
+DEFAULT_NAME = "pubsub-filter"
 MIN_BACKOFF_S = 10
 MAX_BACKOFF_S = 600
 DLQ_ACK_DEADLINE_S = 60
 DLQ_RETENTION_S = 7 * 86400
+
+
+def push_subscription_id(subscription: str | None, route: str, name: str = DEFAULT_NAME) -> str:
+    """A route's push subscription as infra/ names it: the route's `subscription` (its id, when a
+    full path), else `<name>-<route>`."""
+    if subscription:
+        return short_id(subscription)
+    return f"{name}-{route}"
 
 
 @dataclass

@@ -43,6 +43,7 @@ from typing import Any
 import msgspec
 
 from filter.core.ports import DecisionRow, RecordsLister
+from filter.core.times import parse_duration
 from filter.core.tolerance_amount import Amount
 from filter.tools import tune_coalesce
 from filter.tools.skiprate import reader_for, since_of
@@ -325,6 +326,12 @@ def render(route: str, a: Analysis, fmt: str) -> str:
         lines.append("")
         lines.append("suggestions:")
         lines += [f"  - {s}" for s in a.suggestions]
+    if a.suggestions or selection:
+        lines.append("")
+        lines.append(
+            "before deploying a changed selection: pubsub-filter plan --config NEW --from CURRENT shows what it "
+            "would forward (a narrowing forwards nothing that did not change; see docs, Changing a route's selection)"
+        )
     return "\n".join(lines)
 
 
@@ -348,6 +355,39 @@ def _moves_lines(a: Analysis) -> list[str]:
         if i == 0:
             lines.append("  ".join("-" * w for w in widths))
     return lines
+
+
+def _stamp(ts: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(ts))
+
+
+def _nothing_in_period(args: argparse.Namespace, since: float | None) -> str:
+    """What to say when the period holds no decision for the route: the period as written, and
+    when the route's decisions are, so the next `--since` is not a guess (a log read from stdin
+    cannot be read twice: then only the period)."""
+    try:
+        parse_duration(args.since)
+        period = f"in the last {args.since}"
+    except ValueError:
+        period = f"since {args.since}"
+    said = f"no decisions recorded for route {args.route!r} {period}"
+    if since is None or args.log == "-":
+        return said
+    reader = reader_for(args)
+    try:
+        lister: RecordsLister = reader  # type: ignore[assignment]
+        every = lister.decision_rows(args.route, None)
+    except OSError:
+        return said
+    finally:
+        reader.close()
+    if not every:
+        return f"{said}, and none at all"
+    first, last = every[0]["time"], every[-1]["time"]
+    return (
+        f"{said}: it has {len(every)} decisions from {_stamp(first)} to {_stamp(last)}"
+        f" (try --since {time.strftime('%Y-%m-%d', time.gmtime(first))})"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -380,7 +420,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         reader.close()
     if not rows:
-        print(f"pubsub-filter tune: no decisions recorded for route {args.route!r} in this period", file=sys.stderr)
+        print(f"pubsub-filter tune: {_nothing_in_period(args, since)}", file=sys.stderr)
         return 1
     shown = render(args.route, analyse(rows, args.exclude, args.include, tolerance=tolerance), args.format)
     if coalesce is not None:  # the what-if for `coalesce` (`filter.tools.tune_coalesce`)

@@ -17,6 +17,7 @@ from filter.backends.stores.firestore import FirestoreStore
 from filter.backends.stores.guard import GuardedStore
 from filter.core.config import Config
 from filter.core.ports import StateStore
+from tests.support import selection_model
 from tests.support.clock import ManualClock
 from tests.support.emulators import FirestoreEmulator
 from tests.support.engine_model import STEPS, TOLERATED, EngineMachine
@@ -55,3 +56,28 @@ def test_engine_agrees_with_the_reference_model_on_firestore(firestore: Firestor
     ran = STEPS["firestore"] - before
     assert ran > 0
     assert TOLERATED["firestore"] > tolerated, "no message was suppressed as moved within tolerance"
+
+
+def test_engine_agrees_with_the_model_of_selection_changes_on_firestore(firestore: FirestoreEmulator) -> None:
+    """Selection changes mid-history (tests/support/selection_model.py) on Firestore."""
+
+    def firestore_store(scratch: Path) -> StateStore:
+        with firestore.env():
+            return FirestoreStore(project=firestore.project, collection=f"selection-{uuid.uuid4().hex[:12]}")
+
+    class FirestoreSelectionMachine(selection_model.SelectionMachine):
+        backend = "firestore"
+        make_store = staticmethod(firestore_store)
+
+    before = selection_model.STEPS["firestore"]
+    run_state_machine_as_test(
+        FirestoreSelectionMachine,
+        settings=settings(
+            max_examples=30,
+            stateful_step_count=30,
+            deadline=None,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow],
+        ),
+    )
+    assert selection_model.STEPS["firestore"] > before

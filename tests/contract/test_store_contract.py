@@ -443,7 +443,7 @@ async def test_firestore_document_is_keyed_by_hash_and_the_ttl_field_is_a_timest
         assert isinstance(raw["lease"]["expires_at"], datetime)
         assert set(raw) == {
             "route", "key", "fingerprint", "forwarded_at", "message_id", "publish_time",
-            "recent", "fence", "lease", TTL_FIELD, "rows", "full_fingerprint", "results",
+            "recent", "fence", "lease", TTL_FIELD, "rows", "full_fingerprint", "results", "selection",
         }  # fmt: skip
     finally:
         await store.close()

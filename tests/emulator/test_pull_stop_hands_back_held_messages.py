@@ -3,17 +3,19 @@ while its stream is still open, not left to the library's own shutdown.
 
 The library hands a message to the worker only while a flow-control slot is free; the rest of
 what the emulator pushed on the stream it holds (and keeps leasing). Here every slot is taken by a
-decision that blocks in the store until the stop cancels it, so the held messages can reach the
-worker only once those decisions are nacked, and the streams must stay open until then: the
-library nacks what it still holds in its own shutdown, after the cancel, and the emulator loses a
-nack sent after its stream was cancelled (the message then waits out its ack deadline).
+decision that blocks in the store until the stop cancels it. The stop releases the messages in
+flight from the library's lease management, which frees their slots, so the held messages reach
+the worker and are given back; the streams stay open until then: the library nacks what it still
+holds in its own shutdown, after the cancel, and the emulator loses a nack sent after its stream
+was cancelled (the message then waits out its ack deadline).
 
 Whether another consumer then gets them promptly is not asserted here: the emulator redelivers a
 message's first nack at once even under a retry policy, onto the stopping worker's still open
 stream, and of what that worker hands back a second time, some come back only minutes later.
 
 The real worker runs in-process against the Pub/Sub emulator. Its blocked decisions wait on a
-claim only a cancel ends, and the test waits on an event for them: no clock orders the steps.
+claim answered only after the stop's cancel (seen by `cancels_seen`), and the test waits on an
+event for them: no clock orders the steps.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ import pytest
 from filter.core.config import parse
 from filter.core.engine import Engine
 from filter.core.model import KeyState
-from filter.core.ports import StateStore
+from filter.core.ports import StateStore, StoreUnavailable
 from filter.pull.worker import PullWorker
 from filter.runtime.wiring import make_store
 from filter.tools.subscriptions import MAX_BACKOFF_S, MIN_BACKOFF_S
+from tests.support.cancels import cancels_seen
 from tests.support.emulators import PubsubEmulator
 from tests.support.fakes import MemoryPublisher, MemoryRecorder, PassingStore
 from tests.support.pubsub_helpers import PubsubAdmin
@@ -50,7 +53,8 @@ BUDGET = 4.0
 
 class ClaimGate(PassingStore):
     """A `StateStore` letting the first `free` claims through; every later one waits until the
-    decision is cancelled (as the stop's cancels do). `blocked` is set once `SLOTS` wait."""
+    stop cancels its decision (`stopped`, set by `cancels_seen`), and then fails as a store that
+    never answered does. `blocked` is set once `SLOTS` wait."""
 
     def __init__(self, inner: StateStore, free: int) -> None:
         super().__init__(inner)
@@ -58,6 +62,9 @@ class ClaimGate(PassingStore):
         self.waiting: list[str] = []
         self.cancelled: list[str] = []
         self.blocked = asyncio.Event()
+        self.stopped = asyncio.Event()
+        self.returned_at_cancel: int | None = None  # what the worker had given back when the stop cancelled
+        self.worker: PullWorker | None = None
 
     async def claim(self, route: str, key: str, seen: KeyState | None, new: KeyState) -> KeyState | None:
         if self.free > 0:
@@ -67,11 +74,12 @@ class ClaimGate(PassingStore):
         if len(self.waiting) == SLOTS:
             self.blocked.set()
         try:
-            await asyncio.get_running_loop().create_future()  # never answered: only a cancel ends it
-        except asyncio.CancelledError:
+            await self.stopped.wait()  # not answered before the stop's cancel
+            if self.returned_at_cancel is None and self.worker is not None:
+                self.returned_at_cancel = self.worker.returned
+        finally:
             self.cancelled.append(key)
-            raise
-        raise AssertionError("unreachable")
+        raise StoreUnavailable("no answer")  # the engine waits for a claim's answer through a cancel
 
 
 def config(emu: PubsubEmulator, tmp_path: Path, subscription: str) -> dict[str, Any]:
@@ -97,19 +105,21 @@ async def test_a_stop_hands_over_and_nacks_what_the_library_held_past_its_flow_c
     engine = Engine(cfg, gate, publisher, MemoryRecorder())
     with pubsub_emulator.env():
         worker = PullWorker(engine, cfg.routes, pubsub_emulator.project)
+    gate.worker = worker
     admin.publish_many(topic, [(json.dumps({"k": f"k{i}"}).encode(), {}) for i in range(MESSAGES)])
-    run = asyncio.create_task(worker.run())
-    try:
-        # The first SLOTS decisions were forwarded and acked (their slots went to the next two),
-        # the next SLOTS hold every slot, and the library holds what the emulator pushed past them.
-        await asyncio.wait_for(gate.blocked.wait(), 30)
-        assert len(publisher.published) == SLOTS and worker.acked == SLOTS
-        worker.stop()
-        assert await asyncio.wait_for(run, BUDGET + 10) == 0
-    finally:
-        if not run.done():
-            worker.stop(hurry=True)
-            await asyncio.wait_for(run, BUDGET + 10)
+    with cancels_seen(gate.stopped):
+        run = asyncio.create_task(worker.run())
+        try:
+            # The first SLOTS decisions were forwarded and acked (their slots went to the next two),
+            # the next SLOTS hold every slot, and the library holds what the emulator pushed past them.
+            await asyncio.wait_for(gate.blocked.wait(), 30)
+            assert len(publisher.published) == SLOTS and worker.acked == SLOTS
+            worker.stop()
+            assert await asyncio.wait_for(run, BUDGET + 10) == 0
+        finally:
+            if not run.done():
+                worker.stop(hurry=True)
+                await asyncio.wait_for(run, BUDGET + 10)
     assert sorted(gate.cancelled) == sorted(gate.waiting), "a blocked decision was not cancelled at the stop"
     assert worker.acked == SLOTS and worker.nacked == SLOTS
     forwarded = [json.loads(p.data)["k"] for p in publisher.published]
@@ -120,4 +130,9 @@ async def test_a_stop_hands_over_and_nacks_what_the_library_held_past_its_flow_c
     held = MESSAGES - 2 * SLOTS
     assert worker.returned >= held, (
         f"{worker.returned} of the {held} messages held past the flow control were handed over"
+    )
+    # ...and while the decisions in flight still held every slot: the stop freed their slots at
+    # once (the cancel comes at 60 % of the budget, seconds after the library can hand them over).
+    assert gate.returned_at_cancel is not None and gate.returned_at_cancel >= held, (
+        f"{gate.returned_at_cancel} of the {held} held messages were handed over before the stop's cancel"
     )

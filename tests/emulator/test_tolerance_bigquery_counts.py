@@ -1,4 +1,5 @@
-"""skip-rate's BigQuery reader counts suppressions within tolerance under their own name (bqemulator)."""
+"""skip-rate's BigQuery reader counts suppressions within tolerance, and decisions under a changed
+selection, under their own names (bqemulator)."""
 
 from __future__ import annotations
 
@@ -49,3 +50,54 @@ async def test_the_bigquery_reader_counts_suppressions_within_tolerance_by_name(
     finally:
         reader.close()
     assert counts == {"forwarded": 1, "suppressed": 1, "within_tolerance": 2}
+
+
+async def test_the_bigquery_reader_counts_decisions_under_a_changed_selection_apart(table_id: str) -> None:
+    now = time.time()
+
+    def rec(decision: Decision, reason: str) -> DecisionRecord:
+        return DecisionRecord(now, "odds", decision, True, uuid.uuid4().hex, key="g1", reason=reason)
+
+    sink = BigQuerySink(make_client(PROJECT), table_id, partition_expiration_days=7, deadline=10)
+    await sink.write(
+        [
+            rec(Decision.FORWARDED, "content changed"),
+            rec(Decision.FORWARDED, "selection changed (exclude +note): changed: v"),
+            rec(Decision.SUPPRESSED, "selection changed (exclude +note): unchanged as the new selection compares it"),
+            rec(Decision.SUPPRESSED, "selection changed (exclude +note): unchanged as the new selection compares it"),
+            rec(Decision.SUPPRESSED, "unchanged since last forward"),
+        ]
+    )
+    await sink.close()
+    reader = BigQueryReader(make_client(PROJECT), table_id)
+    try:
+        counts = {r["decision"]: r["n"] for r in reader.decision_counts(None, "route")}
+    finally:
+        reader.close()
+    assert counts == {"forwarded": 1, "selection_forwarded": 1, "suppressed": 1, "selection_suppressed": 2}
+
+
+async def test_the_bigquery_reader_counts_the_keys_a_route_forwarded_for_plan(table_id: str) -> None:
+    now = time.time()
+
+    def rec(key: str, decision: Decision, at: float) -> DecisionRecord:
+        return DecisionRecord(at, "odds", decision, True, uuid.uuid4().hex, key=key, reason="x")
+
+    sink = BigQuerySink(make_client(PROJECT), table_id, partition_expiration_days=7, deadline=10)
+    await sink.write(
+        [
+            rec("g1", Decision.FORWARDED, now),
+            rec("g1", Decision.FORWARDED, now),
+            rec("g2", Decision.FORWARDED, now),
+            rec("g3", Decision.SUPPRESSED, now),
+            rec("g4", Decision.FORWARDED, now - 86400 * 3),
+        ]
+    )
+    await sink.close()
+    reader = BigQueryReader(make_client(PROJECT), table_id)
+    try:
+        assert reader.keys_forwarded("odds", now - 86400) == 2
+        assert reader.keys_forwarded("odds", None) == 3
+        assert reader.keys_forwarded("other", None) == 0
+    finally:
+        reader.close()

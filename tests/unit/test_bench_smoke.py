@@ -57,6 +57,7 @@ BENCHES: dict[str, Callable[[], str | None]] = {
     "rows.py": _always,
     "fields.py": _always,
     "tolerance.py": _always,
+    "selection.py": _always,
     "store.py": _always,
     "telemetry_cost.py": _always,
     "push_instructions.py": _always,

@@ -64,8 +64,8 @@ MISTAKES: list[tuple[str, dict[str, Any], list[str]]] = [
         {"routes": [a_route(colour="red")]},
         [
             "route 'r': colour: unknown key; the keys here are audit_sample, bypass, cache_result, changed_attributes, "
-            "coalesce, destination, exclude, include, key, mode, name, on_missing_key, on_store_error, push_format, "
-            "removed_rows, row_key, rows, rows_mode, scheme, stale, subscription, tolerance, window"
+            "coalesce, destination, exclude, include, key, mode, name, new_fields, on_missing_key, on_store_error, "
+            "push_format, removed_rows, row_key, rows, rows_mode, scheme, stale, subscription, tolerance, window"
         ],
     ),
     (
@@ -86,7 +86,7 @@ MISTAKES: list[tuple[str, dict[str, Any], list[str]]] = [
     (
         "a key of several sections is not sent to one of them",
         {"server": {"backend": "x"}, "routes": [a_route()]},
-        ["server.backend: unknown key; the keys here are body_timeout, max_body, shutdown_budget"],
+        ["server.backend: unknown key; the keys here are body_timeout, max_body, max_bytes_in_flight, shutdown_budget"],
     ),
     (
         "a key of another backend names the backend it belongs to",
@@ -221,6 +221,15 @@ MISTAKES: list[tuple[str, dict[str, Any], list[str]]] = [
         "a decision line sample that is not a share",
         {"decision_logs": {"duplicate": {"sample": 10}}, "routes": [a_route()]},
         ["decision_logs.duplicate.sample: 10 is out of range: it must be at most 1"],
+    ),
+    (
+        "quieting a decision the alerts follow beside a misspelt decision",
+        {"decision_logs": {"contended": {"level": "debug"}, "suppresed": {"level": "debug"}}, "routes": [a_route()]},
+        [
+            "decision_logs.suppresed: unknown key; did you mean 'suppressed'?",
+            "decision_logs: the lines of contended cannot be quieted: alerts and runbooks follow them "
+            "(quiet any of forwarded, suppressed, duplicate, stale, noise_only, superseded)",
+        ],
     ),
     (
         "quieting a decision the alerts follow",

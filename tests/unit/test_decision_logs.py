@@ -28,7 +28,8 @@ from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
 from filter.cli import main
 from filter.core.config import Config, parse
-from filter.core.decision_line import Quieting, in_sample, level_of
+from filter.core.config_sections import Quieting
+from filter.core.decision_line import in_sample, level_of
 from filter.core.engine import Engine
 from filter.core.envelope import make_envelope
 from filter.observability import logsetup

@@ -10,6 +10,8 @@ from __future__ import annotations
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from filter.backends.stores.sqlite import SqliteStore
+from tests.support import selection_model
 from tests.support.engine_model import STEPS, TOLERATED
 from tests.support.engine_sqlite import SqliteMachine
 
@@ -32,3 +34,28 @@ def test_engine_agrees_with_the_reference_model_on_sqlite() -> None:
     ran = STEPS["sqlite"] - before
     assert ran > 0
     assert TOLERATED["sqlite"] > tolerated, "no message was suppressed as moved within tolerance"
+
+
+class SqliteSelectionMachine(selection_model.SelectionMachine):
+    backend = "sqlite"
+    make_store = staticmethod(lambda scratch: SqliteStore(scratch / "state.db"))
+
+
+def test_engine_agrees_with_the_model_of_selection_changes_on_sqlite() -> None:
+    """Selection changes mid-history (tests/support/selection_model.py): narrowing, widening
+    under both `new_fields` policies, the key read from another field."""
+    before = selection_model.STEPS["sqlite"]
+    run_state_machine_as_test(
+        SqliteSelectionMachine,
+        settings=settings(max_examples=150, stateful_step_count=40, deadline=None),
+    )
+    assert selection_model.STEPS["sqlite"] > before
+    reached = selection_model.REACHED
+    for why in (
+        "narrowed, unchanged",
+        "widened, forwarded once",
+        "widened, adopted",
+        "key changed",
+        "changed under another selection",
+    ):
+        assert reached[why] > 0, f"no history reached {why!r}: {dict(reached)}"

@@ -144,7 +144,7 @@ def test_explain_in_words_names_the_field_that_cannot_be_read(
     assert main(["explain", "--config", str(path), "--route", "injury", str(file)]) == 0
     out = capsys.readouterr().out
     assert "key:          none: payload.players cannot be read" in out
-    assert "decision:     fail_open: payload.players is a str, not a list of rows: forwarded without" in out
+    assert "decision:     fail_open: payload.players is a string, not a list of rows: forwarded without" in out
     assert "stored:       not read" in out
 
 
@@ -354,6 +354,27 @@ def test_fingerprint_of_a_push_envelope_is_that_of_its_data(
     assert main(["fingerprint", "-c", str(quick_start), "-r", "injury-report", str(envelope)]) == 0
     captured = capsys.readouterr()
     assert captured.out == expected and "is a Pub/Sub push envelope" in captured.err
+
+
+def test_explain_says_a_message_is_judged_under_a_changed_selection(
+    setup: tuple[Path, dict[str, Any]], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, report = setup
+    asyncio.run(forward(path, report))
+    narrowed = yaml.safe_load(path.read_text())
+    narrowed["routes"][0]["include"] = ["player_lookup", "injury_status"]
+    path.write_text(yaml.safe_dump(narrowed))
+    changed = copy.deepcopy(report)
+    changed["players"][4]["reason"] = "no longer compared"
+    result = explain(path, tmp_path, changed, capsys)
+    assert result["decision"] == "suppressed"
+    assert result["reason"] == "selection changed (include -reason): unchanged as the new selection compares it"
+    assert result["selection_change"] == "narrowed"
+    file = tmp_path / "payload.json"
+    assert main(["explain", "--config", str(path), "--route", "injury", str(file)]) == 0
+    text = capsys.readouterr().out
+    assert "selection:    narrowed: the last forward was judged under selection" in text
+    assert "pubsub-filter plan" in text
 
 
 def test_explain_says_a_coalesced_route_holds_a_message_before_it_decides(

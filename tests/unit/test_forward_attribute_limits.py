@@ -19,13 +19,13 @@ from filter.core.attributes import (
     OWN_ATTRIBUTES,
     fence_attributes,
     forward_attributes,
-    own_attributes_at_most,
     unpublishable,
 )
 from filter.core.config import parse
 from filter.core.engine import Engine
 from filter.core.model import Decision, Message
 from filter.core.pubsub_limits import PUBLISH_REQUEST_LIMIT
+from filter.core.routes import RouteRules
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
@@ -68,7 +68,7 @@ def producer_attributes(count: int) -> dict[str, str]:
 async def test_a_message_whose_forward_would_carry_more_than_100_attributes_is_rejected_unpublished(
     engine: Engine, route: str
 ) -> None:
-    room = MAX_ATTRIBUTES - own_attributes_at_most(engine.config.route(route))  # type: ignore[arg-type]
+    room = MAX_ATTRIBUTES - RouteRules(engine.config.route(route)).own_attributes_at_most  # type: ignore[arg-type]
     rec = (await engine.handle(route, message(producer_attributes(room + 1)))).record
     assert rec.decision is Decision.REJECTED
     assert rec.reason == (
@@ -81,7 +81,7 @@ async def test_a_message_whose_forward_would_carry_more_than_100_attributes_is_r
 
 @pytest.mark.parametrize("route", ["whole", "rows"])
 async def test_a_message_with_as_many_attributes_as_fit_is_forwarded_with_them_all(engine: Engine, route: str) -> None:
-    room = MAX_ATTRIBUTES - own_attributes_at_most(engine.config.route(route))  # type: ignore[arg-type]
+    room = MAX_ATTRIBUTES - RouteRules(engine.config.route(route)).own_attributes_at_most  # type: ignore[arg-type]
     attributes = producer_attributes(room)
     rec = (await engine.handle(route, message(attributes))).record
     assert rec.decision is Decision.FORWARDED
@@ -91,7 +91,7 @@ async def test_a_message_with_as_many_attributes_as_fit_is_forwarded_with_them_a
 
 
 async def test_the_producers_own_copies_of_the_filters_attributes_do_not_count(engine: Engine) -> None:
-    room = MAX_ATTRIBUTES - own_attributes_at_most(engine.config.route("whole"))  # type: ignore[arg-type]
+    room = MAX_ATTRIBUTES - RouteRules(engine.config.route("whole")).own_attributes_at_most  # type: ignore[arg-type]
     attributes = {**producer_attributes(room), **dict.fromkeys(OWN_ATTRIBUTES, "forged")}
     assert (await engine.handle("whole", message(attributes))).record.decision is Decision.FORWARDED
 

@@ -1,7 +1,7 @@
 """What the Docker image does, without Docker: wheel -> fresh venv -> `pubsub-filter serve`.
 
 The wheel is built from exactly the files the image's build context holds (the
-.dockerignore allow-list: requirements.lock, pyproject.toml, README.md, filter/) and
+.dockerignore allow-list: requirements.lock, pyproject.toml, README.md, LICENSE, filter/) and
 installed as the image installs it: the pinned runtime dependencies of requirements.lock
 first, then the wheel with --no-deps, `pip check`ed, into a new venv that, as in the
 image, holds no pip or setuptools. The installed console script must then serve a push end to end on $PORT and exit
@@ -40,7 +40,7 @@ from packaging.version import Version
 from tests.support.polling import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
-BUILD_CONTEXT = ("requirements.lock", "pyproject.toml", "README.md", "filter")
+BUILD_CONTEXT = ("requirements.lock", "pyproject.toml", "README.md", "LICENSE", "filter")
 LOCK = ROOT / "requirements.lock"
 DOCKERFILE = ROOT / "Dockerfile"
 
@@ -167,6 +167,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _run([*into, "install", "--no-deps", "-r", str(context / "requirements.lock")], timeout=600)
     _run([*into, "install", "--no-deps", str(wheel)], timeout=300)
     _run([*into, "check"], timeout=120)
+    (bin_dir / "wheel-name").write_text(wheel.name, encoding="utf-8")
     return bin_dir
 
 
@@ -252,6 +253,19 @@ def served(installed: Path, tmp_path: Path) -> Iterator[Served]:
 def test_console_script_from_the_wheel_runs(installed: Path) -> None:
     proc = _run([str(installed / "pubsub-filter"), "--help"], timeout=60)
     assert "serve" in proc.stdout
+
+
+def test_the_wheel_and_its_console_script_say_the_version_written_in_filter_version_py(installed: Path) -> None:
+    from filter._version import __version__
+
+    assert (installed / "wheel-name").read_text(encoding="utf-8").startswith(f"pubsub_filter-{__version__}-")
+    proc = _run([str(installed / "pubsub-filter"), "--version"], timeout=60, env=_clean_env(), cwd=installed)
+    assert proc.stdout == f"pubsub-filter {__version__}\n"
+    (dist_info,) = (installed.parent / "lib").glob("python3.*/site-packages/pubsub_filter-*.dist-info")
+    metadata = (dist_info / "METADATA").read_text(encoding="utf-8")
+    assert f"\nVersion: {__version__}\n" in metadata
+    assert "\nLicense-Expression: Apache-2.0\n" in metadata
+    assert "Apache License" in (dist_info / "licenses" / "LICENSE").read_text(encoding="utf-8")
 
 
 @pytest.fixture(scope="module")
@@ -421,4 +435,4 @@ def test_the_image_installs_the_locked_dependencies_in_a_layer_before_the_source
 
 def test_the_build_context_lets_the_lock_in() -> None:
     allowed = {ln.strip() for ln in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()}
-    assert {"*", "!requirements.lock", "!pyproject.toml", "!README.md", "!filter/"} <= allowed
+    assert {"*", "!requirements.lock", "!pyproject.toml", "!README.md", "!LICENSE", "!filter/"} <= allowed

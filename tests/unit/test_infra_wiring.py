@@ -23,8 +23,10 @@ import pytest
 import yaml
 
 from filter.backends.records import bigquery as bq
-from filter.core.config import load
+from filter.core.config import load, parse
 from filter.core.times import parse_duration
+from filter.tools.provision import plan
+from filter.tools.subscriptions import DEFAULT_NAME, short_id
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
@@ -144,6 +146,25 @@ def example_config() -> dict[str, Any]:
 
 def evaluate(tmp_path: Path, expression: str, config: dict[str, Any] | None = None, **tfvars: Any) -> Any:
     """Evaluate an expression over the module's config-derived locals with `terraform console`."""
+    proc = console(tmp_path, expression, config, **tfvars)
+    assert proc.returncode == 0, proc.stderr
+    assert "Invalid value for variable" not in proc.stderr, proc.stderr
+    return json.loads(json.loads(proc.stdout.strip().splitlines()[-1]))
+
+
+def refusal(tmp_path: Path, config: dict[str, Any]) -> str:
+    """What the module's variable validation says of `config`, unwrapped ("" when it passes).
+    Only a variable is evaluated: terraform console crashes on a local once a variable is invalid."""
+    proc = console(tmp_path, "var.project", config)
+    if "Invalid value for variable" not in proc.stderr:
+        return ""
+    said = proc.stderr.split("This was checked by the validation rule", 1)[0]
+    return " ".join(said.split("var.config_yaml is", 1)[1].split("\n", 1)[1].split())
+
+
+def console(
+    tmp_path: Path, expression: str, config: dict[str, Any] | None = None, **tfvars: Any
+) -> subprocess.CompletedProcess[str]:
     cfg = example_config() if config is None else config
     work = tmp_path / f"tf-{len(list(tmp_path.glob('tf-*')))}"
     work.mkdir()
@@ -163,8 +184,8 @@ def evaluate(tmp_path: Path, expression: str, config: dict[str, Any] | None = No
     if not Path(env.get("TF_CLI_CONFIG_FILE") or Path.home() / ".terraformrc").exists():
         env["TF_CLI_CONFIG_FILE"] = os.devnull
     assert TERRAFORM is not None
-    proc = subprocess.run(
-        [TERRAFORM, "console"],
+    return subprocess.run(
+        [TERRAFORM, "console", "-no-color"],
         input=f"jsonencode({expression})\n",
         cwd=work,
         env=env,
@@ -173,8 +194,6 @@ def evaluate(tmp_path: Path, expression: str, config: dict[str, Any] | None = No
         timeout=120,
         check=False,
     )
-    assert proc.returncode == 0, proc.stderr
-    return json.loads(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 # --- the example config ------------------------------------------------------------------
@@ -185,6 +204,100 @@ def test_example_config_validates_with_the_filters_own_loader() -> None:
     assert [r.name for r in cfg.routes] == ["injury-report", "odds-props", "scoreboard"]
     assert (cfg.store.backend, cfg.publisher.backend, cfg.records.backend) == ("firestore", "pubsub", "bigquery")
     assert cfg.auth.audience and cfg.auth.service_account
+
+
+# --- the embedded backends: refused before anything is deployed ----------------------------------
+
+#: the line Terraform's refusal gives for each embedded part (filter/runtime/durability.py words it for serve)
+TF_FIX = {
+    "store": "fix: `store: {backend: firestore}`",
+    "publisher": "fix: `publisher: {backend: pubsub}`",
+    "records": "fix: `records: {backend: bigquery}`",
+}
+EMBEDDED_BACKEND = {"store": "sqlite", "publisher": "outbox", "records": "sqlite"}
+CLOUD_RUN_EXAMPLE = ROOT / "examples" / "cloud-run.yaml"
+
+
+@needs_terraform
+@pytest.mark.parametrize("part", list(TF_FIX))
+def test_terraform_refuses_an_embedded_part_with_the_line_that_fixes_it(tmp_path: Path, part: str) -> None:
+    said = refusal(tmp_path, {**example_config(), part: {"backend": EMBEDDED_BACKEND[part]}})
+    assert said.startswith("The config runs embedded backends, files inside the instance that Cloud Run loses")
+    assert [p for p, fix in TF_FIX.items() if fix in said] == [part]
+    assert "pubsub-filter check --for cloud-run" in said
+
+
+@needs_terraform
+@pytest.mark.parametrize(
+    "sections",
+    [{}, {"store": None, "publisher": {"fsync": True}, "records": {"path": "decisions.db"}}],
+    ids=["no sections", "sections without a backend"],
+)
+def test_terraform_takes_a_missing_backend_for_the_embedded_one_as_the_filter_does(
+    tmp_path: Path, sections: dict[str, Any]
+) -> None:
+    cfg = {"routes": example_config()["routes"], **sections}
+    loaded = load_text(tmp_path, cfg)
+    assert (loaded.store.backend, loaded.publisher.backend, loaded.records.backend) == ("sqlite", "outbox", "sqlite")
+    said = refusal(tmp_path, cfg)
+    assert all(fix in said for fix in TF_FIX.values()), said
+
+
+@needs_terraform
+def test_terraform_refuses_the_embedded_example(tmp_path: Path) -> None:
+    embedded = yaml.safe_load((ROOT / "examples" / "filter.yaml").read_text(encoding="utf-8"))
+    assert all(fix in refusal(tmp_path, embedded) for fix in TF_FIX.values())
+
+
+@needs_terraform
+@pytest.mark.parametrize("example", [EXAMPLE_CONFIG, CLOUD_RUN_EXAMPLE], ids=lambda p: p.name)
+def test_terraform_takes_the_cloud_run_examples(tmp_path: Path, example: Path) -> None:
+    assert refusal(tmp_path, yaml.safe_load(example.read_text(encoding="utf-8"))) == ""
+
+
+def load_text(tmp_path: Path, cfg: dict[str, Any]) -> Any:
+    path = tmp_path / "loaded.yaml"
+    path.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return load(path)
+
+
+# --- subscription names: Terraform's and provision's ---------------------------------------------
+
+
+def test_provisions_default_name_is_terraforms() -> None:
+    assert variables(MODULE)["name"]["default"] == DEFAULT_NAME
+    assert variables(INFRA)["name"]["default"] == DEFAULT_NAME
+
+
+@needs_terraform
+@pytest.mark.parametrize("name", [None, "odds"])
+def test_provision_names_each_routes_subscription_and_dead_letters_as_terraform_does(
+    tmp_path: Path, name: str | None
+) -> None:
+    """A route without `subscription` (the Cloud Run example's), with an id, with a full path."""
+    cfg = yaml.safe_load(CLOUD_RUN_EXAMPLE.read_text(encoding="utf-8"))
+    cfg["routes"][1]["subscription"] = "props-push"
+    cfg["routes"][2]["subscription"] = "projects/test-project/subscriptions/scores-push"
+    terraform = evaluate(tmp_path, "local.routes", cfg, **({"name": name} if name else {}))
+    wanted = plan(
+        parse(cfg),
+        "test-project",
+        push_endpoint="https://pubsub-filter.example.invalid",
+        max_delivery_attempts=17,
+        source_topics={r["name"]: f"raw-{r['name']}" for r in cfg["routes"]},
+        existing_topic_of=lambda _: None,
+        name=name or DEFAULT_NAME,
+    )
+    pushed = {s.route: s for s in wanted.subscriptions if s.route is not None}
+    assert {r: short_id(s.path) for r, s in pushed.items()} == {r: t["subscription"] for r, t in terraform.items()}
+    assert pushed["injury-report"].path.endswith(f"/{name or 'pubsub-filter'}-injury-report")
+    assert {r: short_id(s.dead_letter_topic) for r, s in pushed.items()} == {
+        r: t["dead_letter"] for r, t in terraform.items()
+    }
+    # pubsub.tf names the dead-letter pull subscription "${dead_letter}-sub"
+    dead_letter_subscriptions = {short_id(s.path) for s in wanted.subscriptions if s.route is None}
+    assert dead_letter_subscriptions == {f"{t['dead_letter']}-sub" for t in terraform.values()}
+    assert expr(resources()[("google_pubsub_subscription", "dead_letter")]["name"]) == "${each.value.dead_letter}-sub"
 
 
 # --- subscriptions -----------------------------------------------------------------------
@@ -420,7 +533,9 @@ def test_the_ttl_field_is_exempt_whether_or_not_terraform_manages_its_policy(tmp
     exempt = set(evaluate(tmp_path, for_each[2:-1], config, manage_firestore_ttl=manage_ttl))
     with_policy = {"expires_at"} if manage_ttl else set()  # the ttl resource's own index_config
     assert exempt | with_policy == fields_the_store_writes()
-    assert evaluate(tmp_path, for_each[2:-1], {**example_config(), "store": {"backend": "sqlite"}}) == []
+    # no Firestore, no fields: a config with the SQLite state is refused at plan
+    sqlite = {**example_config(), "store": {"backend": "sqlite"}}
+    assert TF_FIX["store"] in refusal(tmp_path, sqlite)
 
 
 def test_bigquery_table_is_partitioned_by_time_and_clustered_by_route_and_decision() -> None:
@@ -438,11 +553,9 @@ def test_one_dataset_resource_holds_the_records_dataset_and_the_decision_lines_d
     dataset = resources()[("google_bigquery_dataset", "dataset")]
     assert expr(dataset["for_each"]) == "${local.datasets}"
     assert dataset["delete_contents_on_destroy"] is False
-    sqlite, bigquery = example_config(), example_config()
-    sqlite["records"] = {"backend": "sqlite"}
+    bigquery = example_config()
     bigquery["records"] = {"backend": "bigquery", "dataset": "decisions_ds"}
-    assert evaluate(tmp_path, "keys(local.datasets)", config=sqlite) == []
-    assert evaluate(tmp_path, "keys(local.datasets)", config=sqlite, decision_log_sink=True) == ["decision_lines"]
+    # records in SQLite (no dataset of their own) are refused at plan (the tests above)
     assert evaluate(tmp_path, "keys(local.datasets)", config=bigquery) == ["records"]
     both = evaluate(tmp_path, "local.datasets", config=bigquery, decision_log_sink=True, name="odds")
     assert sorted(both) == ["decision_lines", "records"]
@@ -539,6 +652,9 @@ def test_dockerfile_entrypoint_and_cmd_are_exec_form() -> None:
 def test_dockerfile_final_stage_copies_only_the_venv_from_the_builder() -> None:
     stage = _final_stage()
     base = stage[0][1]
+    # the base is the PYTHON_IMAGE build argument (pinned by digest at build time): its default
+    defaults = dict(re.findall(r"^ARG (\w+)=(\S+)$", DOCKERFILE.read_text(encoding="utf-8"), re.MULTILINE))
+    base = re.sub(r"\$\{(\w+)\}", lambda m: defaults[m.group(1)], base)
     assert re.fullmatch(r"python:3\.11\.\d+-slim(-\w+)?", base), base
     copies = [args for op, args in stage if op == "COPY"]
     assert copies == ["--from=builder /opt/venv /opt/venv"]

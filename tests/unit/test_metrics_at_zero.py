@@ -18,6 +18,7 @@ COUNTERS = (
     "pubsub_filter_commit_refusals_total",
     "pubsub_filter_fail_open_total",
     "pubsub_filter_ids_reused_total",
+    "pubsub_filter_selection_changed_total",
 )
 
 

@@ -128,8 +128,12 @@ async def test_a_payload_key_on_a_payload_that_is_not_json_fails_open_on_its_raw
 @pytest.mark.parametrize(
     ("payload", "problem"),
     [
-        ({"game_date": "d", "players": "none"}, "payload.players is a str, not a list of rows"),
-        ({"game_date": "d", "players": {"p1": "out"}}, "payload.players is a dict, not a list of rows"),
+        ({"game_date": "d", "players": "none"}, "payload.players is a string, not a list of rows"),
+        ({"game_date": "d", "players": {"p1": "out"}}, "payload.players is an object, not a list of rows"),
+        # in JSON's words, never Python's (a NoneType, a bool)
+        ({"game_date": "d", "players": None}, "payload.players is null, not a list of rows"),
+        ({"game_date": "d", "players": True}, "payload.players is true, not a list of rows"),
+        ({"game_date": "d", "players": 2.5}, "payload.players is a number, not a list of rows"),
         ({"game_date": "d"}, "payload.players is missing from the payload"),
     ],
 )
@@ -164,7 +168,7 @@ async def test_a_failed_forward_of_a_message_without_its_key_is_nacked(world: Wo
     [
         ("strict", {"v": 1}, "key field payload.game_date is missing"),
         ("strict", b"\x00", "key field payload.game_date needs a JSON payload, and this payload is not JSON"),
-        ("strict-rows", {"game_date": "d", "players": 3}, "payload.players is a int, not a list of rows"),
+        ("strict-rows", {"game_date": "d", "players": 3}, "payload.players is a number, not a list of rows"),
     ],
 )
 async def test_a_route_that_says_reject_rejects_a_message_without_its_key(

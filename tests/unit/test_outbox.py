@@ -132,10 +132,13 @@ async def test_with_fsync_a_publish_is_confirmed_the_same_way(tmp_path: Path) ->
     assert attrs(tmp_path / "o.jsonl") == [{"n": "1"}]
 
 
-async def test_ping_passes_when_the_outbox_can_be_appended_to(tmp_path: Path) -> None:
+async def test_ping_passes_when_the_outbox_can_be_appended_to_and_writes_nothing(tmp_path: Path) -> None:
     outbox = OutboxPublisher(tmp_path / "o.jsonl")
-    await outbox.ping()
+    await outbox.ping()  # raises when an append would fail
+    assert (tmp_path / "o.jsonl").read_bytes() == b""
+    await outbox.publish("t", b"1", {"n": "1"})
     await outbox.close()
+    assert attrs(tmp_path / "o.jsonl") == [{"n": "1"}]
 
 
 async def test_ping_fails_when_the_outbox_directory_is_gone(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ from filter.backends.stores.guard import GuardedStore
 from filter.backends.stores.sqlite import SqliteStore
 from filter.core.config import parse
 from filter.core.engine import Engine
+from filter.core.model import Message
 from filter.runtime.probes import probe_routes
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
@@ -52,3 +53,12 @@ async def test_a_failure_is_503_failed_with_the_surfaces_fields_then_the_failure
 async def test_a_surface_that_is_not_ready_makes_readyz_503_naming_why(engine: Engine) -> None:
     status, body = await probe(engine, "/readyz", not_ready=lambda: {"streams": "not open yet"})
     assert (status, body) == (503, {"status": "unavailable", "streams": "not open yet"})
+
+
+async def test_healthz_counts_the_decisions_made_so_far_by_decision(engine: Engine) -> None:
+    same, changed = b'{"k": 1}', b'{"k": 1, "v": 2}'
+    for data, message_id in [(same, "m1"), (same, "m1"), (same, "m2"), (changed, "m3")]:
+        await engine.handle("r", Message(data, {}, message_id, None))
+    status, body = await probe(engine, "/healthz")
+    assert status == 200
+    assert body["counts"] == {"forwarded": 2, "duplicate": 1, "suppressed": 1}

@@ -7,7 +7,7 @@ from google.pubsub_v1.types import Subscription
 
 from filter.core.config import Config, parse
 from filter.core.pubsub_names import PubsubNameError
-from filter.tools.provision import Failed, ordering_warning, plan, summary
+from filter.tools.provision import Failed, ProvisionError, ordering_warning, plan, summary
 from filter.tools.subscriptions import SubscriptionSpec
 
 
@@ -38,6 +38,43 @@ def test_dead_letter_names_follow_the_subscription() -> None:
         "projects/p/subscriptions/orders-sub",
     ]
     assert ("projects/p/topics/orders", "source of route 'orders'") in wanted.topics
+
+
+# --- a push route without `subscription`: the name infra/ gives it ----------------------------------
+
+
+def unnamed() -> Config:
+    return parse({"routes": [{"name": "orders", "destination": "out", "key": ["payload.id"]}]})
+
+
+@pytest.mark.parametrize(("name", "expected"), [({}, "pubsub-filter-orders"), ({"name": "shop"}, "shop-orders")])
+def test_a_push_route_without_a_subscription_gets_infras_name_for_it(name: dict[str, str], expected: str) -> None:
+    wanted = plan(
+        unnamed(),
+        "p",
+        push_endpoint="https://filter.example.invalid",
+        max_delivery_attempts=10,
+        source_topics={"orders": "raw-orders"},
+        existing_topic_of=lambda _: None,
+        **name,
+    )
+    assert [s.path for s in wanted.subscriptions] == [
+        f"projects/p/subscriptions/{expected}-dlq-sub",
+        f"projects/p/subscriptions/{expected}",
+    ]
+    assert wanted.subscriptions[1].push_endpoint == "https://filter.example.invalid/push/orders"
+
+
+def test_a_pull_route_without_a_subscription_is_refused_since_pull_reads_it_from_the_config() -> None:
+    with pytest.raises(ProvisionError, match=r"orders have no `subscription`: a pull subscription is named in the co"):
+        plan(
+            unnamed(),
+            "p",
+            push_endpoint=None,
+            max_delivery_attempts=10,
+            source_topics={"orders": "raw-orders"},
+            existing_topic_of=lambda _: None,
+        )
 
 
 # --- an existing subscription without ordering: a WARNING that says why and what to do ------------

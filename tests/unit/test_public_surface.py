@@ -121,7 +121,7 @@ def test_importing_filter_loads_neither_the_engine_nor_any_google_client() -> No
         check=True,
         timeout=60,
     )
-    assert json.loads(done.stdout.replace("'", '"')) == ["filter.core", "filter.core.errors"]
+    assert json.loads(done.stdout.replace("'", '"')) == ["filter._version", "filter.core", "filter.core.errors"]
 
 
 def test_every_error_class_the_library_defines_derives_from_the_root_and_keeps_its_standard_base() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import pytest
 from google.api_core import exceptions as gexc
 from google.auth.credentials import AnonymousCredentials
@@ -23,9 +24,17 @@ def test_the_request_is_sized_as_the_filter_counts_a_publish() -> None:
     assert dict(req.messages[0].attributes) == attributes  # any name, the client's keywords too
 
 
-async def test_the_channel_to_pubsub_is_built_on_the_loop_from_the_credentials_given() -> None:
-    wire = PublishWire(AnonymousCredentials(), emulator=None)
+@pytest.mark.parametrize("emulator", [None, "127.0.0.1:9"], ids=["pubsub", "emulator"])
+async def test_the_channel_is_an_asyncio_channel_that_connects_on_its_first_call_and_closes_with_the_wire(
+    emulator: str | None,
+) -> None:
+    wire = PublishWire(AnonymousCredentials(), emulator=emulator)
+    channel = wire._transport.grpc_channel
+    assert isinstance(channel, grpc.aio.Channel)  # awaited on the loop: no thread of the library's
+    assert channel.get_state() == grpc.ChannelConnectivity.IDLE  # nothing dialled yet
     await wire.close()
+    with pytest.raises(grpc.aio.UsageError, match="closed"):
+        await wire.publish(request("projects/p/topics/t", b"x", {}, ""), within=1)
 
 
 @pytest.mark.parametrize(

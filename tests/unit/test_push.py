@@ -281,6 +281,7 @@ async def test_with_auth_on_unknown_routes_are_not_revealed(guarded: httpx.Async
         ("contended", None, 503),
         ("failed", "store", 503),
         ("failed", "publish", 500),
+        ("failed", "overloaded", 429),
         ("rejected", None, 400),
         ("rejected", "unknown_route", 404),
     ],
@@ -291,7 +292,7 @@ def test_every_decision_has_its_push_answer(decision: str, cause: str | None, st
 
     reason = Cause(cause) if cause else None
     rec = DecisionRecord(time=0, route="r", decision=Decision(decision), enforced=True, message_id="1", cause=reason)
-    assert (answer_for(rec).status, answer_for(rec).retry_after) == (status, status == 503)
+    assert (answer_for(rec).status, answer_for(rec).retry_after) == (status, status in (429, 503))
 
 
 async def test_a_replayed_message_is_judged_by_its_original_publish_time(client: httpx.AsyncClient) -> None:

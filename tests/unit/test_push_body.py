@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
 
+from filter.push.admission import LoopLag
 from filter.push.app import _body, _Disconnected, _TooLarge
 
 Message = dict[str, Any]
@@ -93,3 +95,42 @@ async def test_a_client_that_leaves_before_its_body_is_a_disconnect() -> None:
 
     with pytest.raises(_Disconnected):
         await _body(receive, 10, None, 5.0)
+
+
+@pytest.mark.loop_may_block("holds its loop on purpose: the server's own delay, which the body timeout must not count")
+async def test_a_body_whose_rest_waited_for_the_servers_held_loop_is_read_not_timed_out() -> None:
+    rest = asyncio.Event()
+    first = True
+
+    async def receive() -> Message:
+        nonlocal first
+        if first:
+            first = False
+            return {"type": "http.request", "body": b"part", "more_body": True}
+        await rest.wait()
+        return {"type": "http.request", "body": b"rest", "more_body": False}
+
+    reading = asyncio.create_task(_body(receive, 100, None, 0.2, LoopLag()))
+    await asyncio.sleep(0)  # the read waits for the rest
+    time.sleep(0.4)  # noqa: ASYNC251  the loop held past the body timeout (another request's work), on purpose
+    await asyncio.sleep(0)  # the loop's next turn: the deadline is due
+    rest.set()
+    assert await reading == b"partrest"
+
+
+async def test_a_sender_that_stalls_while_the_loop_is_free_is_still_a_timeout() -> None:
+    never = asyncio.Event()
+    first = True
+
+    async def receive() -> Message:
+        nonlocal first
+        if first:
+            first = False
+            return {"type": "http.request", "body": b"part", "more_body": True}
+        await never.wait()
+        raise AssertionError("unreachable")
+
+    lag = LoopLag()
+    with pytest.raises(TimeoutError):
+        await _body(receive, 10, None, 0.1, lag)
+    assert lag.watchers == 0  # the watch ends with the read

@@ -7,10 +7,12 @@ import importlib.util
 import io
 import json
 import sys
+import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+from packaging.requirements import Requirement
 
 from filter.backends.records.log_lines import LogLinesReader
 from filter.backends.records.sqlite import SqliteReader
@@ -19,7 +21,7 @@ from filter.core.config import parse
 from filter.runtime.wiring import make_reader
 from filter.tools import skiprate, skiprate_chart
 from filter.tools.skiprate import render, summarize
-from filter.tools.skiprate_chart import CHART_HINT, chart
+from filter.tools.skiprate_chart import CHART_EXTRA, CHART_HINT, chart
 from filter.tools.skiprows import SkipRow
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
@@ -184,8 +186,10 @@ def test_json() -> None:
         "mode": "enforce",
         "total": 19,
         "forwarded": 2,
+        "selection_forwarded": 0,
         "suppressed": 3,
         "within_tolerance": 0,
+        "selection_suppressed": 0,
         "duplicate": 1,
         "contended": 5,
         "stale": 1,
@@ -210,8 +214,10 @@ def test_csv() -> None:
         "mode",
         "total",
         "forwarded",
+        "selection_forwarded",
         "suppressed",
         "within_tolerance",
+        "selection_suppressed",
         "duplicate",
         "contended",
         "stale",
@@ -232,7 +238,8 @@ def test_empty() -> None:
     assert render([], "table") == "no decisions recorded in this period"
     assert render([], "json") == "[]"
     header = (
-        "route,bucket,mode,total,forwarded,suppressed,within_tolerance,duplicate,contended,stale,noise_only,"
+        "route,bucket,mode,total,forwarded,selection_forwarded,suppressed,within_tolerance,selection_suppressed,"
+        "duplicate,contended,stale,noise_only,"
         "fail_open,rejected,failed,superseded"
     )
     assert render([], "csv").strip() == header + ",skip_rate,would_skip"
@@ -311,6 +318,23 @@ def test_cli_bad_since_and_watch(logfile: str, capsys: pytest.CaptureFixture[str
     assert "--since" in capsys.readouterr().err
     assert main(["skip-rate", "--log", logfile, "--watch", "0"]) == 2
     assert "--watch" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("since", "says"),
+    [
+        ("2026-01-45", "day is out of range for month"),
+        ("2026-02-29", "day is out of range for month"),
+        ("2026-01-10T24:00:00Z", "hour must be in 0..23"),
+        ("2026-01-10T17:61:00Z", "minute must be in 0..59"),
+    ],
+)
+def test_a_since_that_names_no_real_day_or_time_is_a_usage_error_saying_which_part(
+    logfile: str, capsys: pytest.CaptureFixture[str], since: str, says: str
+) -> None:
+    assert main(["skip-rate", "--log", logfile, "--since", since]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"'{since}'" in err and says in err, err
 
 
 def test_cli_missing_log_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -423,8 +447,15 @@ def test_chart_without_matplotlib_says_what_to_install(
     assert main(["skip-rate", "--log", logfile, "--chart", str(png)]) == 2
     captured = capsys.readouterr()
     assert CHART_HINT in captured.err and captured.err.count("\n") == 1
-    assert CHART_HINT == "pip install 'pubsub-filter[chart]'"
     assert captured.out == "" and not png.exists()
+
+
+def test_the_chart_install_hint_names_an_extra_the_package_declares_with_matplotlib_in_it() -> None:
+    with (Path(__file__).resolve().parents[2] / "pyproject.toml").open("rb") as f:
+        extras = tomllib.load(f)["project"]["optional-dependencies"]
+    assert f"pubsub-filter[{CHART_EXTRA}]" in CHART_HINT
+    assert any(Requirement(r).name == "matplotlib" for r in extras[CHART_EXTRA])
+    assert "pip install matplotlib" in CHART_HINT
 
 
 def test_csv_output_ends_with_one_newline_not_a_blank_line(logfile: str, capsys: pytest.CaptureFixture[str]) -> None:

@@ -5,11 +5,13 @@ decided, never raised out of the decision (a 5xx on every later message of the k
 from __future__ import annotations
 
 import json
+from decimal import Decimal
 from pathlib import Path
 
 import httpx
 import pytest
 
+from filter.core.config import Route
 from filter.core.envelope import make_envelope
 from filter.core.tolerance_amount import Amount
 from tests.support.push_client import engine_on_sqlite, push_client
@@ -57,3 +59,45 @@ async def test_a_reference_past_a_doubles_range_leaves_every_later_message_of_it
         (200, "forwarded"),
         (200, "suppressed"),
     ]
+
+
+LAST = 327057656882052036  # past 2**53: a double cannot hold it, nor 2.5 % of it
+
+
+@pytest.mark.parametrize(
+    ("amount", "move", "last", "within"),
+    [
+        ("2.5%", 8176441422051301, LAST, False),  # the allowance is 8176441422051300.9
+        ("2.5%", 8176441422051300, LAST, True),
+        ("0.1%", 327057656882053, LAST, False),  # 327057656882052.036
+        ("0.1%", 327057656882052, LAST, True),
+        (0.1, 0.1, 0.7, True),  # 0.7 to 0.8 moves by 0.1 exactly (0.10000000000000009 in doubles)
+        ("10%", 0.1, 1.0, True),
+        ("10%", 0.1, 0.99, False),
+        (1e-7, 1e-7, 2, True),
+    ],
+)
+def test_every_comparison_is_exact_in_the_numbers_as_written(
+    amount: int | float | str, move: int | float, last: int | float, within: bool
+) -> None:
+    from filter.core.tolerance import Tolerance
+
+    route = {"name": "r", "destination": "phase3", "key": ["payload.k"], "tolerance": {"v": amount}}
+    tol = Tolerance(Route.model_validate(route))
+    new = (
+        last + move
+        if isinstance(move, int) and isinstance(last, int)
+        else float(Decimal(repr(last)) + Decimal(repr(move)))
+    )
+    compared = tol.compare(tol.entry({"v": last}), tol.entry({"v": new}))
+    assert compared.within is within
+
+
+async def test_a_fractional_percentage_of_a_large_integer_forwards_a_move_just_past_it(tmp_path: Path) -> None:
+    route = {**ROUTE, "tolerance": {"total": "2.5%"}}
+    async with push_client(engine_on_sqlite(tmp_path, {"routes": [route]})) as client:
+        answers = [
+            (await client.post("/push/totals", content=body(total, str(n)))).json()["decision"]
+            for n, total in enumerate([LAST, LAST + 8176441422051301, LAST + 8176441422051301 + 8176441422051300])
+        ]
+    assert answers == ["forwarded", "forwarded", "suppressed"]

@@ -6,10 +6,11 @@ from typing import Any
 
 import pytest
 
-from filter.core.attributes import MAX_ATTRIBUTES, MAX_NAME_BYTES, own_attributes_at_most
+from filter.core.attributes import MAX_ATTRIBUTES, MAX_NAME_BYTES
 from filter.core.config import ConfigError, parse
 from filter.core.config_tolerance import MAX_ATTRIBUTES as RULES_MAX_ATTRIBUTES
 from filter.core.config_tolerance import MAX_NAME_BYTES as RULES_MAX_NAME_BYTES
+from filter.core.routes import RouteRules
 from filter.core.tolerance_amount import Amount, parse_amount
 
 
@@ -71,5 +72,15 @@ def test_a_list_that_could_pass_the_attribute_limit_is_refused() -> None:
 
 def test_the_flags_count_among_the_filters_own_attributes() -> None:
     r = parse(route(changed_attributes=["a", "b"])).routes[0]
-    assert own_attributes_at_most(r) == 9
+    assert RouteRules(r).own_attributes_at_most == 9
     assert (RULES_MAX_ATTRIBUTES, RULES_MAX_NAME_BYTES) == (MAX_ATTRIBUTES, MAX_NAME_BYTES)
+
+
+def test_a_field_written_as_a_path_is_refused_with_the_name_it_meant() -> None:
+    # `payload.p` matches only a field literally named so: the tolerance and flag would never apply
+    said = problems(tolerance={"payload.p": 5}, changed_attributes=["payload.s"])
+    assert "tolerance: 'payload.p' is a path" in said and "did you mean 'p'?" in said
+    assert "changed_attributes: 'payload.s' is a path" in said and "did you mean 's'?" in said
+    on_rows = problems(rows="payload.props", row_key=["player"], tolerance={"payload.props.price": 5})
+    assert "each row's fields" in on_rows and "did you mean 'price'?" in on_rows
+    assert "'attributes.src' is a path" in problems(changed_attributes=["attributes.src"])

@@ -179,6 +179,28 @@ def test_gcloud_entries_and_docker_lines_read_as_our_own_lines(tmp_path: Path) -
         assert analyse(rows_from_log(str(source), "scores", None)).as_dict() == expected, source
 
 
+SCORES_LOG = Path(__file__).resolve().parents[2] / "examples" / "scores-decisions.jsonl"
+
+
+def test_a_period_with_no_decisions_says_when_the_routes_decisions_were_and_what_since_to_use(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # the shipped example log is from 2026-01-10, long before the default `--since 7d`
+    assert main(["tune", "--log", str(SCORES_LOG), "--route", "scores"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert "no decisions recorded for route 'scores' in the last 7d" in err
+    assert "120 decisions from 2026-01-10T18:00:40Z to 2026-01-10T19:20:00Z" in err
+    assert "--since 2026-01-10" in err
+
+
+def test_a_route_with_no_decisions_at_all_says_so(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tune", "--log", str(SCORES_LOG), "--route", "nope", "--since", "2026-01-01"]) == 1
+    err = capsys.readouterr().err
+    assert "no decisions recorded for route 'nope' since 2026-01-01" in err
+    assert "none at all" in err
+
+
 async def test_tune_says_how_many_forwards_a_coalesce_would_have_saved(
     config_path: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -29,8 +29,10 @@ from filter.backends.records.batch import BatchingRecorder
 from filter.backends.records.extra import encode_extra
 from filter.core.config import BigqueryRecords
 from filter.core.errors import FilterError
+from filter.core.escaped import text
 from filter.core.model import COLUMN_NAMES, DECISION_COLUMNS, Column, DecisionRecord
 from filter.core.ports import Bucket, DecisionCount, DecisionRow
+from filter.core.selection import FORWARDED_LABEL, SELECTION_CHANGED, SUPPRESSED_LABEL
 from filter.core.tolerance import WITHIN, WITHIN_TOLERANCE
 
 EMULATOR_ENV = "BIGQUERY_EMULATOR_HOST"
@@ -93,13 +95,14 @@ def to_row(rec: DecisionRecord) -> dict[str, Any]:
     for name in _TIMES:
         row[name] = _timestamp(row[name])
     row["extra"] = encode_extra(rec.extra) if rec.extra else None
-    return row
+    # text UTF-8 cannot write (a lone surrogate) is sent escaped: the row is never refused for it
+    return {k: text(v) if isinstance(v, str) else v for k, v in row.items()}
 
 
 def insert_id(rec: DecisionRecord) -> str:
     """A stable insertId, so BigQuery's best-effort dedup drops a retried batch's rows."""
     raw = f"{rec.route}\x00{rec.message_id}\x00{rec.decision}\x00{rec.time!r}\x00{rec.key}"
-    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+    return hashlib.sha256(raw.encode("utf-8", "surrogatepass")).hexdigest()[:32]
 
 
 class BigQuerySink:
@@ -222,7 +225,11 @@ def _counts_query(table: str, since: float | None, by: str) -> tuple[str, list[A
     # a suppression within tolerance is counted under its own name (`skip-rate`)
     label = (
         f"CASE WHEN decision = 'suppressed' AND SUBSTR(reason, 1, {len(WITHIN)}) = @within "
-        f"THEN '{WITHIN_TOLERANCE}' ELSE decision END"
+        f"THEN '{WITHIN_TOLERANCE}' "
+        "WHEN decision IN ('forwarded', 'suppressed') "
+        f"AND SUBSTR(reason, 1, {len(SELECTION_CHANGED)}) = '{SELECTION_CHANGED}' "
+        f"THEN CASE decision WHEN 'forwarded' THEN '{FORWARDED_LABEL}' ELSE '{SUPPRESSED_LABEL}' END "
+        "ELSE decision END"
     )
     sql = (
         f"SELECT route, {_BUCKETS[by]} AS bucket, {label} AS label, enforced, COUNT(*) AS n\n"
@@ -267,6 +274,17 @@ class BigQueryReader:
             }
             for row in job.result(timeout=self.job_timeout)
         ]
+
+    def keys_forwarded(self, route: str, since: float | None) -> int:
+        """How many keys of `route` were forwarded at or after `since` (`pubsub-filter plan`)."""
+        params: list[Any] = [bigquery.ScalarQueryParameter("route", "STRING", route)]
+        where = "WHERE route = @route AND decision = 'forwarded'"
+        if since is not None:
+            where += " AND time >= @since"
+            params.append(bigquery.ScalarQueryParameter("since", "TIMESTAMP", dt.datetime.fromtimestamp(since, dt.UTC)))
+        sql = f"SELECT COUNT(DISTINCT key) AS n FROM `{self.table}`\n{where}"
+        job = self.client.query(sql, job_config=bigquery.QueryJobConfig(query_parameters=params))
+        return sum(int(row["n"]) for row in job.result(timeout=self.job_timeout))
 
     def decision_rows(self, route: str, since: float | None) -> list[DecisionRow]:
         params: list[Any] = [bigquery.ScalarQueryParameter("route", "STRING", route)]

@@ -25,6 +25,8 @@ from typing import Any
 
 import msgspec
 
+from filter.core.escaped import escaped
+
 
 def _float(value: float) -> msgspec.Raw:
     text = msgspec.json.encode(value)
@@ -78,5 +80,10 @@ def _value(value: Any) -> Any:
 
 
 def encode_extra(extra: Mapping[str, Any]) -> str:
-    """`extra` as compact JSON text, byte for byte what orjson wrote before (see the module doc)."""
-    return msgspec.json.encode(_value(dict(extra))).decode()
+    """`extra` as compact JSON text, byte for byte what orjson wrote before (see the module doc);
+    text that cannot be written as UTF-8 (a lone surrogate) escaped, never the row lost."""
+    value = _value(dict(extra))
+    try:
+        return msgspec.json.encode(value).decode()
+    except UnicodeEncodeError:
+        return msgspec.json.encode(escaped(value)).decode()

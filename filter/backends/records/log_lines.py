@@ -33,6 +33,7 @@ from typing import IO, Any, NamedTuple
 import msgspec
 
 from filter.core.ports import Bucket, DecisionCount, DecisionRow
+from filter.core.selection import FORWARDED_LABEL, SELECTION_CHANGED, SUPPRESSED_LABEL
 from filter.core.tolerance import WITHIN, WITHIN_TOLERANCE
 
 _BUCKET_FORMAT = {"hour": "%Y-%m-%dT%H:00:00Z", "day": "%Y-%m-%d"}
@@ -178,6 +179,10 @@ def _warn(source: str, unreadable: _Unreadable) -> None:
         )
 
 
+#: A forward and a suppression under a changed selection, as `skip-rate` counts them.
+_RESELECTED = {"forwarded": FORWARDED_LABEL, "suppressed": SUPPRESSED_LABEL}
+
+
 def counts_from_log(source: str, since: float | None, by: str) -> list[DecisionCount]:
     """Decisions counted per (route, bucket, decision, enforced) from log lines in `source`.
 
@@ -195,6 +200,8 @@ def counts_from_log(source: str, since: float | None, by: str) -> list[DecisionC
         decision = entry.decision
         if decision == "suppressed" and isinstance(entry.reason, str) and entry.reason.startswith(WITHIN):
             decision = WITHIN_TOLERANCE  # counted under its own name (`skip-rate`)
+        elif decision in _RESELECTED and isinstance(entry.reason, str) and entry.reason.startswith(SELECTION_CHANGED):
+            decision = _RESELECTED[decision]  # decided under a changed selection: counted apart
         label = None
         if by != "route":
             hour = int(t // 3600)

@@ -13,8 +13,10 @@ from typing import Any
 
 from filter.backends.records.extra import encode_extra
 from filter.backends.sqlite_file import open_wal
+from filter.core.escaped import text
 from filter.core.model import COLUMN_NAMES, DECISION_COLUMNS, DecisionRecord
 from filter.core.ports import Bucket, DecisionCount, DecisionRow
+from filter.core.selection import FORWARDED_LABEL, SELECTION_CHANGED, SUPPRESSED_LABEL
 from filter.core.tolerance import WITHIN, WITHIN_TOLERANCE
 
 _TYPES = {"time": "REAL", "text": "TEXT", "bool": "INTEGER", "int": "INTEGER", "float": "REAL", "json": "TEXT"}
@@ -49,6 +51,12 @@ def _values(r: DecisionRecord) -> list[Any]:
     row[_ENFORCED_AT] = int(row[_ENFORCED_AT])  # the INTEGER 0 or 1 a bool binds as, without the adapter lookup
     row[_EXTRA_AT] = encode_extra(r.extra) if r.extra else None
     return row
+
+
+def _escaped(values: list[Any]) -> list[Any]:
+    """A row's values with the text UTF-8 cannot write escaped (`filter.core.escaped`): the row
+    is stored with `\\ud800` where a lone surrogate was, never refused for it."""
+    return [text(v) if isinstance(v, str) else v for v in values]
 
 
 def prepared(r: DecisionRecord) -> Prepared:
@@ -108,12 +116,20 @@ class SqliteSink:
         if len(rows) == 1:
             # One statement in SQLite's own transaction: no BEGIN and COMMIT round trips.
             _, mask, values = prepared(rows[0])
-            self._db.execute(_insert(mask, 1), values)
+            try:
+                self._db.execute(_insert(mask, 1), values)
+            except UnicodeEncodeError:
+                self._db.execute(_insert(mask, 1), _escaped(values))
             return
         values = [_values(r) for r in rows]
-        with self._db:
-            self._db.execute("BEGIN")
-            self._db.executemany(_INSERT, values)
+        try:
+            with self._db:
+                self._db.execute("BEGIN")
+                self._db.executemany(_INSERT, values)
+        except UnicodeEncodeError:  # rolled back: the batch again, its text escaped
+            with self._db:
+                self._db.execute("BEGIN")
+                self._db.executemany(_INSERT, map(_escaped, values))
 
     def insert_apart(self, rows: list[Prepared]) -> Refused:
         """Write rows now in one commit (the inline recorder's group of records from different
@@ -140,7 +156,10 @@ class SqliteSink:
         """Why a row's value cannot be bound or stored (the statement stored nothing), or None
         once it is stored. Raises the file's own errors (`OperationalError`): none is stored."""
         try:
-            self._db.execute(sql, values)
+            try:
+                self._db.execute(sql, values)
+            except UnicodeEncodeError:  # text SQLite cannot take (a lone surrogate): stored escaped
+                self._db.execute(sql, _escaped(values))
         except sqlite3.OperationalError:
             raise
         except Exception as exc:
@@ -164,7 +183,11 @@ _BUCKETS = {
 #: The decision as `skip-rate` counts it: a suppression within tolerance under its own name.
 _LABELLED = (
     f"CASE WHEN decision = 'suppressed' AND substr(reason, 1, {len(WITHIN)}) = ? "
-    f"THEN '{WITHIN_TOLERANCE}' ELSE decision END"
+    f"THEN '{WITHIN_TOLERANCE}' "
+    "WHEN decision IN ('forwarded', 'suppressed') "
+    f"AND substr(reason, 1, {len(SELECTION_CHANGED)}) = '{SELECTION_CHANGED}' "
+    f"THEN CASE decision WHEN 'forwarded' THEN '{FORWARDED_LABEL}' ELSE '{SUPPRESSED_LABEL}' END "
+    "ELSE decision END"
 )
 
 
@@ -189,6 +212,20 @@ class SqliteReader:
         finally:
             db.close()
         return [{"route": r, "bucket": b, "decision": d, "enforced": bool(e), "n": n} for r, b, d, e, n in rows]
+
+    def keys_forwarded(self, route: str, since: float | None) -> int:
+        """How many keys of `route` were forwarded at or after `since` (`pubsub-filter plan`)."""
+        if not self.path.exists():
+            return 0
+        db = _connect(str(self.path))
+        try:
+            (n,) = db.execute(
+                "SELECT COUNT(DISTINCT key) FROM decisions WHERE route = ? AND time >= ? AND decision = 'forwarded'",
+                (route, since or 0.0),
+            ).fetchone()
+        finally:
+            db.close()
+        return int(n)
 
     def decision_rows(self, route: str, since: float | None) -> list[DecisionRow]:
         if not self.path.exists():

@@ -111,6 +111,9 @@ def to_document(route: str, key: str, s: KeyState) -> dict[str, Any]:
         "full_fingerprint": s.full_fingerprint,
         # the in-process API's kept results: a field earlier versions do not read
         "results": [{"id": mid, "fp": fp, "r": r} for mid, fp, r in s.results],
+        # what the route compared (`filter.core.selection`): absent in documents written before
+        # it was stored, read as the route's selection; earlier versions ignore it
+        "selection": s.selection,
     }
 
 
@@ -127,6 +130,7 @@ _FIELDS = (
     ("rows", "rows"),
     ("full_fingerprint", "full_fingerprint"),
     ("results", "results"),
+    ("selection", "selection"),
 )
 
 
@@ -184,6 +188,7 @@ def from_document(data: Mapping[str, Any], version: Any) -> KeyState:
         full_fingerprint=data.get("full_fingerprint"),
         results=tuple((r["id"], r["fp"], r["r"]) for r in data.get("results") or ()),
         version=version,
+        selection=data.get("selection"),
     )
 
 

@@ -31,6 +31,11 @@ class GuardedStore:
         self.policy = policy
         self.inline = (isinstance(inner, Suspends) and not inner.suspends) if inline is None else inline
 
+    @property
+    def suspends(self) -> bool:
+        """As its store's calls (`ports.Suspends`): the engine then knows no cancel lands inside one."""
+        return not self.inline
+
     async def _attempt(self, op: Callable[[], Awaitable[T]]) -> T:
         try:
             if self.inline:

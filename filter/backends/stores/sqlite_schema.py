@@ -59,23 +59,25 @@ _TRIGGERS = (
 )
 
 # Columns newer than the first release. `results` (the in-process API's kept results) is NULL when
-# there are none: a process of an earlier version sharing the file never reads it.
-ADDED_COLUMNS = {"rows": "BLOB", "full_fingerprint": "TEXT", "results": "TEXT"}
+# there are none: a process of an earlier version sharing the file never reads it. `selection`
+# (what the route compared, `filter.core.selection`) is NULL in state written before it was stored,
+# which is read as the route's selection; an earlier version sharing the file ignores it.
+ADDED_COLUMNS = {"rows": "BLOB", "full_fingerprint": "TEXT", "results": "TEXT", "selection": "TEXT"}
 
 _ROWS_FROM_TABLE = "(SELECT r.rows FROM key_rows r WHERE r.route = s.route AND r.key = s.key)"
 
 
-def _select(rows: str, full_fingerprint: str, results: str) -> str:
+def _select(rows: str, full_fingerprint: str, results: str, selection: str) -> str:
     """The state record's columns in the order `sqlite._row_to_state` reads them, for one key."""
     return (
         "SELECT version, fingerprint, forwarded_at, message_id, publish_time, recent, fence, lease_holder, "
         f"lease_fence, lease_expires, lease_fingerprint, lease_message_id, expires_at, {rows}, "
-        f"{full_fingerprint}, {results} FROM key_state s WHERE s.route = ? AND s.key = ?"
+        f"{full_fingerprint}, {results}, {selection} FROM key_state s WHERE s.route = ? AND s.key = ?"
     )
 
 
 #: One key's state in this layout: the row state from the old column when it is set, else from the row table.
-READ = _select(f"COALESCE(s.rows, {_ROWS_FROM_TABLE})", "full_fingerprint", "results")
+READ = _select(f"COALESCE(s.rows, {_ROWS_FROM_TABLE})", "full_fingerprint", "results", "selection")
 
 
 def create_or_upgrade(db: sqlite3.Connection) -> None:
@@ -104,4 +106,6 @@ def read_sql(db: sqlite3.Connection) -> str | None:
     if "key_rows" in tables:
         rows = f"COALESCE({rows}, {_ROWS_FROM_TABLE})"
     full = "full_fingerprint" if "full_fingerprint" in columns else "NULL"
-    return _select(rows, full, "results" if "results" in columns else "NULL")
+    return _select(
+        rows, full, "results" if "results" in columns else "NULL", "selection" if "selection" in columns else "NULL"
+    )

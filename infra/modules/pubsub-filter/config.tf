@@ -94,7 +94,7 @@ locals {
   # (tests/unit/test_infra_wiring.py writes a document and compares).
   store_unindexed_fields = [
     "route", "key", "fingerprint", "forwarded_at", "message_id", "publish_time", "recent", "fence", "lease", "rows",
-    "full_fingerprint", "results",
+    "full_fingerprint", "results", "selection",
   ]
 
   # One entry per route. The subscription name is the route's `subscription` (the filter
@@ -140,7 +140,7 @@ locals {
   # ceil(lease.duration / minimum_backoff) attempts. The dead-letter policy must allow
   # that many plus a margin for ordinary failures, or a message that was merely waiting
   # its turn would be dead-lettered. Pub/Sub accepts 5..100, hence the clamp; a
-  # configuration whose floor exceeds 100 fails the check below (raise minimum_backoff).
+  # configuration whose floor exceeds 100 fails a precondition (pubsub.tf; raise minimum_backoff).
   minimum_backoff_seconds        = tonumber(trimsuffix(var.minimum_backoff, "s"))
   contention_attempts            = ceil(local.lease.duration / local.minimum_backoff_seconds)
   required_delivery_attempts     = local.contention_attempts + var.delivery_attempts_margin

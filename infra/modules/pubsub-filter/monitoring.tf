@@ -49,6 +49,11 @@ locals {
       match       = "jsonPayload.message=\"decision\" AND jsonPayload.decision=\"failed\" AND jsonPayload.cause=\"publish\""
       description = "Publishes to a destination topic that were not confirmed (the source message was nacked)."
     }
+    push_overloaded = {
+      # the push endpoint turned a push away unread (429, a retry) at server.max_bytes_in_flight
+      match       = "jsonPayload.message=\"decision\" AND jsonPayload.decision=\"failed\" AND jsonPayload.cause=\"overloaded\""
+      description = "Push requests answered 429 unread because the instance had server.max_bytes_in_flight of bodies in flight."
+    }
   }
 
   user_metric_prefix = "logging.googleapis.com/user"
@@ -316,6 +321,54 @@ resource "google_monitoring_alert_policy" "contention" {
       `publish_failures`) or a producer emits several versions per key at once. If it
       persists, messages may reach the dead-letter topic: check that
       max_delivery_attempts still covers lease.duration / minimum_backoff.
+    EOT
+  }
+}
+
+resource "google_monitoring_alert_policy" "push_overloaded" {
+  project      = var.project
+  display_name = "pubsub-filter ${var.name}: pushes turned away at the bound on bytes in flight above ${var.push_overloaded_per_hour_threshold}/h"
+  combiner     = "OR"
+  severity     = "WARNING"
+  user_labels  = var.labels
+
+  conditions {
+    display_name = "overloaded (429) pushes per route per hour > ${var.push_overloaded_per_hour_threshold}"
+
+    condition_threshold {
+      filter          = "metric.type=\"${local.user_metric_prefix}/${google_logging_metric.events["push_overloaded"].name}\" AND resource.type=\"cloud_run_revision\""
+      comparison      = "COMPARISON_GT"
+      threshold_value = var.push_overloaded_per_hour_threshold
+      duration        = "0s"
+
+      aggregations {
+        alignment_period     = "3600s"
+        per_series_aligner   = "ALIGN_SUM"
+        cross_series_reducer = "REDUCE_SUM"
+        group_by_fields      = ["metric.label.route"]
+      }
+
+      trigger {
+        count = 1
+      }
+    }
+  }
+
+  notification_channels = var.notification_channels
+
+  alert_strategy {
+    auto_close = var.alert_auto_close
+  }
+
+  documentation {
+    mime_type = "text/markdown"
+    subject   = "pubsub-filter: pushes turned away (429) at the bound on bytes in flight"
+    content   = <<-EOT
+      An instance had `server.max_bytes_in_flight` of push bodies in flight and answered more
+      pushes 429 unread: Pub/Sub backs off and sends them again, nothing is lost, but they wait
+      and count towards max_delivery_attempts. Bursts of large messages (megabytes each) do
+      this. Raise memory and max_bytes_in_flight together (docs/deploying.md, "Large messages:
+      memory and concurrency"), or raise max_instances so the burst spreads over more instances.
     EOT
   }
 }

@@ -22,12 +22,31 @@ variable "name" {
 }
 
 variable "config_yaml" {
-  description = "Text of the pubsub-filter YAML config (pass `file(\"filter.yaml\")`). Terraform decodes it to provision one push subscription, dead-letter topic and dead-letter subscription per route, the destination topics, the Firestore TTL policy and the BigQuery table; the same text is stored as a Secret Manager secret version and mounted into the service at /etc/pubsub-filter/filter.yaml. Validate it first with `pubsub-filter check --config filter.yaml`: Terraform only reads the keys it needs."
+  description = "Text of the pubsub-filter YAML config (pass `file(\"filter.yaml\")`). Terraform decodes it to provision one push subscription, dead-letter topic and dead-letter subscription per route, the destination topics, the Firestore TTL policy and the BigQuery table; the same text is stored as a Secret Manager secret version and mounted into the service at /etc/pubsub-filter/filter.yaml. Validate it first with `pubsub-filter check --for cloud-run filter.yaml`: Terraform only reads the keys it needs, and refuses the embedded backends (files inside the instance, lost on Cloud Run)."
   type        = string
 
   validation {
     condition     = can(yamldecode(var.config_yaml).routes[0].name)
     error_message = "config_yaml must be YAML with a non-empty `routes` list whose entries have a `name`."
+  }
+
+  # The embedded backends (the config's defaults) are files inside the instance: on Cloud Run they
+  # are lost with it and never shared, and the outbox's forwards never reach Pub/Sub though their
+  # messages are acked. `pubsub-filter serve` refuses them there (filter/runtime/durability.py),
+  # and so does plan, before anything is deployed. A missing section or `backend` is the embedded one.
+  validation {
+    condition = !can(yamldecode(var.config_yaml).routes) || alltrue([
+      coalesce(try(yamldecode(var.config_yaml).store.backend, null), "sqlite") == "firestore",
+      coalesce(try(yamldecode(var.config_yaml).publisher.backend, null), "outbox") == "pubsub",
+      coalesce(try(yamldecode(var.config_yaml).records.backend, null), "sqlite") == "bigquery",
+    ])
+    error_message = join(" ", concat(
+      ["The config runs embedded backends, files inside the instance that Cloud Run loses with it (check it with: pubsub-filter check --for cloud-run)."],
+      coalesce(try(yamldecode(var.config_yaml).store.backend, null), "sqlite") == "firestore" ? [] : ["The state in a SQLite file is lost and never shared between instances; fix: `store: {backend: firestore}`."],
+      coalesce(try(yamldecode(var.config_yaml).publisher.backend, null), "outbox") == "pubsub" ? [] : ["The outbox's forwards never reach Pub/Sub, though their messages are acked; fix: `publisher: {backend: pubsub}`."],
+      coalesce(try(yamldecode(var.config_yaml).records.backend, null), "sqlite") == "bigquery" ? [] : ["The decision records in a SQLite file are lost and unreadable; fix: `records: {backend: bigquery}`."],
+      ["examples/cloud-run.yaml and infra/example-config.yaml have all three."],
+    ))
   }
 }
 
@@ -79,7 +98,7 @@ variable "cpu" {
 }
 
 variable "memory" {
-  description = "Memory limit per instance (Cloud Run syntax: \"512Mi\", \"1Gi\"). The BigQuery record buffer holds up to records.max_buffer rows."
+  description = "Memory limit per instance (Cloud Run syntax: \"512Mi\", \"1Gi\"). The BigQuery record buffer holds up to records.max_buffer rows. 512Mi fits the config's default server.max_bytes_in_flight (64 MiB) with messages of up to 10 MB at any concurrency: raise both together (docs/deploying.md, \"Large messages\")."
   type        = string
   default     = "512Mi"
 }
@@ -238,6 +257,12 @@ variable "contention_per_hour_threshold" {
   description = "Alert when one route has more than this many `contended` decisions (503: another version of the key in flight) in an hour."
   type        = number
   default     = 10
+}
+
+variable "push_overloaded_per_hour_threshold" {
+  description = "Alert when one route has more than this many pushes answered 429 unread (`failed`, cause `overloaded`: the instance at server.max_bytes_in_flight) in an hour."
+  type        = number
+  default     = 30
 }
 
 variable "heartbeat_failures_per_hour_threshold" {

@@ -1,5 +1,6 @@
 terraform {
-  # 1.5: `check` blocks (used for the timing and delivery-attempt rules in config.tf).
+  # 1.5: the oldest Terraform the module is checked with. The timing and delivery-attempt rules
+  # are lifecycle preconditions (main.tf, pubsub.tf); `endswith()` in validations needs 1.3.
   required_version = ">= 1.5.0"
 
   required_providers {

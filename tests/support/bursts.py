@@ -1,0 +1,154 @@
+"""Bursts of large row pushes against a `pubsub-filter serve` process, as Pub/Sub sends them at
+once: each push on its own connection, a 429 sent again once another push of the burst was
+answered (Pub/Sub backs off and redelivers), and `/healthz` asked throughout.
+
+The bodies share one base64 text (sent as parts with a declared length), so a burst of 40
+pushes of 11 MB costs the test process one copy, not 40."""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: The rows route of the burst (the example's injury-report shape, no `include`: every field counts).
+ROWS_ROUTE = {
+    "name": "rows",
+    "destination": "out",
+    "key": ["attributes.id"],
+    "rows": "payload.players",
+    "row_key": ["player_lookup", "game_id"],
+}
+
+
+def rows_payload(rows: int) -> bytes:
+    """A JSON payload of `rows` small rows (~125 bytes each: 68,000 rows make 8.5 MB)."""
+    players = [
+        {
+            "player_lookup": f"player{i:06d}",
+            "game_id": f"g{i % 15}",
+            "team": "LAL",
+            "status": "Out",
+            "reason": "Injury/Illness - Left Ankle",
+        }
+        for i in range(rows)
+    ]
+    return json.dumps({"game_date": "2026-01-01", "players": players}).encode()
+
+
+@dataclass(frozen=True)
+class Push:
+    """One wrapped push, as parts: its envelope around a shared base64 text."""
+
+    message_id: str
+    key: str
+    parts: tuple[bytes, ...]
+
+    @property
+    def size(self) -> int:
+        return sum(map(len, self.parts))
+
+
+def pushes(data: bytes, keys: list[str]) -> list[Push]:
+    """A push of `data` for each of `keys` (message ids m0, m1, ...), sharing one base64 text."""
+    encoded = base64.b64encode(data)
+    out = []
+    for i, key in enumerate(keys):
+        head = json.dumps({"subscription": "projects/p/subscriptions/s"})[:-1]
+        message = {"messageId": f"m{i}", "publishTime": "2026-01-01T00:00:00Z", "attributes": {"id": key}}
+        prefix = (head + ', "message": ' + json.dumps(message)[:-1] + ', "data": "').encode()
+        out.append(Push(f"m{i}", key, (prefix, encoded, b'"}}')))
+    return out
+
+
+def _waited(path: str) -> float:
+    """Seconds the thread of `path` (a schedstat file) was runnable without a CPU, so far."""
+    try:
+        return int(Path(path).read_text().split()[1]) / 1e9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+@dataclass
+class Burst:
+    """What one burst saw: every answer of every push, in order, and each `/healthz` answer's
+    time, less the time the server's loop thread and the probe's own thread waited for a CPU (a
+    shared machine's, not the server's)."""
+
+    answers: dict[str, list[int | str]] = field(default_factory=dict)
+    health: list[float] = field(default_factory=list)
+    took: float = 0.0
+
+
+def run_burst(port: int, pid: int, burst: list[Push], deadline: float = 300.0) -> Burst:
+    """Post every push of `burst` at once, each until it is answered other than 429 (a 429 is sent
+    again once another push was answered, or after a second when none is left in flight)."""
+    seen = Burst(answers={p.message_id: [] for p in burst})
+    answered = threading.Condition()
+    done = [0]
+    stop = threading.Event()
+    loop_thread = f"/proc/{pid}/task/{pid}/schedstat"
+
+    def post(push: Push) -> None:
+        until = time.monotonic() + deadline
+        while time.monotonic() < until:
+            with answered:
+                before = done[0]
+            try:
+                conn = http.client.HTTPConnection("127.0.0.1", port, timeout=deadline)
+                conn.putrequest("POST", "/push/rows")
+                conn.putheader("content-type", "application/json")
+                conn.putheader("content-length", str(push.size))
+                conn.endheaders()
+                for part in push.parts:
+                    conn.send(part)
+                resp = conn.getresponse()
+                resp.read()
+                conn.close()
+                status: int | str = resp.status
+            except OSError as exc:
+                status = f"{type(exc).__name__}: {exc}"
+            seen.answers[push.message_id].append(status)
+            with answered:
+                if status != 429:
+                    done[0] += 1
+                    answered.notify_all()
+                    return
+                # Pub/Sub backs off and sends it again: here, once another push was answered
+                answered.wait_for(lambda b=before: done[0] > b, timeout=1.0)  # type: ignore[misc]
+
+    def probe() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=deadline)
+        while not stop.is_set():
+            server, own = _waited(loop_thread), _waited("/proc/thread-self/schedstat")
+            started = time.perf_counter()
+            conn.request("GET", "/healthz")
+            conn.getresponse().read()
+            took = time.perf_counter() - started
+            seen.health.append(took - (_waited(loop_thread) - server) - (_waited("/proc/thread-self/schedstat") - own))
+            stop.wait(0.02)
+        conn.close()
+
+    prober = threading.Thread(target=probe)
+    posters = [threading.Thread(target=post, args=(p,)) for p in burst]
+    prober.start()
+    started = time.perf_counter()
+    for t in posters:
+        t.start()
+    for t in posters:
+        t.join()
+    seen.took = time.perf_counter() - started
+    stop.set()
+    prober.join()
+    return seen
+
+
+def peak_rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise LookupError("VmHWM")
