@@ -40,7 +40,7 @@ def matches(output: str, shown: str) -> bool:
 
 
 def run(command: str, port: int) -> str:
-    args = [a.replace("localhost:8080", f"127.0.0.1:{port}") for a in shlex.split(command)]
+    args = [a.replace("localhost:${PORT:-8080}", f"127.0.0.1:{port}") for a in shlex.split(command)]
     done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=30, check=True)
     return done.stdout
 
