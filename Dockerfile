@@ -2,7 +2,7 @@
 #
 # pubsub-filter: a small, non-root image with the project installed in a venv.
 #
-#   make image      # docker build --build-arg VERSION=<filter/_version.py> -t pubsub-filter:<version> .
+#   make image      # docker build --build-arg VERSION=<filter/pubsub_filter/_version.py> -t pubsub-filter:<version> .
 #   docker run --rm -p 8080:8080 -v "$PWD/filter.yaml:/etc/pubsub-filter/filter.yaml:ro" pubsub-filter
 #
 # The config is read from $PUBSUB_FILTER_CONFIG (mounted from Secret Manager on Cloud
@@ -17,7 +17,7 @@ ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 # --- build: the pinned dependencies, then a wheel of the project, into /opt/venv --------
 FROM ${PYTHON_IMAGE} AS builder
 
-# The package's version (filter/_version.py), passed by `make image` and infra/cloudbuild.yaml:
+# The package's version (filter/pubsub_filter/_version.py), passed by `make image` and infra/cloudbuild.yaml:
 # the build fails below unless it is the version of the wheel, so the label cannot lie.
 ARG VERSION
 

@@ -1,7 +1,7 @@
 # Two commands do all the set-up on a fresh machine:
 #   make serve   — install into .venv and run the filter on the embedded default (port $PORT, default 8080)
 #   make test    — install the test extra and run lint, types and every test tier (starts its own emulators),
-#                  the bench smoke (tests/unit/test_bench_smoke.py) among them
+#                  the bench smoke (tests/selfcheck/test_bench_smoke.py) among them
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -12,8 +12,8 @@ CONFIG ?= examples/filter.yaml
 # newest versions pyproject.toml allows (what `pip install pubsub-filter` gives a user).
 LOCK      ?= -c requirements.lock
 TEST_LOCK ?= -c requirements-test.lock
-# The version, written once in filter/_version.py (the wheel, `--version` and the image's label read it)
-VERSION   := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' filter/_version.py)
+# The version, written once in filter/pubsub_filter/_version.py (the wheel, `--version` and the image's label read it)
+VERSION   := $(shell sed -n 's/^__version__ = "\(.*\)"$$/\1/p' filter/pubsub_filter/_version.py)
 # The image's base (Dockerfile ARG PYTHON_IMAGE): pin it by digest, NAME:TAG@sha256:..., for a
 # build that is the same every time (infra/README.md, "Pin the base image")
 PYTHON_IMAGE ?= python:3.11.13-slim-bookworm
@@ -48,7 +48,7 @@ unit: $(VENV)/.installed-test
 
 # every bench in bench/, one tiny round each (`--smoke`); `make test` runs these too
 bench-smoke: $(VENV)/.installed-test
-	$(BIN)/pytest tests/unit/test_bench_smoke.py -q
+	$(BIN)/pytest tests/selfcheck/test_bench_smoke.py -q
 
 test: lint
 	$(BIN)/pytest -q
@@ -69,7 +69,7 @@ fuzz: $(VENV)/.installed-test
 	PUSH_FUZZ_EXAMPLES=$(PUSH_FUZZ_EXAMPLES) $(BIN)/pytest tests/faults/test_push_fuzz.py -q -s --timeout 3600
 
 # the documentation site (mkdocs.yml) into site/, strictly, from the docs extra alone in a venv of its
-# own (nothing of the test extra); tests/unit/test_docs_site.py builds it in make test
+# own (nothing of the test extra); tests/selfcheck/test_docs_site.py builds it in make test
 DOCS_VENV ?= $(VENV)-docs
 $(DOCS_VENV)/.installed: pyproject.toml requirements-test.lock
 	$(PYTHON) -m venv $(DOCS_VENV)

@@ -28,7 +28,7 @@ def instructions(
     `python -c` puts its working directory first on `sys.path`, before PYTHONPATH: run from a
     checkout, it would import that checkout's `filter` whatever `pythonpath` says. So the child
     runs in `cwd`, or else in `pythonpath` itself."""
-    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(pythonpath)}
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": f"{Path(pythonpath) / 'filter'}{os.pathsep}{pythonpath}"}
     cwd = pythonpath if cwd is None else cwd
     if smoking():
         t0 = time.perf_counter_ns()

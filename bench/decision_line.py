@@ -20,12 +20,12 @@ from harness import ROOT
 
 CHILD = r"""
 import os, sys
-from filter.observability import logsetup
+from pubsub_filter.observability import logsetup
 try:
-    from filter.core.record import log_decision
+    from pubsub_filter.core.engine.record import log_decision
 except ImportError:  # a tree from before the record had a module of its own
-    from filter.core.engine import _log_decision as log_decision
-from filter.core.model import Decision, DecisionRecord
+    from pubsub_filter.core.engine.engine import _log_decision as log_decision
+from pubsub_filter.core.model import Decision, DecisionRecord
 logsetup.configure(level="info", fmt="json", project="p", stream=open(os.devnull, "w"))
 rec = DecisionRecord(
     time=1764000000.123456, route="injury-report", decision=Decision.SUPPRESSED, enforced=True,

@@ -72,9 +72,9 @@ from typing import Any
 
 import harness  # bench/harness.py: this script's directory is on sys.path; puts the repository there too
 from harness import free_port, quantile
+from pubsub_filter.core.model import ACKED
+from pubsub_filter.core.times import parse_time
 
-from filter.core.model import ACKED
-from filter.core.times import parse_time
 from tests.support.emulators import (
     JVM_FLAGS,
     Emulator,
@@ -144,14 +144,13 @@ def serve_theirs(argv: list[str]) -> int:
     import uvicorn
     from gcp_pubsub_idempotency import DatastoreLock, Duplicate, InProgress, lock
     from google.cloud import pubsub_v1
+    from pubsub_filter.core.envelope import EnvelopeError, parse_envelope
+    from pubsub_filter.core.model import Message
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
-
-    from filter.core.envelope import EnvelopeError, parse_envelope
-    from filter.core.model import Message
 
     backend = DatastoreLock(project=args.project, kind=args.kind)
     publisher = pubsub_v1.PublisherClient(
@@ -678,7 +677,7 @@ def _interrupt(signum: int, _frame: Any) -> None:
 
 def serve_ours(argv: list[str]) -> int:
     """`pubsub-filter`, under cProfile when `--profile` asked for it."""
-    from filter.cli import main as filter_main
+    from pubsub_filter.cli import main as filter_main
 
     profile_dir = os.environ.get("BENCH_E2E_PROFILE")
     if not profile_dir:

@@ -1,4 +1,4 @@
-"""What field tracking (`filter.core.fields`, for `pubsub-filter tune`) costs a whole-payload route.
+"""What field tracking (`pubsub_filter.core.compare.fields`, for `pubsub-filter tune`) costs a whole-payload route.
 
     .venv/bin/python bench/fields.py [--messages 600] [--skip 4] [--rounds 5]
     .venv/bin/python bench/fields.py --instructions [--cycles 40] [--warmup 10]
@@ -40,14 +40,14 @@ import structlog
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import callgrind  # bench/callgrind.py
 import harness  # bench/harness.py: the shared --smoke
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.compare.fingerprint import compile_scheme
+from pubsub_filter.core.compare.routes import RouteRules
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import Decision, Message
 
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.fingerprint import compile_scheme
-from filter.core.model import Decision, Message
-from filter.core.routes import RouteRules
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 ROUTE = "r"

@@ -10,7 +10,7 @@ fields), per message:
          envelope (the floor: hashing the bytes we were given, nothing understood);
 * ref:   the seeds' approach: base64 decode, `json.loads`, select, `json.dumps(sort_keys=True)`,
          SHA-256 (`tests.support.seeds.reference_canonical`);
-* ours:  `parse_envelope` of the push body (filter/core/envelope.py: base64 decoded by pybase64
+* ours:  `parse_envelope` of the push body (filter/pubsub_filter/core/envelope.py: base64 decoded by pybase64
          straight from the body), then `compile_scheme(route)(data)`: what the push
          endpoint runs per message, from the request body to the fingerprint.
 
@@ -56,10 +56,10 @@ from typing import Any
 import harness  # bench/harness.py: this script's directory is on sys.path; puts the repository there too
 import msgspec
 from harness import ROOT
+from pubsub_filter.core import envelope
+from pubsub_filter.core.compare.fingerprint import compile_scheme
+from pubsub_filter.core.config.schema import load
 
-from filter.core import envelope
-from filter.core.config import load
-from filter.core.fingerprint import compile_scheme
 from tests.support.payloads import injury_report
 from tests.support.seeds import reference_canonical
 

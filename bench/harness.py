@@ -6,7 +6,7 @@ Each bench is a script (`.venv/bin/python bench/NAME.py`); its own directory is 
 root there too (the `filter` package and `tests.support`).
 
 `--smoke` (every bench has it) runs one tiny round, only to show the bench still runs:
-`make bench-smoke`, or tests/unit/test_bench_smoke.py in `make test`. Its figures mean
+`make bench-smoke`, or tests/selfcheck/test_bench_smoke.py in `make test`. Its figures mean
 nothing. Under it, `callgrind.instructions` runs its child without valgrind (see there).
 """
 

@@ -31,11 +31,11 @@ from typing import Any
 
 import harness  # bench/harness.py: puts the repository on sys.path
 import structlog
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import Decision, Message
 
-from filter.backends.stores.guard import GuardedStore
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.model import Decision, Message
 from tests.support.emulators import EmulatorError, FirestoreEmulator
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
@@ -46,7 +46,7 @@ RETRY_AFTER = 1.0
 async def run(
     emu: FirestoreEmulator, tag: str, coalesce: dict[str, str] | None, rate: float, seconds: float
 ) -> list[str]:
-    from filter.backends.stores.firestore import FirestoreStore
+    from pubsub_filter.backends.stores.firestore import FirestoreStore
 
     route: dict[str, Any] = {"name": ROUTE, "destination": "odds-out", "key": ["payload.line"]}
     if coalesce:

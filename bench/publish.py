@@ -54,7 +54,7 @@ async def forwards(publisher: Any, topic: str, n: int, concurrency: int, keys: i
 
 async def measure(args: argparse.Namespace) -> dict[str, float]:
     """In the child: the tree's publisher, warmed up, then `--messages` forwards."""
-    from filter.backends.publishers.pubsub import PubsubPublisher  # the tree's, first on sys.path
+    from pubsub_filter.backends.publishers.pubsub import PubsubPublisher  # the tree's, first on sys.path
 
     publisher = PubsubPublisher(project=args.project, timeout=30)
     data = os.urandom(args.size // 2).hex().encode()

@@ -6,7 +6,7 @@ Servers, each a subprocess on a free port, same uvicorn settings (loop and http 
 which pick uvloop and httptools; access log off; uvicorn log level warning):
 
 * bare:   a Starlette app whose one POST endpoint parses the push envelope with the
-          product's own `filter.core.envelope.parse_envelope` (msgspec decode, base64 decode of
+          product's own `pubsub_filter.core.envelope.parse_envelope` (msgspec decode, base64 decode of
           `data`, publish time) and answers 200 with a small JSON body;
 * filter: `pubsub-filter serve` on the embedded default (SQLite store, outbox, SQLite
           decision records) in a temp dir, one route (the injury-report route of
@@ -66,8 +66,8 @@ from typing import Any
 import harness  # bench/harness.py: this script's directory is on sys.path; puts the repository there too
 import msgspec
 from harness import free_port
+from pubsub_filter.core.envelope import make_envelope
 
-from filter.core.envelope import make_envelope
 from tests.support.payloads import injury_report
 
 GOAL = 0.6  # filter/bare on the suppress path
@@ -93,12 +93,11 @@ routes:
 
 def bare_app() -> Any:
     """The baseline: Starlette, the product's envelope parse, a small JSON answer."""
+    from pubsub_filter.core.envelope import EnvelopeError, parse_envelope
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import Route
-
-    from filter.core.envelope import EnvelopeError, parse_envelope
 
     async def push(request: Request) -> Response:
         try:
@@ -264,7 +263,8 @@ def filters_to_run(
         if aa:  # a second baseline, identical to the first: its ratio to it is the noise floor
             out.append(("filter-no-telemetry-aa", None, {"OTEL_SDK_DISABLED": "true"}))
     if baseline is not None:  # another version of the code, same run: before / after
-        out.append(("filter-baseline", None, {"PYTHONPATH": str(baseline.resolve())}))
+        tree = baseline.resolve()
+        out.append(("filter-baseline", None, {"PYTHONPATH": f"{tree / 'filter'}{os.pathsep}{tree}"}))
     if only:
         out = [f for f in out if f[0] in only or f[0].startswith("filter-no-telemetry")]
     out += [(f"filter[{v}]", v, {}) for v in variants]
@@ -428,7 +428,7 @@ def serve_variant(variant: str, argv: list[str]) -> int:
     measure what they cost. Never a product mode."""
     for part in variant.split("+"):
         _remove(part)
-    from filter.cli import main as filter_main
+    from pubsub_filter.cli import main as filter_main
 
     return filter_main(argv)
 
@@ -438,14 +438,14 @@ def _remove(variant: str) -> None:
     if variant == "no-store-timeout":
         from collections.abc import Awaitable, Callable
 
-        from filter.backends.stores.guard import GuardedStore
+        from pubsub_filter.backends.stores.guard import GuardedStore
 
         async def direct(self: GuardedStore, op: Callable[[], Awaitable[Any]]) -> Any:
             return await op()
 
         GuardedStore._call = direct  # type: ignore[method-assign]
     elif variant == "no-records":
-        import filter.runtime.wiring
+        import pubsub_filter.runtime.wiring
 
         class NullRecorder:
             def record(self, record: Any) -> None:
@@ -463,10 +463,10 @@ def _remove(variant: str) -> None:
             async def close(self, deadline: float | None = None) -> None:
                 pass
 
-        filter.runtime.wiring.make_recorder = lambda cfg: NullRecorder()  # type: ignore[assignment,return-value]
+        pubsub_filter.runtime.wiring.make_recorder = lambda cfg: NullRecorder()  # type: ignore[assignment,return-value]
     elif variant == "records-on-loop":
-        from filter.backends.records.inline import InlineSqliteRecorder
-        from filter.backends.records.sqlite import prepared
+        from pubsub_filter.backends.records.inline import InlineSqliteRecorder
+        from pubsub_filter.backends.records.sqlite import prepared
 
         def hand_over(self: InlineSqliteRecorder) -> None:
             rows, self._step = self._step, []
@@ -475,15 +475,15 @@ def _remove(variant: str) -> None:
 
         InlineSqliteRecorder._hand_over = hand_over  # type: ignore[method-assign]
     elif variant == "no-commit-delay":
-        from filter.backends.records import inline
+        from pubsub_filter.backends.records import inline
 
         inline._pause = lambda seconds: None
     elif variant == "writer-without-sqlite":
-        from filter.backends.records.sqlite import SqliteSink
+        from pubsub_filter.backends.records.sqlite import SqliteSink
 
         SqliteSink.insert_apart = lambda self, rows: []  # type: ignore[method-assign,assignment]
     elif variant == "no-body-timeout":
-        import filter.push.app
+        import pubsub_filter.push.app
 
         async def body(receive: Any, limit: int, declared: str | None, within: float) -> bytes:
             chunks = []
@@ -493,11 +493,11 @@ def _remove(variant: str) -> None:
                 if not message.get("more_body", False):
                     return b"".join(chunks)
 
-        filter.push.app._body = body
+        pubsub_filter.push.app._body = body
     elif variant == "no-line":
-        import filter.core.engine
+        import pubsub_filter.core.engine.engine
 
-        filter.core.engine.log_decision = lambda rec, quieting=None: None
+        pubsub_filter.core.engine.engine.log_decision = lambda rec, quieting=None: None
     else:
         raise SystemExit(f"unknown variant {variant!r}: {', '.join(VARIANTS)}")
 

@@ -24,7 +24,7 @@ is larger than through uvicorn; compare it between versions, not with the goal.
 
 `--record` writes the filter's instructions per request, as a multiple of bare's, to
 `bench/instructions.json`; `--check` counts again and exits 1 when that multiple grew more
-than 10 % over the recorded one (`tests/unit/test_suppress_path_instructions.py` runs it in
+than 10 % over the recorded one (`tests/selfcheck/test_suppress_path_instructions.py` runs it in
 `make test`, so a change that makes the suppress path 20 % dearer is seen the day it lands).
 The multiple, not the count, is what is kept: bare's count moves with the interpreter and
 Starlette as the filter's does, so a new release of either does not read as our regression.
@@ -50,12 +50,14 @@ from harness import ROOT
 
 CHILD = r"""
 import asyncio, json, os, sys, tempfile
-import filter  # from PYTHONPATH first: the tree being measured
-assert os.path.dirname(os.path.dirname(filter.__file__)) == os.environ["PYTHONPATH"], filter.__file__
+import pubsub_filter  # from PYTHONPATH first: the tree being measured
+assert os.path.dirname(os.path.dirname(pubsub_filter.__file__)) == os.environ["PYTHONPATH"].split(os.pathsep)[0], (
+    pubsub_filter.__file__
+)
 sys.path.append(sys.argv[4])
 sys.path.append(os.path.join(sys.argv[4], "bench"))
-from filter.observability import logsetup
-from filter.core.envelope import make_envelope
+from pubsub_filter.observability import logsetup
+from pubsub_filter.core.envelope import make_envelope
 from tests.support.payloads import injury_report
 
 app_name, n, tmp, together = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[5])
@@ -65,9 +67,10 @@ if app_name == "bare":
     app = bench_push.bare_app()
     route = "any"
 else:
-    from filter.core.config import load
-    from filter.push.app import create_app
-    from filter.runtime.wiring import make_engine, make_telemetry
+    from pubsub_filter.core.config.schema import load
+    from pubsub_filter.push.app import create_app
+    from pubsub_filter.runtime.wiring import make_engine
+    from pubsub_filter.runtime.wiring import make_telemetry
     level = "warning" if app_name == "filter-warn" else "info"
     if app_name.startswith("filter["):  # a what-if of bench/push.py's: filter[no-records+no-line]
         for part in app_name[len("filter["):-1].split("+"):

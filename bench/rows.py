@@ -68,11 +68,11 @@ import callgrind
 import harness  # bench/harness.py: this script's directory is on sys.path; puts the repository there too
 import structlog
 from harness import ROOT
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.core.config.schema import Config, parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import Decision, Message
 
-from filter.backends.stores.guard import GuardedStore
-from filter.core.config import Config, parse
-from filter.core.engine import Engine
-from filter.core.model import Decision, Message
 from tests.support.emulators import EmulatorError, FirestoreEmulator
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.payloads import STATUSES, injury_report
@@ -191,7 +191,7 @@ def check(run: Run, forwards: int, changed: int, rows: int) -> list[str]:
     problems = []
     if run.decisions != Counter({"forwarded": forwards, "suppressed": forwards}):
         problems.append(f"{run.mode}: decisions {dict(run.decisions)}, expected {forwards} of each")
-    # over the row-state cap (`filter.core.rows.MAX_STORED_BYTES`) nothing is stored: forwards are whole
+    # over the row-state cap (`pubsub_filter.core.compare.rows.MAX_STORED_BYTES`) nothing is stored: forwards are whole
     want = changed if run.mode == "changed" and run.row_state else rows
     if any(n != want for n in run.published_rows):
         problems.append(f"{run.mode}: forwards published {sorted(set(run.published_rows))} rows, expected {want}")
@@ -244,7 +244,7 @@ async def play(
     """One child's stream: warm-up on another key, the first report, then `phase`'s part of the
     (forward, suppress) pairs. Raises if any decision is not the one the stream is built for.
     Plain tuples, not `Step`s: the child unpickles them without this script as `__main__`."""
-    from filter.backends.stores.sqlite import SqliteStore
+    from pubsub_filter.backends.stores.sqlite import SqliteStore
 
     async def expect(msg: Message, want: Decision) -> None:
         got = (await engine.handle(ROUTE, msg)).record.decision
@@ -322,7 +322,7 @@ def profile_main(args: argparse.Namespace) -> int:
     print(machine())
 
     async def one(mode: str, db: Path, prof: cProfile.Profile | None) -> list[tuple[float, float, int]]:
-        from filter.backends.stores.sqlite import SqliteStore
+        from pubsub_filter.backends.stores.sqlite import SqliteStore
 
         cfg = config(mode)
         store = SqliteStore(db)
@@ -482,13 +482,13 @@ async def main_async(args: argparse.Namespace) -> int:
     tables: list[str] = []
     problems: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench-rows-") as tmp:
-        from filter.backends.stores.sqlite import SqliteStore
+        from pubsub_filter.backends.stores.sqlite import SqliteStore
 
         summary, found = await bench_backend("sqlite", lambda tag: SqliteStore(Path(tmp) / f"{tag}.db"), args)
         tables.append(table("sqlite", summary))
         problems += found
         if args.firestore:
-            from filter.backends.stores.firestore import FirestoreStore
+            from pubsub_filter.backends.stores.firestore import FirestoreStore
 
             emu = FirestoreEmulator(log_dir=Path(tmp) / "firestore")
             try:

@@ -1,5 +1,5 @@
 """A decision against a last forward made under another selection ÷ one under the route's own
-(`filter.core.reselect`), CPU µs per `judge.decide`, in process: the look at the state alone.
+(`pubsub_filter.core.compare.reselect`), CPU µs per `judge.decide`, in process: the look at the state alone.
 
 Two shapes: a whole-payload route (14 top-level fields) and a 450-row route (the injury report
 of tests/support/payloads.py, 7 fields a row compared). For each, the state of a forward made
@@ -24,11 +24,12 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from filter.core.config import parse
-from filter.core.judge import decide
-from filter.core.model import Decision, KeyState, Message
-from filter.core.routes import RouteRules
-from filter.core.transitions import forwarded
+from pubsub_filter.core.compare.routes import RouteRules
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.judge import decide
+from pubsub_filter.core.engine.transitions import forwarded
+from pubsub_filter.core.model import Decision, KeyState, Message
+
 from tests.support.payloads import injury_report
 
 #: the injury row's compared fields (7): the narrowed route leaves `reason_category` out

@@ -31,11 +31,11 @@ from typing import Any
 
 import harness  # bench/harness.py: this script's directory is on sys.path; puts the repository there too
 import structlog
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.core.config.schema import Config, parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import ACKED, Decision, Message
 
-from filter.backends.stores.guard import GuardedStore
-from filter.core.config import Config, parse
-from filter.core.engine import Engine
-from filter.core.model import ACKED, Decision, Message
 from tests.support.emulators import EmulatorError, FirestoreEmulator
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
@@ -203,14 +203,14 @@ async def main_async(args: argparse.Namespace) -> int:
     rows: list[list[str]] = []
     notes: list[str] = []
     with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp:
-        from filter.backends.stores.sqlite import SqliteStore
+        from pubsub_filter.backends.stores.sqlite import SqliteStore
 
         def open_sqlite(tag: str) -> SqliteStore:
             return SqliteStore(Path(tmp) / f"{tag}.db")
 
         rows += await run_backend("sqlite", open_sqlite, msgs, args.concurrency, args.warmup)
         if not args.skip_firestore:
-            from filter.backends.stores.firestore import FirestoreStore
+            from pubsub_filter.backends.stores.firestore import FirestoreStore
 
             emu = FirestoreEmulator(log_dir=Path(tmp) / "firestore")
             try:

@@ -63,13 +63,13 @@ from harness import ROOT
 
 CHILD = r"""
 import asyncio, base64, json, os, sys, tempfile
-from filter.observability import logsetup
-from filter.observability import telemetry
-from filter.runtime import otel
-from filter.core.config import load
-from filter.core.envelope import make_envelope, parse_envelope
-from filter.push.app import create_app
-from filter.runtime.wiring import make_engine
+from pubsub_filter.observability import logsetup
+from pubsub_filter.observability import telemetry
+from pubsub_filter.runtime import otel
+from pubsub_filter.core.config.schema import load
+from pubsub_filter.core.envelope import make_envelope, parse_envelope
+from pubsub_filter.push.app import create_app
+from pubsub_filter.runtime.wiring import make_engine
 
 mode, n, path = sys.argv[1], int(sys.argv[2]), sys.argv[4]
 logsetup.configure(fmt="json", stream=open(os.devnull, "w"))
@@ -136,7 +136,7 @@ SERVER_MODES = {
     },
 }
 RATIO = float(SERVER_MODES["sampled"]["OTEL_TRACES_SAMPLER_ARG"])
-SERVE = "import sys; from filter.cli import main; sys.exit(main(sys.argv[1:]))"
+SERVE = "import sys; from pubsub_filter.cli import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _parent(i: int) -> dict[str, str]:
@@ -187,7 +187,7 @@ def server_per_request(
         return _parent(i) if parented else {}
 
     extra = {k: v.replace("@SINK@", sink) for k, v in SERVER_MODES[base].items()}
-    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": str(ROOT), **extra}
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": f"{ROOT / 'filter'}{os.pathsep}{ROOT}", **extra}
     with tempfile.TemporaryDirectory(prefix="telemetry-cost-") as tmp:
         out = Path(tmp) / "callgrind.out"
         argv = ["valgrind", "--tool=callgrind", "--dump-instr=no", f"--callgrind-out-file={out}"]

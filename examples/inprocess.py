@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from filter import Fences, SqliteFences, SyncFilter, on_payload
+from pubsub_filter import Fences, SqliteFences, SyncFilter, on_payload
 
 CONFIG = Path(__file__).resolve().with_name("inprocess.yaml")
 

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from filter.backends.stores.firestore import FirestoreStore
-from filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.backends.stores.firestore import FirestoreStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
 
 BACKENDS = ["sqlite", pytest.param("firestore", marks=pytest.mark.emulator)]
 COLLECTION = "contract"

@@ -10,11 +10,12 @@ import asyncio
 import json
 from typing import Any
 
-from filter.backends.stores.guard import GuardedStore
-from filter.core.attributes import ATTR_FINGERPRINT, ATTR_SOURCE_ID
-from filter.core.config import Config, parse
-from filter.core.engine import Engine
-from filter.core.model import Decision, Message
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.core.attributes import ATTR_FINGERPRINT, ATTR_SOURCE_ID
+from pubsub_filter.core.config.schema import Config, parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import Decision, Message
+
 from tests.contract.conftest import OpenStore
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.polling import eventually

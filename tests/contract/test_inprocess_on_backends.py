@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pubsub_filter.backends.stores.firestore import FirestoreStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.config.schema import Config, parse
+from pubsub_filter.core.model import Decision, KeyState, Message
+from pubsub_filter.inprocess import Filter, Forward
 
-from filter.backends.stores.firestore import FirestoreStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.config import Config, parse
-from filter.core.model import Decision, KeyState, Message
-from filter.inprocess import Filter, Forward
 from tests.contract.conftest import BACKENDS, COLLECTION
 from tests.support.clock import ManualClock
 from tests.support.emulators import FirestoreEmulator
@@ -128,7 +128,7 @@ class Setup:
             await store.close()
 
     def worker(self, message_id: str, data: bytes) -> Worker:
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
+        env = {**os.environ, "PYTHONPATH": f"{ROOT / 'filter'}{os.pathsep}{ROOT}"}
         if self.emu is not None:
             env.update(FIRESTORE_EMULATOR_HOST=self.emu.host, GOOGLE_CLOUD_PROJECT=self.emu.project)
         w = Worker([str(self.path), ROUTE, message_id, data.decode()], env)

@@ -8,10 +8,11 @@ import random
 import time
 from typing import Any
 
-from filter.backends.stores.guard import GuardedStore
-from filter.core.config import Config, parse
-from filter.core.engine import Engine
-from filter.core.model import Decision, DecisionRecord, Message
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.core.config.schema import Config, parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import Decision, DecisionRecord, Message
+
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.payloads import injury_report, props_snapshot

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from filter.backends.stores.guard import GuardedStore
-from filter.core.config import Config, parse
-from filter.core.engine import Engine
-from filter.core.model import Decision, DecisionRecord, Message
-from filter.core.routes import RouteRules
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.core.compare.routes import RouteRules
+from pubsub_filter.core.config.schema import Config, parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import Decision, DecisionRecord, Message
+
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 WHOLE: dict[str, Any] = {"name": "r", "destination": "out", "key": ["payload.k"], "exclude": ["scraped_at"]}

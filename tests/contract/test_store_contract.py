@@ -1,4 +1,4 @@
-"""The StateStore contract (filter/core/ports.py), one behaviour per test, on every backend.
+"""The StateStore contract (filter/pubsub_filter/core/ports.py), one behaviour per test, on every backend.
 
 SQLite is the reference; Firestore (on the emulator) must behave the same. Times are
 rounded to the millisecond so they survive Firestore's microsecond timestamps exactly.
@@ -14,12 +14,12 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+from pubsub_filter.backends.stores import TTL_FIELD
+from pubsub_filter.backends.stores.firestore import FirestoreStore, doc_id
+from pubsub_filter.core.engine.failed_open import FailedOpen
+from pubsub_filter.core.model import UNKNOWN, KeyState, Lease
+from pubsub_filter.core.ports import StoreUnavailable
 
-from filter.backends.stores import TTL_FIELD
-from filter.backends.stores.firestore import FirestoreStore, doc_id
-from filter.core.model import UNKNOWN, KeyState, Lease
-from filter.core.ports import StoreUnavailable
-from filter.core.unsettled import FailedOpen
 from tests.contract.conftest import COLLECTION, OpenStore
 from tests.support.emulators import FirestoreEmulator
 from tests.support.net import free_port

@@ -7,10 +7,11 @@ import copy
 import json
 from typing import Any
 
-from filter.backends.stores.guard import GuardedStore
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.model import Decision, DecisionRecord, Message
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import Decision, DecisionRecord, Message
+
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.payloads import props_snapshot
 

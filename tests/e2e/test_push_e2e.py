@@ -18,9 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
+from pubsub_filter.core.envelope import make_envelope
+from pubsub_filter.core.model import ACKED
 
-from filter.core.envelope import make_envelope
-from filter.core.model import ACKED
 from tests.support.payloads import injury_report
 from tests.support.polling import eventually
 from tests.support.pubsub_helpers import DelayProxy, Pulled
@@ -64,7 +64,7 @@ def all_decisions(procs: list[ServeProcess]) -> list[dict[str, Any]]:
 
 def stored_state(pipeline: Pipeline, key: str) -> Any:
     """The key's document, read back from the Firestore emulator through the production adapter."""
-    from filter.backends.stores.firestore import FirestoreStore
+    from pubsub_filter.backends.stores.firestore import FirestoreStore
 
     async def read() -> Any:
         with pipeline.firestore.env():
@@ -276,7 +276,7 @@ def test_the_latest_version_ends_up_downstream(delay_proxy: DelayProxy, pipeline
 
 def wait_for_lease(pipeline: Pipeline, key: str, timeout: float = 15.0) -> None:
     """Poll the key's Firestore document until a lease is on it (a publish for it is in flight)."""
-    from filter.backends.stores.firestore import FirestoreStore
+    from pubsub_filter.backends.stores.firestore import FirestoreStore
 
     async def poll() -> None:
         with pipeline.firestore.env():

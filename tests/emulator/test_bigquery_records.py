@@ -13,9 +13,8 @@ from typing import Any
 
 import pytest
 from google.cloud import bigquery
-
-from filter.backends.records.batch import BatchingRecorder
-from filter.backends.records.bigquery import (
+from pubsub_filter.backends.records.batch import BatchingRecorder
+from pubsub_filter.backends.records.bigquery import (
     EMULATOR_ENV,
     SCHEMA,
     BigQueryReader,
@@ -24,8 +23,9 @@ from filter.backends.records.bigquery import (
     bigquery_recorder,
     make_client,
 )
-from filter.core.config import BigqueryRecords
-from filter.core.model import Decision, DecisionRecord
+from pubsub_filter.core.config.schema import BigqueryRecordsConfig
+from pubsub_filter.core.model import Decision, DecisionRecord
+
 from tests.support.bqemu import BqEmulator, free_port
 from tests.support.polling import eventually
 
@@ -110,7 +110,7 @@ def test_ensure_table_creates_partitioned_clustered_expiring_table(sink: BigQuer
 
 async def test_factory_builds_recorder_from_config(bq_env: BqEmulator) -> None:
     dataset = f"t_{uuid.uuid4().hex[:12]}"
-    cfg = BigqueryRecords(
+    cfg = BigqueryRecordsConfig(
         backend="bigquery", dataset=dataset, partition_expiration_days=30, batch_size=7, flush_interval=2
     )
     recorder = bigquery_recorder(cfg, PROJECT)
@@ -323,7 +323,7 @@ async def test_decision_counts_group_by_route_hour_day(sink: BigQuerySink, reade
 
 def test_reader_factory_reads_the_configured_table(sink: BigQuerySink) -> None:
     project, dataset, table = sink.table.split(".")
-    reader = bigquery_reader(BigqueryRecords(backend="bigquery", dataset=dataset, table=table), project)
+    reader = bigquery_reader(BigqueryRecordsConfig(backend="bigquery", dataset=dataset, table=table), project)
     try:
         assert reader.table == sink.table
         sink.ensure_table()

@@ -26,14 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import KeyState
+from pubsub_filter.core.ports import StateStore, StoreUnavailable
+from pubsub_filter.pull.worker import PullWorker
+from pubsub_filter.runtime.wiring import make_store
+from pubsub_filter.tools.subscriptions import MAX_BACKOFF_S, MIN_BACKOFF_S
 
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.model import KeyState
-from filter.core.ports import StateStore, StoreUnavailable
-from filter.pull.worker import PullWorker
-from filter.runtime.wiring import make_store
-from filter.tools.subscriptions import MAX_BACKOFF_S, MIN_BACKOFF_S
 from tests.support.cancels import cancels_seen
 from tests.support.emulators import PubsubEmulator
 from tests.support.fakes import MemoryPublisher, MemoryRecorder, PassingStore

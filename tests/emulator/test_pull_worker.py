@@ -20,14 +20,14 @@ from typing import Any
 import httpx
 import pytest
 from google.api_core import exceptions as gexc
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.envelope import make_envelope
+from pubsub_filter.core.model import ACKED
+from pubsub_filter.pull.command import PullSetupError, select_routes
+from pubsub_filter.push.app import create_app
+from pubsub_filter.runtime.wiring import make_store
 
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.envelope import make_envelope
-from filter.core.model import ACKED
-from filter.pull.command import PullSetupError, select_routes
-from filter.push.app import create_app
-from filter.runtime.wiring import make_store
 from tests.support.dlq import DeadLetterRig, PullProcess, peek
 from tests.support.emulators import PubsubEmulator
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
@@ -190,7 +190,7 @@ def test_pull_decides_a_mixed_stream_like_push(world: World) -> None:
     tapped = peek(world.admin, world.tap, len(ids))
     by_id = {t.message_id: t for t in tapped}
     assert set(by_id) == set(ids)
-    from filter.core.times import parse_time
+    from pubsub_filter.core.times import parse_time
 
     seek_to = parse_time(by_id[m2].publish_time) - 0.0005
     world.admin.subscriber.seek(

@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pubsub_filter.core.envelope import ATTR_ORIGINAL_TIME
+from pubsub_filter.core.times import parse_time
+from pubsub_filter.replay.deadletter import ATTR_COUNT, ATTR_ORIGINAL_ID
 
-from filter.core.envelope import ATTR_ORIGINAL_TIME
-from filter.core.times import parse_time
-from filter.replay.deadletter import ATTR_COUNT, ATTR_ORIGINAL_ID
 from tests.support.dlq import DeadLetterRig, ReplayProcess, counted, run_replay
 from tests.support.emulators import PubsubEmulator
 from tests.support.payloads import injury_report
@@ -297,9 +297,9 @@ def filter_config(tmp_path: Path, project: str, subscription: str, destination: 
 def decide_now(config_path: Path, host: str, admin: PubsubAdmin, sub: str, ids: list[str]) -> list[str]:
     """A working instance decides `ids` as they arrive on `sub` (engine from the config, as pull would);
     anything else it nacks (that part of the route is still failing)."""
-    from filter.backends.pubsub_message import received_message
-    from filter.core.config import load
-    from filter.runtime.wiring import make_engine
+    from pubsub_filter.backends.pubsub_message import received_message
+    from pubsub_filter.core.config.schema import load
+    from pubsub_filter.runtime.wiring import make_engine
 
     path = admin.subscription_path(sub)
     wanted = set(ids)

@@ -2,7 +2,7 @@
 
 One fixed script of 60 messages over 3 routes (one in shadow mode) and two hours (an
 injected clock) runs through a real `Engine`. Its recorder writes every decision to a
-SQLite table and to a BigQuery table; `filter.observability.logsetup` writes the log lines to a file.
+SQLite table and to a BigQuery table; `pubsub_filter.observability.logsetup` writes the log lines to a file.
 The three `RecordsReader`s (SQLite, BigQuery, log lines) run one contract below: each must
 give the counts worked out by hand, by route, hour and day, in the same rows as the others.
 """
@@ -24,19 +24,19 @@ from typing import Any
 import pytest
 import structlog
 from google.cloud import bigquery
+from pubsub_filter.backends.records.batch import BatchingRecorder
+from pubsub_filter.backends.records.bigquery import EMULATOR_ENV, BigQueryReader, BigQuerySink
+from pubsub_filter.backends.records.log_lines import LogLinesReader
+from pubsub_filter.backends.records.sqlite import SqliteReader, SqliteSink
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.cli import main
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import DecisionRecord, KeyState, Lease, Message
+from pubsub_filter.core.ports import RecordsReader, StoreUnavailable
+from pubsub_filter.observability import logsetup
+from pubsub_filter.tools.skiprate import render, summarize
 
-from filter.backends.records.batch import BatchingRecorder
-from filter.backends.records.bigquery import EMULATOR_ENV, BigQueryReader, BigQuerySink
-from filter.backends.records.log_lines import LogLinesReader
-from filter.backends.records.sqlite import SqliteReader, SqliteSink
-from filter.backends.stores.sqlite import SqliteStore
-from filter.cli import main
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.model import DecisionRecord, KeyState, Lease, Message
-from filter.core.ports import RecordsReader, StoreUnavailable
-from filter.observability import logsetup
-from filter.tools.skiprate import render, summarize
 from tests.support.bqemu import BqEmulator
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher
@@ -488,7 +488,7 @@ def test_docs_queries_run_on_the_decisions_table(run: Run) -> None:
 
 @pytest.mark.parametrize("route", ["injuries", "props", "lines"])
 def test_tune_reads_the_same_field_changes_from_every_source(run: Run, route: str) -> None:
-    from filter.tools.tune import analyse
+    from pubsub_filter.tools.tune import analyse
 
     found = {}
     for name in READERS:

@@ -31,18 +31,18 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pubsub_filter.backends.records.batch import BatchingRecorder
+from pubsub_filter.backends.records.sqlite import SqliteSink
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.compare.fingerprint import PayloadError
+from pubsub_filter.core.compare.routes import RouteRules
+from pubsub_filter.core.config.schema import ConfigError, parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.envelope import ATTR_ORIGINAL_TIME, make_envelope
+from pubsub_filter.core.model import ACKED
+from pubsub_filter.push.app import create_app
 
-from filter.backends.records.batch import BatchingRecorder
-from filter.backends.records.sqlite import SqliteSink
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.config import ConfigError, parse
-from filter.core.engine import Engine
-from filter.core.envelope import ATTR_ORIGINAL_TIME, make_envelope
-from filter.core.fingerprint import PayloadError
-from filter.core.model import ACKED
-from filter.core.routes import RouteRules
-from filter.push.app import create_app
 from tests.support.fakes import MemoryPublisher
 from tests.support.jsonlogs import JsonLines, production_logs
 
@@ -932,7 +932,7 @@ def test_regression_a_delivery_attempt_beyond_int64_does_not_poison_the_decision
 
 
 def test_regression_a_content_length_of_a_non_ascii_digit_is_not_a_500(app: Harness) -> None:
-    """Fixed in filter/push/app.py `_body`: `'²'.isdigit()` is True but `int('²')` raises ValueError.
+    """Fixed in filter/pubsub_filter/push/app.py `_body`: `'²'.isdigit()` is True but `int('²')` raises ValueError.
 
     Starlette decodes headers as latin-1, so `Content-Length: \\xb2` reaches `_body` as '²'.
     uvicorn's parsers reject such a header before the app sees it, so only an ASGI server
@@ -943,7 +943,7 @@ def test_regression_a_content_length_of_a_non_ascii_digit_is_not_a_500(app: Harn
 
 
 def test_regression_a_duration_beyond_float_range_is_a_config_error() -> None:
-    """Fixed in filter/core/config.py `parse_duration`: `float(10**400)` raises OverflowError, which
+    """Fixed in core/config/schema.py `parse_duration`: `float(10**400)` raises OverflowError, which
     pydantic does not turn into a validation error, so it escapes `parse` as itself."""
     raw = {"routes": [{"name": "r", "destination": "phase3", "key": ["payload.k"], "window": 10**400}]}
     with pytest.raises(ConfigError) as exc:

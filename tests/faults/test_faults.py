@@ -44,16 +44,16 @@ from typing import Any
 
 import httpx
 import pytest
+from pubsub_filter.backends.publishers.pubsub import PubsubPublisher
+from pubsub_filter.backends.stores.firestore import FirestoreStore
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.consumer.fence import Fences
+from pubsub_filter.consumer.stores.sqlite import SqliteFences
+from pubsub_filter.core.config.schema import ConfigError, parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.envelope import make_envelope
+from pubsub_filter.core.model import Decision, Message
 
-from filter.backends.fences.sqlite import SqliteFences
-from filter.backends.publishers.pubsub import PubsubPublisher
-from filter.backends.stores.firestore import FirestoreStore
-from filter.backends.stores.guard import GuardedStore
-from filter.core.config import ConfigError, parse
-from filter.core.engine import Engine
-from filter.core.envelope import make_envelope
-from filter.core.fence import Fences
-from filter.core.model import Decision, Message
 from tests.support import faultrig
 from tests.support.emulators import FirestoreEmulator, PubsubEmulator
 from tests.support.fakes import MemoryRecorder
@@ -598,7 +598,7 @@ async def test_after_a_refused_late_commit_downstream_ends_on_the_latest_content
 async def test_a_consumer_that_fences_ends_on_the_latest_content_after_a_refused_late_commit(
     rig_factory: Any, firestore: FirestoreEmulator, pubsub_emulator: PubsubEmulator, tmp_path: Path
 ) -> None:
-    """The same late holder, seen by a consumer that admits every downstream copy with `filter.core.fence`.
+    """The same late holder, seen by a consumer that admits every downstream copy with `pubsub_filter.consumer.fence`.
 
     Downstream, B's Y (fence 2) lands before A's late X (fence 1): the consumer takes Y and
     drops X, so what it applied ends on Y, the content the store holds (the strict xfail

@@ -8,12 +8,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.model import DecisionRecord, KeyState, Message
-from filter.core.ports import StoreUnavailable
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import DecisionRecord, KeyState, Message
+from pubsub_filter.core.ports import StoreUnavailable
+
 from tests.support.clock import ManualClock, ManualSleep
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

@@ -1,7 +1,7 @@
 """A reference model of the README's decision table, and a state machine that drives the real engine with it.
 
 `ReferenceModel` is the README's table in plain Python, written from the README and not
-from `filter.core.engine`: per (route, key) the last forward, the recent message ids, the lease
+from `pubsub_filter.core.engine.engine`: per (route, key) the last forward, the recent message ids, the lease
 and the fence, with contents named by small integers instead of fingerprints. It knows
 nothing of SQLite, Firestore or the engine's code.
 
@@ -48,13 +48,13 @@ from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from pubsub_filter.core.attributes import ATTR_ROUTE, ATTR_SOURCE_ID, CHANGED_PREFIX
+from pubsub_filter.core.config.schema import Config, parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.engine.transitions import RECENT
+from pubsub_filter.core.model import Decision, DecisionRecord, Message
+from pubsub_filter.core.ports import PublishFailed, StateStore
 
-from filter.core.attributes import ATTR_ROUTE, ATTR_SOURCE_ID, CHANGED_PREFIX
-from filter.core.config import Config, parse
-from filter.core.engine import Engine
-from filter.core.model import Decision, DecisionRecord, Message
-from filter.core.ports import PublishFailed, StateStore
-from filter.core.transitions import RECENT
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryRecorder, SwitchStore
 

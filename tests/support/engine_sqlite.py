@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.config import Config, StoreErrors
-from filter.core.ports import StateStore
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.config.schema import Config, StoreErrors
+from pubsub_filter.core.ports import StateStore
+
 from tests.support.clock import ManualClock
 from tests.support.engine_model import EngineMachine
 from tests.support.fakes import SwitchStore

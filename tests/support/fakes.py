@@ -1,4 +1,4 @@
-"""In-memory stand-ins for OUR interfaces (`filter.core.ports.Publisher`, `DecisionRecorder`, a switchable store).
+"""In-memory stand-ins for OUR interfaces (`core.ports.Publisher`, `DecisionRecorder`, a switchable store).
 
 They fake the engine's collaborators, never a Google client: tests that claim to cover
 Pub/Sub or Firestore run against the emulators.
@@ -13,8 +13,8 @@ from collections import Counter
 from collections.abc import Mapping
 from typing import Any, NamedTuple
 
-from filter.core.model import Decision, DecisionRecord, KeyState
-from filter.core.ports import PublishFailed, StateStore, StoreUnavailable
+from pubsub_filter.core.model import Decision, DecisionRecord, KeyState
+from pubsub_filter.core.ports import PublishFailed, StateStore, StoreUnavailable
 
 
 class Published(NamedTuple):
@@ -131,7 +131,7 @@ class MemoryRecorder:
 
 
 class KeptSink:
-    """A records `Sink` (`filter.backends.records.batch`) that keeps every row it was given."""
+    """A records `Sink` (`pubsub_filter.backends.records.batch`) that keeps every row it was given."""
 
     name = "kept"
 

@@ -47,12 +47,11 @@ from typing import Any
 
 import httpx
 import pytest
-
-from filter.backends.stores.firestore import from_document
-from filter.core.envelope import make_envelope
-from filter.core.model import ACKED, KeyState
-from filter.core.ports import StoreUnavailable
-from filter.core.times import format_time
+from pubsub_filter.backends.stores.firestore import from_document
+from pubsub_filter.core.envelope import make_envelope
+from pubsub_filter.core.model import ACKED, KeyState
+from pubsub_filter.core.ports import StoreUnavailable
+from pubsub_filter.core.times import format_time
 
 from .balancer import RoundRobin
 from .emulators import FirestoreEmulator, PubsubEmulator
@@ -79,7 +78,7 @@ rfc3339 = format_time  # the product's own formatter: publish times in envelopes
 
 def log_time(event: dict[str, Any]) -> float:
     """A log line's `time` (RFC 3339, microseconds, UTC) as epoch seconds."""
-    from filter.core.times import parse_time
+    from pubsub_filter.core.times import parse_time
 
     return parse_time(event["time"])
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 import sys
 
-from filter.core.model import Message
-from filter.inprocess import Forward, SyncFilter
+from pubsub_filter.core.model import Message
+from pubsub_filter.inprocess import Forward, SyncFilter
 
 
 def main(config: str, route: str, message_id: str, payload: str) -> None:

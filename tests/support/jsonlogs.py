@@ -15,8 +15,7 @@ from typing import Any
 
 import msgspec
 import structlog
-
-from filter.observability import logsetup, stdlib_logs
+from pubsub_filter.observability import logsetup, stdlib_logs
 
 
 class JsonLines:

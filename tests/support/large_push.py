@@ -7,7 +7,13 @@ from __future__ import annotations
 import base64
 import json
 
-from filter.core.pubsub_limits import MAX_ATTRIBUTES, MAX_DATA, MAX_NAME_BYTES, MAX_ORDERING_KEY_BYTES, MAX_VALUE_BYTES
+from pubsub_filter.core.pubsub_limits import (
+    MAX_ATTRIBUTES,
+    MAX_DATA,
+    MAX_NAME_BYTES,
+    MAX_ORDERING_KEY_BYTES,
+    MAX_VALUE_BYTES,
+)
 
 #: A subscription path of the longest project id and subscription id.
 LONGEST_SUBSCRIPTION = "projects/" + "p" * 30 + "/subscriptions/" + "s" * 255

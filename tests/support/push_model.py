@@ -50,9 +50,9 @@ from typing import Any, TypeVar
 import structlog
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+from pubsub_filter.core.config.schema import Config, parse
+from pubsub_filter.core.envelope import make_envelope
 
-from filter.core.config import Config, parse
-from filter.core.envelope import make_envelope
 from tests.support.clock import ManualClock
 from tests.support.served import (
     WATCHDOG,
@@ -72,7 +72,7 @@ ROUTE = "reports"
 KEYS = ("a", "b")
 CONTENTS = (0, 1, 2)
 GRACE = 0.05
-#: the whole stop: the engine's close gets what is left of it after the requests' share (filter.core.stopping)
+#: the whole stop: the engine's close gets what is left of it after the requests' share (core.engine.stopping)
 BUDGET = 0.4
 #: Log events that mean something was closed under a decision still using it, or a record was lost.
 CLOSED_UNDER_WORK = frozenset(

@@ -17,14 +17,14 @@ import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-from filter.backends.publishers.outbox import OutboxPublisher
-from filter.backends.records.batch import BatchingRecorder
-from filter.backends.records.sqlite import SqliteSink
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.model import ACKED, Decision, Message
+from pubsub_filter.backends.publishers.outbox import OutboxPublisher
+from pubsub_filter.backends.records.batch import BatchingRecorder
+from pubsub_filter.backends.records.sqlite import SqliteSink
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import ACKED, Decision, Message
 
 
 class TracedPublisher(OutboxPublisher):

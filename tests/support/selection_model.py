@@ -2,7 +2,7 @@
 rows route whose selection a config deploy changes mid-history (fields excluded and compared
 again, `new_fields: forward` and `adopt`, the key read from another field and back), driven
 through the real `Engine` on a shared store, against a reference model of the rules written
-from the docs ("Changing a route's selection"), not from `filter.core.reselect`.
+from the docs ("Changing a route's selection"), not from `pubsub_filter.core.compare.reselect`.
 
 After every message it checks:
 
@@ -34,12 +34,12 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
+from pubsub_filter.core.attributes import ATTR_ROUTE
+from pubsub_filter.core.config.schema import Config, parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import Decision, Message
+from pubsub_filter.core.ports import StateStore
 
-from filter.core.attributes import ATTR_ROUTE
-from filter.core.config import Config, parse
-from filter.core.engine import Engine
-from filter.core.model import Decision, Message
-from filter.core.ports import StateStore
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 STEPS: Counter[str] = Counter()

@@ -1,6 +1,6 @@
 """The push app served in-process as uvicorn serves it, with a publisher that can stall.
 
-`ServedPush` runs `filter.push.app.create_app` with its lifespan (the one `serve` gives it),
+`ServedPush` runs `pubsub_filter.push.app.create_app` with its lifespan (the one `serve` gives it),
 over the embedded SQLite store and records in a directory, and answers requests through
 httpx's ASGI transport: each request is one task, as under uvicorn. `shutdown()` does what
 uvicorn does on SIGTERM (wait the requests' share of `server.shutdown_budget`, cancel the ones still
@@ -26,18 +26,17 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import httpx
-
-from filter.backends.records.batch import BatchingRecorder
-from filter.backends.records.inline import InlineSqliteRecorder
-from filter.backends.records.sqlite import SqliteSink
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.attributes import ATTR_SOURCE_ID
-from filter.core.config import Config
-from filter.core.engine import Engine
-from filter.core.model import KeyState
-from filter.core.ports import Clock, PublishFailed, StateStore
-from filter.push.app import create_app, engine_lifespan
+from pubsub_filter.backends.records.batch import BatchingRecorder
+from pubsub_filter.backends.records.inline import InlineSqliteRecorder
+from pubsub_filter.backends.records.sqlite import SqliteSink
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.attributes import ATTR_SOURCE_ID
+from pubsub_filter.core.config.schema import Config
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import KeyState
+from pubsub_filter.core.ports import Clock, PublishFailed, StateStore
+from pubsub_filter.push.app import create_app, engine_lifespan
 
 Mode = Literal["ok", "fail", "stall"]
 T = TypeVar("T")

@@ -13,14 +13,14 @@ from typing import Any
 
 def opener(kind: str) -> Callable[[str], Any]:
     if kind == "store":
-        from filter.backends.stores.sqlite import SqliteStore
+        from pubsub_filter.backends.stores.sqlite import SqliteStore
 
         return SqliteStore
     if kind == "records":
-        from filter.backends.records.sqlite import SqliteSink
+        from pubsub_filter.backends.records.sqlite import SqliteSink
 
         return SqliteSink
-    from filter.backends.fences.sqlite import SqliteFences
+    from pubsub_filter.consumer.stores.sqlite import SqliteFences
 
     return SqliteFences
 

@@ -6,10 +6,9 @@ import asyncio
 import inspect
 
 import pytest
+from pubsub_filter.backends.records.batch import BatchingRecorder
+from pubsub_filter.core.model import Decision, DecisionRecord
 from structlog.testing import capture_logs
-
-from filter.backends.records.batch import BatchingRecorder
-from filter.core.model import Decision, DecisionRecord
 
 
 class FakeClock:

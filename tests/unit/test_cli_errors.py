@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pubsub_filter.cli import FAILED, USAGE, main
 
-from filter.cli import FAILED, USAGE, main
 from tests.support.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -155,10 +155,10 @@ def _run(
     full = {k: v for k, v in os.environ.items() if not k.endswith("_EMULATOR_HOST")}
     if not credentials:
         full = {k: v for k, v in full.items() if not k.startswith(("GOOGLE_", "GCLOUD_", "CLOUDSDK_"))}
-    full.update(env, PYTHONPATH=str(ROOT), GOOGLE_CLOUD_PROJECT="demo")
+    full.update(env, PYTHONPATH=f"{ROOT / 'filter'}{os.pathsep}{ROOT}", GOOGLE_CLOUD_PROJECT="demo")
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "filter", *args],
+        [sys.executable, "-m", "pubsub_filter", *args],
         env=full,
         cwd=cwd,
         capture_output=True,

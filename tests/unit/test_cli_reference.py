@@ -12,9 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from filter.cli import build_parser
-from filter.tools.skiprows import DECIDED, SKIPPED
+from pubsub_filter.cli import build_parser
+from pubsub_filter.tools.skiprows import DECIDED, SKIPPED
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -155,7 +154,7 @@ def test_every_command_keeps_its_help_when_python_strips_docstrings() -> None:
     for flag in ([], ["-OO"]):
         code = (
             "import argparse\n"
-            "from filter.cli import build_parser\n"
+            "from pubsub_filter.cli import build_parser\n"
             "parser = build_parser()\n"
             "(sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]\n"
             "print(parser.format_help())\n"

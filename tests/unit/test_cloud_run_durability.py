@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 import yaml
+from pubsub_filter.cli import FAILED, main
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.runtime import durability, startup
 from structlog.testing import capture_logs
 
-from filter.cli import FAILED, main
-from filter.core.config import parse
-from filter.runtime import durability, startup
 from tests.support.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,9 +126,22 @@ def test_replay_through_the_filter_on_a_cloud_run_job_refuses_the_outbox(tmp_pat
     dead letters would be acked once the outbox inside the job's container took them."""
     path = write(tmp_path, **{**CLOUD, "publisher": {"backend": "outbox", "path": str(tmp_path / "o.jsonl")}})
     env = {k: v for k, v in os.environ.items() if k not in (*durability.CLOUD_RUN_ENVS, durability.UNSAFE_ENV)}
-    env.update(CLOUD_RUN_JOB="replay", PYTHONPATH=str(ROOT), PUBSUB_EMULATOR_HOST="127.0.0.1:1")
+    env.update(
+        CLOUD_RUN_JOB="replay", PYTHONPATH=f"{ROOT / 'filter'}{os.pathsep}{ROOT}", PUBSUB_EMULATOR_HOST="127.0.0.1:1"
+    )
     proc = subprocess.run(
-        [sys.executable, "-m", "filter", "replay", "dlq-sub", "--through-filter", "-c", str(path), "--project", "p"],
+        [
+            sys.executable,
+            "-m",
+            "pubsub_filter",
+            "replay",
+            "dlq-sub",
+            "--through-filter",
+            "-c",
+            str(path),
+            "--project",
+            "p",
+        ],
         env=env,
         cwd=tmp_path,
         capture_output=True,
@@ -213,8 +226,8 @@ def test_the_in_process_api_on_cloud_run_refuses_embedded_state_and_records_befo
 ) -> None:
     import threading
 
-    from filter.core.config import ConfigError
-    from filter.inprocess import Filter, SyncFilter
+    from pubsub_filter.core.config.schema import ConfigError
+    from pubsub_filter.inprocess import Filter, SyncFilter
 
     monkeypatch.setenv("K_SERVICE", "processor")
     threads = threading.active_count()
@@ -231,7 +244,7 @@ def test_the_in_process_api_on_cloud_run_refuses_embedded_state_and_records_befo
 async def test_the_in_process_api_started_anyway_logs_the_loss_at_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from filter.inprocess import Filter
+    from pubsub_filter.inprocess import Filter
 
     monkeypatch.setenv("K_SERVICE", "processor")
     monkeypatch.setenv(durability.UNSAFE_ENV, durability.UNSAFE_VALUE)

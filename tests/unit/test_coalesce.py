@@ -1,4 +1,4 @@
-"""The coalescer on its own (`filter.core.coalesce`): which message of a burst is held, which
+"""The coalescer on its own (`pubsub_filter.core.engine.coalesce`): which message of a burst is held, which
 are superseded, when a burst ends, and the bounds. Pure: the time is passed in."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import tracemalloc
 
-from filter.core.coalesce import Arrival, Coalescer, Offered, Outcome
+from pubsub_filter.core.engine.coalesce import Arrival, Coalescer, Offered, Outcome
 
 
 def _arrival(token: int, publish_time: float | None, message_id: str | None = None, size: int = 10) -> Arrival:

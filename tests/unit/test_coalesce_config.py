@@ -5,8 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from filter.core.config import ConfigError, parse
+from pubsub_filter.core.config.schema import ConfigError, parse
 
 
 def _config(coalesce: Any, **top: Any) -> dict[str, Any]:
@@ -66,8 +65,7 @@ def test_check_says_what_held_requests_take_from_cloud_runs_concurrency(
     tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import yaml
-
-    from filter.cli import main
+    from pubsub_filter.cli import main
 
     path = tmp_path / "filter.yaml"
     raw = _config({"quiet": "500ms", "max_wait": "2s"})

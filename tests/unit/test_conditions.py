@@ -1,4 +1,4 @@
-"""The one condition language (`filter.core.conditions`): a route's bypass rules and `replay --where`
+"""The one condition language (`pubsub_filter.core.compare.conditions`): a route's bypass rules and `replay --where`
 decide alike, by the equality its docstring states."""
 
 from __future__ import annotations
@@ -11,14 +11,14 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.compare.conditions import holds, parse_where
+from pubsub_filter.core.compare.fingerprint import NOT_JSON
+from pubsub_filter.core.config.schema import Condition, ConfigError, parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import Decision, Message
 
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.conditions import holds, parse_where
-from filter.core.config import Condition, ConfigError, parse
-from filter.core.engine import Engine
-from filter.core.fingerprint import NOT_JSON
-from filter.core.model import Decision, Message
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

@@ -7,10 +7,9 @@ from typing import Any
 
 import pytest
 import yaml
-
-from filter.cli import main
-from filter.core.config import ConfigError, load, parse
-from filter.core.times import parse_duration
+from pubsub_filter.cli import main
+from pubsub_filter.core.config.schema import ConfigError, load, parse
+from pubsub_filter.core.times import parse_duration
 
 EXAMPLE = Path(__file__).parents[2] / "examples" / "filter.yaml"
 

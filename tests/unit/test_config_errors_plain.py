@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from filter.core.config import ConfigError, parse
+from pubsub_filter.core.config.schema import ConfigError, parse
 
 
 def a_route(**kw: Any) -> dict[str, Any]:

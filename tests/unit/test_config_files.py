@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
+from pubsub_filter.cli import main
 
-from filter.cli import main
 from tests.support.net import free_port
 
 ROOT = Path(__file__).parents[2]
@@ -95,12 +95,12 @@ def test_check_accepts_usable_files_and_creates_none(tmp_path: Path, capsys: pyt
 
 def test_serve_with_an_unusable_store_exits_1_with_one_line_and_no_traceback(tmp_path: Path) -> None:
     path = config(tmp_path, store={"path": str(tmp_path / "missing" / "state.db")})
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'filter'}{os.pathsep}{ROOT}"}
     run = subprocess.run(
         [
             sys.executable,
             "-m",
-            "filter",
+            "pubsub_filter",
             "serve",
             "--config",
             str(path),
@@ -128,8 +128,11 @@ needs_proc = pytest.mark.skipif(not (NO_FILES_HERE / "self").exists(), reason="n
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "PUBSUB_EMULATOR_HOST": f"127.0.0.1:{free_port()}"}
-    return subprocess.run([sys.executable, "-m", "filter", *args], capture_output=True, text=True, env=env, timeout=60)
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'filter'}{os.pathsep}{ROOT}"}
+    env["PUBSUB_EMULATOR_HOST"] = f"127.0.0.1:{free_port()}"
+    return subprocess.run(
+        [sys.executable, "-m", "pubsub_filter", *args], capture_output=True, text=True, env=env, timeout=60
+    )
 
 
 @needs_proc
@@ -165,9 +168,9 @@ def test_an_sqlite_file_that_cannot_be_opened_at_start_is_one_line_naming_the_fi
     section: str, what: str, tmp_path: Path
 ) -> None:
     # what `check` cannot foresee (the file changed since): the engine's start says which file, in one line
-    from filter.core.config import parse
-    from filter.runtime.operational import Failure, describe
-    from filter.runtime.wiring import make_engine
+    from pubsub_filter.core.config.schema import parse
+    from pubsub_filter.runtime.operational import Failure, describe
+    from pubsub_filter.runtime.wiring import make_engine
 
     cfg = parse(yaml.safe_load(config(tmp_path, **{section: {"path": str(tmp_path)}}).read_text()))
     with pytest.raises(Failure) as exc:

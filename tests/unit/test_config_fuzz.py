@@ -19,12 +19,18 @@ import httpx
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from filter.core.config import Config, ConfigError, OutboxPublisher, SqliteRecords, SqliteStore, load
-from filter.core.envelope import make_envelope
-from filter.push.app import create_app, engine_lifespan
-from filter.runtime import preflight
-from filter.runtime.wiring import make_engine
+from pubsub_filter.core.config.schema import (
+    Config,
+    ConfigError,
+    OutboxConfig,
+    SqliteRecordsConfig,
+    SqliteStoreConfig,
+    load,
+)
+from pubsub_filter.core.envelope import make_envelope
+from pubsub_filter.push.app import create_app, engine_lifespan
+from pubsub_filter.runtime import preflight
+from pubsub_filter.runtime.wiring import make_engine
 
 SETTINGS = settings(
     max_examples=300,
@@ -209,9 +215,9 @@ def names_a_key(problem: str, raw: dict[str, Any]) -> bool:
 async def answers(cfg: Config, workdir: Path, messages: list[tuple[int, bytes]]) -> list[int]:
     embedded = cfg.model_copy(
         update={
-            "store": SqliteStore(path=str(workdir / "run-state.db")),
-            "publisher": OutboxPublisher(path=str(workdir / "run-outbox.jsonl")),
-            "records": SqliteRecords(path=str(workdir / "run-decisions.db")),
+            "store": SqliteStoreConfig(path=str(workdir / "run-state.db")),
+            "publisher": OutboxConfig(path=str(workdir / "run-outbox.jsonl")),
+            "records": SqliteRecordsConfig(path=str(workdir / "run-decisions.db")),
         }
     )
     engine = make_engine(embedded)

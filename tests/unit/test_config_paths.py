@@ -11,15 +11,15 @@ from typing import Any
 
 import httpx
 import pytest
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.config.schema import ConfigError, parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.envelope import make_envelope
+from pubsub_filter.core.paths import MISSING, PathError, list_index
+from pubsub_filter.core.paths import Path as FieldPath
+from pubsub_filter.push.app import create_app
 
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.config import ConfigError, parse
-from filter.core.engine import Engine
-from filter.core.envelope import make_envelope
-from filter.core.paths import MISSING, PathError, list_index
-from filter.core.paths import Path as FieldPath
-from filter.push.app import create_app
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 

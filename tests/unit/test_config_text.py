@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pubsub_filter.backends.records.bigquery import to_row
+from pubsub_filter.backends.records.extra import encode_extra
+from pubsub_filter.backends.records.sqlite import SqliteSink
+from pubsub_filter.core.config.schema import ConfigError, load, parse
+from pubsub_filter.core.envelope import make_envelope
+from pubsub_filter.core.model import Decision, DecisionRecord
 
-from filter.backends.records.bigquery import to_row
-from filter.backends.records.extra import encode_extra
-from filter.backends.records.sqlite import SqliteSink
-from filter.core.config import ConfigError, load, parse
-from filter.core.envelope import make_envelope
-from filter.core.model import Decision, DecisionRecord
 from tests.support.jsonlogs import production_logs
 from tests.support.push_client import engine_on_sqlite, push_client
 
@@ -76,7 +76,7 @@ def test_a_record_with_text_utf8_cannot_write_is_stored_escaped(tmp_path: Path, 
 
 
 def test_a_group_of_records_with_one_such_row_stores_every_row(tmp_path: Path) -> None:
-    from filter.backends.records.sqlite import prepared
+    from pubsub_filter.backends.records.sqlite import prepared
 
     sink = SqliteSink(tmp_path / "d.db")
     assert sink.insert_apart([prepared(record()), prepared(record(key=LONE)), prepared(record())]) == []
@@ -92,7 +92,7 @@ def test_a_bigquery_row_carries_such_text_escaped() -> None:
 
 
 def test_a_decision_line_with_such_text_is_written_escaped() -> None:
-    from filter.core.record import log_decision
+    from pubsub_filter.core.engine.record import log_decision
 
     with production_logs() as logs:
         log_decision(record(key=LONE, flag=LONE))

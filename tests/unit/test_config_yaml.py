@@ -5,8 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
-from filter.core.config import ConfigError, load
+from pubsub_filter.core.config.schema import ConfigError, load
 
 ROUTE = """\
 routes:

@@ -1,4 +1,4 @@
-"""The decision columns, defined once in `filter.core.model`: the SQLite table, the BigQuery
+"""The decision columns, defined once in `pubsub_filter.core.model`: the SQLite table, the BigQuery
 rows and the log line's fields derived from them are the ones written before they were."""
 
 from __future__ import annotations
@@ -7,10 +7,9 @@ import sqlite3
 from pathlib import Path
 
 import msgspec
-
-from filter.backends.records.bigquery import to_row
-from filter.backends.records.sqlite import SqliteReader, SqliteSink
-from filter.core.model import COLUMN_NAMES, Decision, DecisionRecord
+from pubsub_filter.backends.records.bigquery import to_row
+from pubsub_filter.backends.records.sqlite import SqliteReader, SqliteSink
+from pubsub_filter.core.model import COLUMN_NAMES, Decision, DecisionRecord
 
 #: The table as the code before the column specs created it, byte for byte.
 TODAYS_SCHEMA = """

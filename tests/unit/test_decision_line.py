@@ -15,11 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-
-from filter.core.model import Cause, Decision, DecisionRecord
-from filter.core.record import LEVELS, log_decision
-from filter.core.times import format_time
-from filter.observability import logsetup
+from pubsub_filter.core.engine.record import LEVELS, log_decision
+from pubsub_filter.core.model import Cause, Decision, DecisionRecord
+from pubsub_filter.core.times import format_time
+from pubsub_filter.observability import logsetup
 
 
 @pytest.fixture(autouse=True)

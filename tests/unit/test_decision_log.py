@@ -11,9 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from filter.backends.records.log_lines import counts_from_log, rows_from_log
-from filter.core.times import parse_time
+from pubsub_filter.backends.records.log_lines import counts_from_log, rows_from_log
+from pubsub_filter.core.times import parse_time
 
 # 2026-01-01: 00:10 and 00:50 (hour 00), 01:05 (hour 01), and 2026-01-02 00:30 (next day)
 T0, T1, T2, T3 = (
@@ -36,7 +35,7 @@ DECISIONS: list[tuple[str, str, bool, str]] = [
 
 
 def ours(route: str, decision: str, enforced: bool, time: str, **extra: Any) -> dict[str, Any]:
-    """A decision line as filter.observability.logsetup writes it."""
+    """A decision line as pubsub_filter.observability.logsetup writes it."""
     return {
         "route": route,
         "decision": decision,

@@ -22,21 +22,21 @@ import structlog
 import yaml
 from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client.parser import text_string_to_metric_families
+from pubsub_filter.backends import gcp
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.cli import main
+from pubsub_filter.core.config.schema import Config, parse
+from pubsub_filter.core.config.sections import Quieting
+from pubsub_filter.core.engine.decision_line import in_sample, level_of
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.envelope import make_envelope
+from pubsub_filter.observability import logsetup
+from pubsub_filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
+from pubsub_filter.observability.telemetry import PrometheusText, Telemetry
+from pubsub_filter.push.app import create_app
+from pubsub_filter.runtime.wiring import make_engine
 
-from filter.backends import gcp
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.cli import main
-from filter.core.config import Config, parse
-from filter.core.config_sections import Quieting
-from filter.core.decision_line import in_sample, level_of
-from filter.core.engine import Engine
-from filter.core.envelope import make_envelope
-from filter.observability import logsetup
-from filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
-from filter.observability.telemetry import PrometheusText, Telemetry
-from filter.push.app import create_app
-from filter.runtime.wiring import make_engine
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.payloads import injury_report
 

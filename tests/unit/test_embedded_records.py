@@ -9,12 +9,11 @@ from pathlib import Path
 
 import httpx
 import pytest
-
-from filter.backends.records.inline import InlineSqliteRecorder
-from filter.cli import main
-from filter.core.config import load
-from filter.push.app import create_app
-from filter.runtime.wiring import make_engine
+from pubsub_filter.backends.records.inline import InlineSqliteRecorder
+from pubsub_filter.cli import main
+from pubsub_filter.core.config.schema import load
+from pubsub_filter.push.app import create_app
+from pubsub_filter.runtime.wiring import make_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -1,9 +1,9 @@
-"""The fail-open memory (`filter.core.unsettled.FailedOpen`): which states one instance decides as unknown."""
+"""The fail-open memory (`core.engine.failed_open.FailedOpen`): which states one instance decides as unknown."""
 
 from __future__ import annotations
 
-from filter.core.model import UNKNOWN, KeyState
-from filter.core.unsettled import FailedOpen
+from pubsub_filter.core.engine.failed_open import FailedOpen
+from pubsub_filter.core.model import UNKNOWN, KeyState
 
 
 def stored(fingerprint: str | None = "A", forwarded_at: float | None = 10.0) -> KeyState:

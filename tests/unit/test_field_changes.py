@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.compare import fields
+from pubsub_filter.core.compare.routes import RouteRules
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.engine.judge import Decided, decide
+from pubsub_filter.core.engine.transitions import forwarded
+from pubsub_filter.core.model import Decision, KeyState, Message
 
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core import fields
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.judge import Decided, decide
-from filter.core.model import Decision, KeyState, Message
-from filter.core.routes import RouteRules
-from filter.core.transitions import forwarded
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 
@@ -95,7 +95,7 @@ def test_the_field_state_is_read_by_the_row_state_reader_and_not_mistaken_for_ro
     assert blob is not None
     before = fields.decode(blob)
     assert before is not None and before.names == ["a"] and before.clocks == {"a": 5.0}
-    from filter.core import rows
+    from pubsub_filter.core.compare import rows
 
     assert rows.decode(blob) is not None  # a row route reading it (config changed) does not fail
     assert fields.decode(rows.encode({'["k"]': ("f" * 16, {"a": "00000001"})})) is None

@@ -1,6 +1,6 @@
 """Canonical numbers: a JSON number counts by its value, never by its spelling, on both paths.
 
-The rule (README, "Fingerprints"; filter/core/fingerprint.py): an integral value is that exact
+The rule (README, "Fingerprints"; filter/pubsub_filter/core/compare/fingerprint.py): an integral value is that exact
 integer, written in plain digits, whatever its size or spelling; any other value is
 rounded to the nearest IEEE double, written as that double's shortest text, or as an
 integer when the double is integral. A number written with a fraction or exponent whose
@@ -21,9 +21,9 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pubsub_filter.core.compare.fingerprint import NOT_JSON, compile_scheme
+from pubsub_filter.core.config.schema import Route
 
-from filter.core.config import Route
-from filter.core.fingerprint import NOT_JSON, compile_scheme
 from tests.support.json_text import FRACTIONAL, INTEGERS, spellings
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True)
@@ -63,7 +63,7 @@ def assert_canonical(number: str, canonical: str) -> None:
 
 
 def expected_text(number: str) -> str:
-    """The rule, computed independently of filter/core/fingerprint.py: exact integers, else the nearest double."""
+    """The rule, computed independently of core/compare/fingerprint.py: exact integers, else the nearest double."""
     exact = Decimal(number)
     if exact == exact.to_integral_value():
         return str(int(exact))

@@ -1,6 +1,6 @@
 """The typed fast path and the generic path are one function: same fingerprint, same error.
 
-`Scheme.fast` (filter/core/fingerprint.py, `_typed_canonical`) decodes only what a route counts.
+`Scheme.fast` (filter/pubsub_filter/core/compare/fingerprint.py, `_typed_canonical`) decodes only what a route counts.
 It may decline (None), and then the generic path answers; when it answers, it must give
 the generic path's fingerprint and the top-level fields the key and bypass rules read.
 Routes and payloads are generated: include/exclude/rows/row_key, key and bypass paths;
@@ -16,9 +16,9 @@ from typing import Any
 import msgspec
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from pubsub_filter.core.compare.fingerprint import NOT_JSON, PayloadError, compile_scheme
+from pubsub_filter.core.config.schema import Route
 
-from filter.core.config import Route
-from filter.core.fingerprint import NOT_JSON, PayloadError, compile_scheme
 from tests.support.json_text import NAMES, NUMBERS, SCALARS, VALUES, arr, obj, strings
 
 SETTINGS = settings(max_examples=400, deadline=None, derandomize=True)

@@ -9,9 +9,8 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from filter.core.canonical import encode_sorted as _encode
-from filter.core.canonical import ordered_rows as _ordered
+from pubsub_filter.core.compare.canonical import encode_sorted as _encode
+from pubsub_filter.core.compare.canonical import ordered_rows as _ordered
 
 
 def sort_first(

@@ -10,22 +10,22 @@ import json
 from pathlib import Path
 
 import pytest
-
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.answer import answer_for
-from filter.core.attributes import (
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.attributes import (
     MAX_ATTRIBUTES,
     OWN_ATTRIBUTES,
     fence_attributes,
     forward_attributes,
     unpublishable,
 )
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.model import Decision, Message
-from filter.core.pubsub_limits import PUBLISH_REQUEST_LIMIT
-from filter.core.routes import RouteRules
+from pubsub_filter.core.compare.routes import RouteRules
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.answer import answer_for
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import Decision, Message
+from pubsub_filter.core.pubsub_limits import PUBLISH_REQUEST_LIMIT
+
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

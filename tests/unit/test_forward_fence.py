@@ -7,14 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.attributes import ATTRIBUTE_LIMIT
+from pubsub_filter.core.compare.fingerprint import message_fingerprint
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import Decision, Message
 
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.attributes import ATTRIBUTE_LIMIT
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.fingerprint import message_fingerprint
-from filter.core.model import Decision, Message
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

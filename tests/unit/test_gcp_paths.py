@@ -1,11 +1,10 @@
-"""`filter.backends.gcp.pubsub_path`: the one way an id or a full path becomes a Pub/Sub resource path."""
+"""`pubsub_filter.backends.gcp.pubsub_path`: the one way an id or a full path becomes a Pub/Sub resource path."""
 
 from __future__ import annotations
 
 import pytest
-
-from filter.backends.gcp import pubsub_path
-from filter.core.config import ConfigError, parse
+from pubsub_filter.backends.gcp import pubsub_path
+from pubsub_filter.core.config.schema import ConfigError, parse
 
 
 def test_an_id_becomes_a_path_in_the_project() -> None:

@@ -21,12 +21,11 @@ from typing import Any
 import hcl2
 import pytest
 import yaml
-
-from filter.backends.records import bigquery as bq
-from filter.core.config import load, parse
-from filter.core.times import parse_duration
-from filter.tools.provision import plan
-from filter.tools.subscriptions import DEFAULT_NAME, short_id
+from pubsub_filter.backends.records import bigquery as bq
+from pubsub_filter.core.config.schema import load, parse
+from pubsub_filter.core.times import parse_duration
+from pubsub_filter.tools.provision import plan
+from pubsub_filter.tools.subscriptions import DEFAULT_NAME, short_id
 
 ROOT = Path(__file__).resolve().parents[2]
 INFRA = ROOT / "infra"
@@ -208,7 +207,7 @@ def test_example_config_validates_with_the_filters_own_loader() -> None:
 
 # --- the embedded backends: refused before anything is deployed ----------------------------------
 
-#: the line Terraform's refusal gives for each embedded part (filter/runtime/durability.py words it for serve)
+#: the line Terraform's refusal gives for each embedded part (runtime/durability.py words it for serve)
 TF_FIX = {
     "store": "fix: `store: {backend: firestore}`",
     "publisher": "fix: `publisher: {backend: pubsub}`",
@@ -462,7 +461,7 @@ def test_max_delivery_attempts_covers_lease_contention(
 
 def test_firestore_ttl_policy_is_on_the_stores_expiry_field() -> None:
     try:
-        from filter.backends.stores import TTL_FIELD as expected
+        from pubsub_filter.backends.stores import TTL_FIELD as expected
     except ImportError:
         expected = "expires_at"
     field = resources()[("google_firestore_field", "ttl")]
@@ -488,8 +487,8 @@ def test_firestore_ttl_collection_and_database_come_from_the_config(tmp_path: Pa
 def fields_the_store_writes() -> set[str]:
     """The top-level fields of a key's document, as the Firestore store writes it: a document
     with every optional part present, plus the dotted field paths its updates name."""
-    from filter.backends.stores import firestore as store
-    from filter.core.model import KeyState, Lease
+    from pubsub_filter.backends.stores import firestore as store
+    from pubsub_filter.core.model import KeyState, Lease
 
     full = KeyState(
         fingerprint="f",
@@ -819,7 +818,7 @@ def test_alerts_and_dashboard_read_only_log_based_metrics_or_pubsubs_own() -> No
 
 
 def test_decisions_the_alerts_count_one_by_one_are_never_quieted() -> None:
-    from filter.core.config_sections import LOUD_DECISIONS, DecisionLogs
+    from pubsub_filter.core.config.sections import LOUD_DECISIONS, DecisionLogs
 
     named = {
         d
@@ -855,7 +854,7 @@ QUIETINGS: list[dict[str, Any] | None] = [
 @needs_terraform
 @pytest.mark.parametrize("quieting", QUIETINGS)
 def test_terraform_finds_the_lines_the_filter_writes_at_debug(tmp_path: Path, quieting: dict[str, Any] | None) -> None:
-    from filter.core.config import parse
+    from pubsub_filter.core.config.schema import parse
 
     cfg = {**example_config(), "decision_logs": quieting}
     at_debug = sorted(
@@ -867,7 +866,7 @@ def test_terraform_finds_the_lines_the_filter_writes_at_debug(tmp_path: Path, qu
 
 def test_every_log_line_a_metric_or_alert_matches_is_one_the_filter_writes() -> None:
     """A metric matching a line the code no longer writes counts nothing, and its alert never fires."""
-    source = "\n".join(p.read_text() for p in (ROOT / "filter").rglob("*.py"))
+    source = "\n".join(p.read_text() for p in (ROOT / "filter" / "pubsub_filter").rglob("*.py"))
     matched = set()
     for tf in MODULE.glob("*.tf"):
         matched |= set(re.findall(r'jsonPayload\.message=\\"([a-z_]+)\\"', tf.read_text()))

@@ -11,7 +11,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_inprocess_example_runs_and_skips_rebuilds_for_unchanged_reports(tmp_path: Path) -> None:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT / 'filter'}{os.pathsep}{ROOT}", "TMPDIR": str(tmp_path)}
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "inprocess.py")],
         cwd=tmp_path,

@@ -13,16 +13,16 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pubsub_filter.backends.records.inline import InlineSqliteRecorder
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.config.schema import Config, parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.envelope import make_envelope
+from pubsub_filter.core.errors import UnknownRouteError
+from pubsub_filter.core.model import Decision, Message
+from pubsub_filter.inprocess import Filter, Forward, SyncFilter
+from pubsub_filter.inprocess.handlers import Nack, on_cloudevent, on_payload, on_push
 
-from filter.backends.records.inline import InlineSqliteRecorder
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.config import Config, parse
-from filter.core.engine import Engine
-from filter.core.envelope import make_envelope
-from filter.core.errors import UnknownRouteError
-from filter.core.model import Decision, Message
-from filter.inprocess import Filter, Forward, SyncFilter
-from filter.inprocess.handlers import Nack, on_cloudevent, on_payload, on_push
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

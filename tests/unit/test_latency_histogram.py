@@ -1,4 +1,4 @@
-"""The in-process latency histogram (`filter.observability.latency`, kept because the SDK's
+"""The in-process latency histogram (`pubsub_filter.observability.latency`, kept because the SDK's
 `Histogram.record` costs 14.5 % of a suppressed request) aggregates exactly as the SDK's own."""
 
 from __future__ import annotations
@@ -10,9 +10,8 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader, MetricsData
 from opentelemetry.sdk.resources import Resource
-
-from filter.observability.latency import Latencies, LatencyHistogram
-from filter.observability.telemetry import LATENCY_BUCKETS
+from pubsub_filter.observability.latency import Latencies, LatencyHistogram
+from pubsub_filter.observability.telemetry import LATENCY_BUCKETS
 
 LABELS = st.sampled_from([{"route": "r", "decision": "suppressed"}, {"route": "r", "decision": "forwarded"}])
 # bounds themselves included: a value equal to a bound belongs to that bound's bucket

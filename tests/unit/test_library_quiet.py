@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 SCRIPT = """
 import logging
-from filter import SyncFilter
+from pubsub_filter import SyncFilter
 
 config = {
     "store": {"backend": "sqlite", "path": "state.db"},
@@ -48,7 +48,7 @@ def run(tmp_path: Path, logging_on: bool) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, str(script)],
         cwd=tmp_path,
-        env={**env, "PYTHONPATH": str(ROOT)},
+        env={**env, "PYTHONPATH": f"{ROOT / 'filter'}{os.pathsep}{ROOT}"},
         capture_output=True,
         text=True,
         timeout=120,
@@ -79,7 +79,7 @@ def test_the_inprocess_example_prints_only_its_own_story(tmp_path: Path) -> None
     done = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "inprocess.py")],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path)},
+        env={**os.environ, "PYTHONPATH": f"{ROOT / 'filter'}{os.pathsep}{ROOT}", "TMPDIR": str(tmp_path)},
         capture_output=True,
         text=True,
         timeout=120,

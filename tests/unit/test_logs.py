@@ -1,7 +1,7 @@
 """The log line schema: one Cloud Logging JSON line per decision, lifecycle events alike, no payload or token ever.
 
 Decisions run through a real `Engine` (SQLite store, in-memory publisher and recorder)
-and `filter.observability.logsetup` writes to a StringIO; every line is parsed back.
+and `pubsub_filter.observability.logsetup` writes to a StringIO; every line is parsed back.
 """
 
 from __future__ import annotations
@@ -19,18 +19,18 @@ from typing import Any
 import httpx
 import pytest
 import structlog
+from pubsub_filter.backends import gcp
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.engine.heartbeat import Heartbeat
+from pubsub_filter.core.envelope import make_envelope
+from pubsub_filter.core.model import Decision, DecisionRecord, KeyState, Lease, Message
+from pubsub_filter.core.ports import StoreUnavailable
+from pubsub_filter.observability import logsetup
+from pubsub_filter.push.app import create_app
+from pubsub_filter.push.auth import PushAuthenticator
 
-from filter.backends import gcp
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.envelope import make_envelope
-from filter.core.heartbeat import Heartbeat
-from filter.core.model import Decision, DecisionRecord, KeyState, Lease, Message
-from filter.core.ports import StoreUnavailable
-from filter.observability import logsetup
-from filter.push.app import create_app
-from filter.push.auth import PushAuthenticator
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder, SwitchStore
 from tests.support.oidc import LocalGoogleCerts, google_claims

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from filter.core.config import load
-from filter.push.app import create_app
-from filter.runtime.otel import from_config
-from filter.runtime.wiring import make_engine
+from pubsub_filter.core.config.schema import load
+from pubsub_filter.push.app import create_app
+from pubsub_filter.runtime.otel import from_config
+from pubsub_filter.runtime.wiring import make_engine
+
 from tests.support.asgi import call
 
 COUNTERS = (

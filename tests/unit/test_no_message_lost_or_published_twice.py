@@ -14,15 +14,15 @@ from typing import Any
 
 import pytest
 import structlog
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.answer import answer_for
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.envelope import ATTR_ORIGINAL_TIME, make_envelope, parse_envelope
+from pubsub_filter.core.model import Decision, KeyState, Message
+from pubsub_filter.runtime.wiring import make_store
 
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.answer import answer_for
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.envelope import ATTR_ORIGINAL_TIME, make_envelope, parse_envelope
-from filter.core.model import Decision, KeyState, Message
-from filter.runtime.wiring import make_store
 from tests.support.clock import ManualClock
 from tests.support.decision_world import DownStore, World, report
 from tests.support.fakes import MemoryPublisher, MemoryRecorder, SwitchStore

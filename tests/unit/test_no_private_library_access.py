@@ -18,7 +18,7 @@ import importlib
 import inspect
 from pathlib import Path
 
-import filter as package
+import pubsub_filter as package
 
 ROOT = Path(package.__file__).parent
 
@@ -58,10 +58,10 @@ def _ours(module: ast.Module) -> set[str]:
     for node in ast.walk(module):
         if isinstance(node, ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
             names.add(node.name)
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("filter"):
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("pubsub_filter"):
             names.update(alias.asname or alias.name for alias in node.names)
         elif isinstance(node, ast.Import):
-            names.update(alias.asname or alias.name for alias in node.names if alias.name.startswith("filter"))
+            names.update(alias.asname or alias.name for alias in node.names if alias.name.startswith("pubsub_filter"))
     for node in module.body:
         if isinstance(node, ast.Assign):
             names.update(t.id for t in node.targets if isinstance(t, ast.Name))
@@ -184,8 +184,7 @@ def test_a_subclass_of_a_library_class_reaches_only_the_listed_private_names() -
 
 def test_each_library_reach_is_still_where_it_was_checked() -> None:
     from google.cloud import firestore
-
-    from filter.backends.stores.firestore import ReconnectingClient
+    from pubsub_filter.backends.stores.firestore import ReconnectingClient
 
     base = firestore.AsyncClient
     assert isinstance(inspect.getattr_static(base, "_firestore_api"), property)
@@ -238,7 +237,7 @@ def test_the_filter_reads_no_private_attribute_of_a_library_object() -> None:
 def test_the_check_sees_private_reads_on_library_objects_and_not_on_our_own() -> None:
     source = (
         "import structlog\n"
-        "from filter.core import engine\n"
+        "from pubsub_filter.core import engine\n"
         "class Mine:\n"
         "    def f(self, bound, reader):\n"
         "        self._x = engine._private\n"

@@ -13,9 +13,10 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
-from filter.core.config import Route
-from filter.core.fingerprint import NOT_JSON, compile_scheme, raw_fingerprint
-from filter.core.model import Message
+from pubsub_filter.core.compare.fingerprint import NOT_JSON, compile_scheme, raw_fingerprint
+from pubsub_filter.core.config.schema import Route
+from pubsub_filter.core.model import Message
+
 from tests.support.push_client import engine_on_sqlite
 
 WHOLE = {
@@ -97,7 +98,7 @@ async def test_a_key_beyond_double_range_is_its_exact_decimal(tmp_path: Path) ->
 
 
 def test_the_fingerprint_stays_over_the_bytes_and_the_payload_is_read_as_decimals() -> None:
-    from filter.core.canonical import wide_number
+    from pubsub_filter.core.compare.canonical import wide_number
 
     scheme = compile_scheme(Route.model_validate(WHOLE))
     data = b'{"k": 1, "v": 1e400, "w": -12.50e-400, "x": 2.5}'

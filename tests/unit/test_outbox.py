@@ -14,9 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from filter.backends.publishers.outbox import OutboxPublisher, read_outbox
-from filter.core.ports import PublishFailed
+from pubsub_filter.backends.publishers.outbox import OutboxPublisher, read_outbox
+from pubsub_filter.core.ports import PublishFailed
 
 ROOT = Path(__file__).parents[2]
 

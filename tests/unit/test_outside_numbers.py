@@ -12,16 +12,16 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
+from pubsub_filter.core.config.schema import load
+from pubsub_filter.core.envelope import make_envelope
+from pubsub_filter.core.numerals import bounded_int
+from pubsub_filter.observability.telemetry import Telemetry
+from pubsub_filter.push.app import create_app
+from pubsub_filter.push.auth import _max_age
+from pubsub_filter.push.trace_headers import request_parent_of, trace_of
+from pubsub_filter.replay.deadletter import ATTR_COUNT, DeadLetter
+from pubsub_filter.runtime.wiring import make_engine
 
-from filter.core.config import load
-from filter.core.envelope import make_envelope
-from filter.core.numerals import bounded_int
-from filter.observability.telemetry import Telemetry
-from filter.push.app import create_app
-from filter.push.auth import _max_age
-from filter.push.trace_headers import request_parent_of, trace_of
-from filter.replay.deadletter import ATTR_COUNT, DeadLetter
-from filter.runtime.wiring import make_engine
 from tests.support.asgi import call
 
 ROOT = Path(__file__).resolve().parents[2]

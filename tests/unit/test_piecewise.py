@@ -1,4 +1,4 @@
-"""A large document decoded in pieces (`filter.core.piecewise`) is the value one decode gives, or
+"""A large document decoded in pieces (`pubsub_filter.core.compare.piecewise`) is the value one decode gives, or
 None, and then the whole decode answers: never a value where the whole decode fails."""
 
 from __future__ import annotations
@@ -9,9 +9,8 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from filter.core import piecewise
-from filter.core.canonical import DECODE_ERRORS, canonical_decoder
+from pubsub_filter.core.compare import piecewise
+from pubsub_filter.core.compare.canonical import DECODE_ERRORS, canonical_decoder
 
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=8)

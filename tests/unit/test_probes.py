@@ -8,14 +8,14 @@ from typing import Any
 
 import httpx
 import pytest
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import Message
+from pubsub_filter.runtime.probes import probe_routes
 from starlette.applications import Starlette
 
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.model import Message
-from filter.runtime.probes import probe_routes
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 from google.pubsub_v1.types import Subscription
-
-from filter.core.config import Config, parse
-from filter.core.pubsub_names import PubsubNameError
-from filter.tools.provision import Failed, ProvisionError, ordering_warning, plan, summary
-from filter.tools.subscriptions import SubscriptionSpec
+from pubsub_filter.core.config.names import PubsubNameError
+from pubsub_filter.core.config.schema import Config, parse
+from pubsub_filter.tools.provision import Failed, ProvisionError, ordering_warning, plan, summary
+from pubsub_filter.tools.subscriptions import SubscriptionSpec
 
 
 def config() -> Config:

@@ -1,4 +1,4 @@
-"""The library's public surface, used as a user would: only names from `filter.__all__`.
+"""The library's public surface, used as a user would: only names from `pubsub_filter.__all__`.
 
 What `from filter import ...` gives, one root error for everything the library raises, the
 same construction for the sync and the async API, and `process` taking what a user holds.
@@ -21,12 +21,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pubsub_filter as library
 import pytest
 from google.cloud import pubsub_v1
 from google.pubsub_v1.types import PubsubMessage
-
-import filter as library
-from filter import (
+from pubsub_filter import (
     FenceError,
     Filter,
     FilterClosed,
@@ -112,20 +111,26 @@ def test_all_lists_the_public_surface_and_every_name_in_it_resolves() -> None:
 
 
 def test_importing_filter_loads_neither_the_engine_nor_any_google_client() -> None:
-    code = "import sys, filter; print(sorted(m for m in sys.modules if m.startswith(('google', 'filter.'))))"
+    code = (
+        "import sys, pubsub_filter; print(sorted(m for m in sys.modules if m.startswith(('google', 'pubsub_filter.'))))"
+    )
     done = subprocess.run(
         [sys.executable, "-c", code],
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**os.environ, "PYTHONPATH": f"{ROOT / 'filter'}{os.pathsep}{ROOT}"},
         capture_output=True,
         text=True,
         check=True,
         timeout=60,
     )
-    assert json.loads(done.stdout.replace("'", '"')) == ["filter._version", "filter.core", "filter.core.errors"]
+    assert json.loads(done.stdout.replace("'", '"')) == [
+        "pubsub_filter._version",
+        "pubsub_filter.core",
+        "pubsub_filter.core.errors",
+    ]
 
 
 def test_every_error_class_the_library_defines_derives_from_the_root_and_keeps_its_standard_base() -> None:
-    for info in pkgutil.walk_packages(library.__path__, "filter."):
+    for info in pkgutil.walk_packages(library.__path__, "pubsub_filter."):
         if info.name.endswith("__main__"):
             continue
         module = importlib.import_module(info.name)
@@ -240,11 +245,11 @@ def test_a_nack_and_a_closed_filter_are_caught_by_the_root_error(config_path: Pa
 def test_the_example_imports_only_the_public_surface() -> None:
     tree = ast.parse((ROOT / "examples" / "inprocess.py").read_text())
     for node in ast.walk(tree):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "filter":
-            assert node.module == "filter", f"the example imports from {node.module}"
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "pubsub_filter":
+            assert node.module == "pubsub_filter", f"the example imports from {node.module}"
             assert {a.name for a in node.names} <= set(library.__all__)
         if isinstance(node, ast.Import):
-            assert not any(a.name.startswith("filter") for a in node.names)
+            assert not any(a.name.startswith("pubsub_filter") for a in node.names)
 
 
 def test_a_route_with_cache_result_returns_a_redelivery_the_result_of_its_forward(tmp_path: Path) -> None:

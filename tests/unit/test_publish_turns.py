@@ -7,8 +7,7 @@ import asyncio
 import contextlib
 
 import pytest
-
-from filter.backends.publishers.turns import Turns
+from pubsub_filter.backends.publishers.turns import Turns
 
 
 class Sends:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 from google.pubsub_v1 import types
-
-from filter.core.pubsub_limits import publish_request_bytes
+from pubsub_filter.core.pubsub_limits import publish_request_bytes
 
 CASES = [
     ("projects/p/topics/t", b"x" * 10, {"a": "b"}, "key"),

@@ -9,10 +9,9 @@ import pytest
 from google.api_core.datetime_helpers import DatetimeWithNanoseconds
 from google.cloud.pubsub_v1 import types
 from google.protobuf.timestamp_pb2 import Timestamp
-
-from filter.backends.pubsub_message import epoch, received_message
-from filter.core.envelope import ATTR_ORIGINAL_TIME
-from filter.core.errors import FilterTypeError
+from pubsub_filter.backends.pubsub_message import epoch, received_message
+from pubsub_filter.core.envelope import ATTR_ORIGINAL_TIME
+from pubsub_filter.core.errors import FilterTypeError
 
 SECONDS, NANOS = 1_780_000_000, 123_456_789
 

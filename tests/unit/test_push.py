@@ -10,14 +10,14 @@ from typing import Any
 
 import httpx
 import pytest
+from pubsub_filter.backends.publishers.outbox import OutboxPublisher
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.envelope import make_envelope
+from pubsub_filter.push.app import create_app
 
-from filter.backends.publishers.outbox import OutboxPublisher
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.envelope import make_envelope
-from filter.push.app import create_app
 from tests.support.fakes import MemoryRecorder
 from tests.support.oidc import LocalGoogleCerts, google_claims
 from tests.support.push_client import AUDIENCE, PUSHER, authenticator, engine_on_sqlite, push_client
@@ -201,7 +201,7 @@ async def test_readyz_answers_200_when_the_store_answers(client: httpx.AsyncClie
 
 
 async def test_readyz_answers_503_when_the_store_does_not(client: httpx.AsyncClient) -> None:
-    from filter.core.ports import StoreUnavailable
+    from pubsub_filter.core.ports import StoreUnavailable
 
     class Down:
         async def ping(self) -> None:
@@ -287,8 +287,8 @@ async def test_with_auth_on_unknown_routes_are_not_revealed(guarded: httpx.Async
     ],
 )
 def test_every_decision_has_its_push_answer(decision: str, cause: str | None, status: int) -> None:
-    from filter.core.answer import answer_for
-    from filter.core.model import Cause, Decision, DecisionRecord
+    from pubsub_filter.core.engine.answer import answer_for
+    from pubsub_filter.core.model import Cause, Decision, DecisionRecord
 
     reason = Cause(cause) if cause else None
     rec = DecisionRecord(time=0, route="r", decision=Decision(decision), enforced=True, message_id="1", cause=reason)
@@ -314,6 +314,6 @@ async def test_a_replayed_message_is_judged_by_its_original_publish_time(client:
     "stamp", ["9999-12-31T23:59:59.999999-23:59", "0001-01-01T00:00:00+23:59", "2025-01-10T17:00:05.123Z"]
 )
 def test_any_publish_time_the_parser_accepts_can_be_formatted(stamp: str) -> None:
-    from filter.core.times import format_time, parse_time
+    from pubsub_filter.core.times import format_time, parse_time
 
     assert format_time(parse_time(stamp)).endswith("Z")

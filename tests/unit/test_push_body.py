@@ -8,9 +8,8 @@ import time
 from typing import Any
 
 import pytest
-
-from filter.push.admission import LoopLag
-from filter.push.app import _body, _Disconnected, _TooLarge
+from pubsub_filter.push.admission import LoopLag
+from pubsub_filter.push.app import _body, _Disconnected, _TooLarge
 
 Message = dict[str, Any]
 

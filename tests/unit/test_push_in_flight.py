@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pubsub_filter.core.config.schema import load
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.envelope import make_envelope
+from pubsub_filter.push.app import create_app
+from pubsub_filter.runtime.otel import from_config
+from pubsub_filter.runtime.wiring import make_engine
 
-from filter.core.config import load
-from filter.core.engine import Engine
-from filter.core.envelope import make_envelope
-from filter.push.app import create_app
-from filter.runtime.otel import from_config
-from filter.runtime.wiring import make_engine
 from tests.support.asgi import call
 
 BOUND = 4096
@@ -139,8 +139,8 @@ async def test_a_body_of_no_declared_length_counts_once_read(served: tuple[Engin
 
 
 def test_the_overloaded_cause_is_answered_429_with_a_retry() -> None:
-    from filter.core.answer import answer_for
-    from filter.core.model import Cause, Decision, DecisionRecord
+    from pubsub_filter.core.engine.answer import answer_for
+    from pubsub_filter.core.model import Cause, Decision, DecisionRecord
 
     rec = DecisionRecord(
         time=0, route="r", decision=Decision.FAILED, enforced=True, message_id=None, cause=Cause.OVERLOADED

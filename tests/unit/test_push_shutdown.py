@@ -24,17 +24,17 @@ import httpx
 import pytest
 import structlog
 import uvicorn
+from pubsub_filter.core.config.schema import Config, parse
+from pubsub_filter.core.envelope import make_envelope
+from pubsub_filter.core.model import KeyState
+from pubsub_filter.core.ports import StateStore
 
-from filter.core.config import Config, parse
-from filter.core.envelope import make_envelope
-from filter.core.model import KeyState
-from filter.core.ports import StateStore
 from tests.support.clock import ManualClock
 from tests.support.fakes import SwitchStore
 from tests.support.served import WATCHDOG, Answer, Downstream, ServedPush, StallingPublisher, stored_states
 
 GRACE = 0.02
-#: the whole stop: the engine's close gets what is left of it after the requests' share (filter.core.stopping)
+#: the whole stop: the engine's close gets what is left of it after the requests' share (core.engine.stopping)
 BUDGET = 0.4
 
 

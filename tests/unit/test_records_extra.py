@@ -12,9 +12,9 @@ import decimal
 import enum
 import uuid
 
-from filter.backends.records.bigquery import to_row
-from filter.backends.records.extra import encode_extra
-from filter.core.model import Decision, DecisionRecord
+from pubsub_filter.backends.records.bigquery import to_row
+from pubsub_filter.backends.records.extra import encode_extra
+from pubsub_filter.core.model import Decision, DecisionRecord
 
 
 class Colour(enum.Enum):

@@ -14,17 +14,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pubsub_filter.backends.publishers.outbox import read_outbox
+from pubsub_filter.backends.records.batch import BatchingRecorder
+from pubsub_filter.backends.records.inline import InlineSqliteRecorder
+from pubsub_filter.backends.records.sqlite import Prepared, Refused, SqliteSink
+from pubsub_filter.core.config.schema import load
+from pubsub_filter.core.engine.engine import Engine, Handled
+from pubsub_filter.core.envelope import make_envelope, parse_envelope
+from pubsub_filter.core.model import Decision, DecisionRecord
+from pubsub_filter.push.app import create_app
+from pubsub_filter.runtime.wiring import make_engine
 
-from filter.backends.publishers.outbox import read_outbox
-from filter.backends.records.batch import BatchingRecorder
-from filter.backends.records.inline import InlineSqliteRecorder
-from filter.backends.records.sqlite import Prepared, Refused, SqliteSink
-from filter.core.config import load
-from filter.core.engine import Engine, Handled
-from filter.core.envelope import make_envelope, parse_envelope
-from filter.core.model import Decision, DecisionRecord
-from filter.push.app import create_app
-from filter.runtime.wiring import make_engine
 from tests.support.fakes import KeptSink, suppressed_record
 
 ROOT = Path(__file__).resolve().parents[2]

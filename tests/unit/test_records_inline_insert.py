@@ -12,9 +12,8 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from filter.backends.records.sqlite import Prepared, SqliteSink, prepared
-from filter.core.model import COLUMN_NAMES, Decision, DecisionRecord
+from pubsub_filter.backends.records.sqlite import Prepared, SqliteSink, prepared
+from pubsub_filter.core.model import COLUMN_NAMES, Decision, DecisionRecord
 
 SUPPRESSED = DecisionRecord(
     time=1_767_225_600.25,

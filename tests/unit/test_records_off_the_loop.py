@@ -12,11 +12,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from filter.backends.records.inline import InlineSqliteRecorder
-from filter.core.config import load
-from filter.core.envelope import make_envelope
-from filter.push.app import create_app
-from filter.runtime.wiring import make_engine
+from pubsub_filter.backends.records.inline import InlineSqliteRecorder
+from pubsub_filter.core.config.schema import load
+from pubsub_filter.core.envelope import make_envelope
+from pubsub_filter.push.app import create_app
+from pubsub_filter.runtime.wiring import make_engine
+
 from tests.support.asgi import call
 
 ROOT = Path(__file__).resolve().parents[2]

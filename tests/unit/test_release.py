@@ -1,10 +1,10 @@
 """Released like a library: a license, one version that every artifact says, a changelog.
 
-The version is written once (filter/_version.py). The wheel's metadata reads it through
+The version is written once (filter/pubsub_filter/_version.py). The wheel's metadata reads it through
 setuptools' dynamic version, `pubsub-filter --version` prints it, and the image's
 `org.opencontainers.image.version` label is the build argument that `make image` and
 infra/cloudbuild.yaml read from the same file, which the Dockerfile refuses to differ from what
-the installed wheel says. tests/unit/test_image_install.py builds the wheel and checks its
+the installed wheel says. tests/selfcheck/test_image_install.py builds the wheel and checks its
 metadata and console script against the same version.
 """
 
@@ -15,13 +15,12 @@ import tomllib
 import warnings
 from pathlib import Path
 
+import pubsub_filter
 import pytest
 import yaml
+from pubsub_filter._version import __version__
+from pubsub_filter.cli import main
 from setuptools.config.pyprojecttoml import read_configuration
-
-import filter
-from filter._version import __version__
-from filter.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -43,14 +42,14 @@ def test_the_version_is_written_in_one_place_and_the_package_metadata_reads_it_f
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         resolved = read_configuration(ROOT / "pyproject.toml")["project"]["version"]
-    assert resolved == __version__ == filter.__version__
+    assert resolved == __version__ == pubsub_filter.__version__
     assert re.fullmatch(r"\d+\.\d+\.\d+((a|b|rc)\d+)?", __version__), __version__
     written = [
         p.relative_to(ROOT).as_posix()
-        for p in (ROOT / "filter").rglob("*.py")
+        for p in (ROOT / "filter" / "pubsub_filter").rglob("*.py")
         if re.search(r"^__version__\s*=", p.read_text(encoding="utf-8"), re.MULTILINE)
     ]
-    assert written == ["filter/_version.py"]
+    assert written == ["filter/pubsub_filter/_version.py"]
 
 
 def test_the_command_prints_the_package_version(capsys: pytest.CaptureFixture[str]) -> None:
@@ -74,12 +73,12 @@ def test_the_image_label_is_the_version_the_build_passes_and_the_build_refuses_a
 
 def test_make_image_and_cloud_build_pass_the_version_from_the_one_place_it_is_written() -> None:
     makefile = _joined(ROOT / "Makefile")
-    assert re.search(r"^VERSION\s*:= \$\(shell sed .*filter/_version\.py\)$", makefile, re.MULTILINE)
+    assert re.search(r"^VERSION\s*:= \$\(shell sed .*filter/pubsub_filter/_version\.py\)$", makefile, re.MULTILINE)
     (image,) = re.findall(r"^image:.*\n\t(.*)$", makefile, re.MULTILINE)
     assert "--build-arg VERSION=$(VERSION)" in image
     build = yaml.safe_load((ROOT / "infra" / "cloudbuild.yaml").read_text(encoding="utf-8"))
     steps = {step["id"]: step for step in build["steps"]}
-    assert 'runpy.run_path("filter/_version.py")["__version__"]' in steps["version"]["args"][-1]
+    assert 'runpy.run_path("filter/pubsub_filter/_version.py")["__version__"]' in steps["version"]["args"][-1]
     assert "/workspace/VERSION" in steps["version"]["args"][-1]
     assert '--build-arg VERSION="$$(cat /workspace/VERSION)"' in steps["build"]["args"][-1]
     assert "RepoDigests" in steps["push"]["args"][-1], "the build prints the digest to deploy"

@@ -7,13 +7,12 @@ import io
 from typing import Any
 
 import pytest
-
-from filter.core.pubsub_names import PubsubNameError
-from filter.replay.command import Exit, outcome
-from filter.replay.deadletter import DL_PROJECT, DL_SUBSCRIPTION, DeadLetter, ReplayFailure
-from filter.replay.options import ReplayOptions, UsageError, options_from, parse_where_option
-from filter.replay.replayer import Replayer
-from filter.replay.selection import Selection
+from pubsub_filter.core.config.names import PubsubNameError
+from pubsub_filter.replay.command import Exit, outcome
+from pubsub_filter.replay.deadletter import DL_PROJECT, DL_SUBSCRIPTION, DeadLetter, ReplayFailure
+from pubsub_filter.replay.options import ReplayOptions, UsageError, options_from, parse_where_option
+from pubsub_filter.replay.replayer import Replayer
+from pubsub_filter.replay.selection import Selection
 
 
 def args(*subscription: str, **given: Any) -> argparse.Namespace:

@@ -8,14 +8,13 @@ import re
 import time
 
 import pytest
-
-from filter.core.envelope import ATTR_ORIGINAL_TIME, effective_publish_time
-from filter.core.model import Message
-from filter.core.times import parse_time
-from filter.replay.deadletter import ATTR_COUNT, ATTR_ORIGINAL_ID, DeadLetter, ReplayFailure
-from filter.replay.options import parse_rate
-from filter.replay.progress import Counts, Progress
-from filter.replay.rate import Pace
+from pubsub_filter.core.envelope import ATTR_ORIGINAL_TIME, effective_publish_time
+from pubsub_filter.core.model import Message
+from pubsub_filter.core.times import parse_time
+from pubsub_filter.replay.deadletter import ATTR_COUNT, ATTR_ORIGINAL_ID, DeadLetter, ReplayFailure
+from pubsub_filter.replay.options import parse_rate
+from pubsub_filter.replay.progress import Counts, Progress
+from pubsub_filter.replay.rate import Pace
 
 
 def test_effective_publish_time_prefers_the_original() -> None:

@@ -3,9 +3,9 @@ state can near the row-state cap (~900 KB), and a thousand of them must not stay
 
 from __future__ import annotations
 
-from filter.core import routes
-from filter.core.config import parse
-from filter.core.routes import RouteRules
+from pubsub_filter.core.compare import routes
+from pubsub_filter.core.compare.routes import RouteRules
+from pubsub_filter.core.config.schema import parse
 
 ROUTE = {
     "name": "props",

@@ -15,11 +15,10 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from filter.core import rows
-from filter.core.config import Route, parse
-from filter.core.partial import partial
-from filter.core.routes import Kept, RouteRules
+from pubsub_filter.core.compare import rows
+from pubsub_filter.core.compare.partial import partial
+from pubsub_filter.core.compare.routes import Kept, RouteRules
+from pubsub_filter.core.config.schema import Route, parse
 
 FIELDS = ["id", "a", "b", "c"]
 VALUES = st.one_of(

@@ -17,11 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from filter.core.config import parse
-from filter.core.judge import decide
-from filter.core.model import KeyState, Message
-from filter.core.routes import RouteRules
+from pubsub_filter.core.compare.routes import RouteRules
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.judge import decide
+from pubsub_filter.core.model import KeyState, Message
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "row_state.json"
 CASES: list[dict[str, Any]] = json.loads(GOLDEN.read_text(encoding="utf-8"))["cases"]

@@ -6,11 +6,10 @@ import signal
 from typing import Any
 
 import pytest
-
-from filter.core.config import ConfigError, parse
-from filter.core.stopping import DRAIN
-from filter.push.serve import server_config
-from filter.runtime.server import Server
+from pubsub_filter.core.config.schema import ConfigError, parse
+from pubsub_filter.core.engine.stopping import DRAIN
+from pubsub_filter.push.serve import server_config
+from pubsub_filter.runtime.server import Server
 
 ROUTES = [{"name": "reports", "destination": "phase3", "key": ["payload.k"]}]
 

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 import structlog
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.config.schema import Config, parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.engine.stopping import PUBLISHER, RELEASE, Stop
+from pubsub_filter.core.model import Decision, DecisionRecord, KeyState, Message
 
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.config import Config, parse
-from filter.core.engine import Engine
-from filter.core.model import Decision, DecisionRecord, KeyState, Message
-from filter.core.stopping import PUBLISHER, RELEASE, Stop
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder, SwitchStore
 
@@ -63,7 +63,7 @@ class GatedCommits(SwitchStore):
         return await super().commit(route, key, held, new)
 
 
-#: The whole stop's budget in these tests: each step of the close has a share of it (filter.core.stopping).
+#: The whole stop's budget in these tests: each step of the close has a share of it (core.engine.stopping).
 BUDGET = 0.4
 
 

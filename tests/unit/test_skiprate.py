@@ -13,16 +13,15 @@ from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
-
-from filter.backends.records.log_lines import LogLinesReader
-from filter.backends.records.sqlite import SqliteReader
-from filter.cli import main
-from filter.core.config import parse
-from filter.runtime.wiring import make_reader
-from filter.tools import skiprate, skiprate_chart
-from filter.tools.skiprate import render, summarize
-from filter.tools.skiprate_chart import CHART_EXTRA, CHART_HINT, chart
-from filter.tools.skiprows import SkipRow
+from pubsub_filter.backends.records.log_lines import LogLinesReader
+from pubsub_filter.backends.records.sqlite import SqliteReader
+from pubsub_filter.cli import main
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.runtime.wiring import make_reader
+from pubsub_filter.tools import skiprate, skiprate_chart
+from pubsub_filter.tools.skiprate import render, summarize
+from pubsub_filter.tools.skiprate_chart import CHART_EXTRA, CHART_HINT, chart
+from pubsub_filter.tools.skiprows import SkipRow
 
 HAS_MATPLOTLIB = importlib.util.find_spec("matplotlib") is not None
 

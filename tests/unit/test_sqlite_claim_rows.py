@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.model import KeyState, Lease
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.model import KeyState, Lease
 
 LEASE = Lease("me/1", 2, 100.0, "sha256:b", "m2")
 

@@ -15,17 +15,17 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from pubsub_filter.backends.publishers.outbox import read_outbox
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.backends.stores.sqlite_connection import Connection, connect
+from pubsub_filter.core.config.schema import load
+from pubsub_filter.core.envelope import make_envelope
+from pubsub_filter.core.model import KeyState, Lease
+from pubsub_filter.core.ports import StoreUnavailable
+from pubsub_filter.push.app import create_app
+from pubsub_filter.runtime.wiring import make_engine
 
-from filter.backends.publishers.outbox import read_outbox
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.backends.stores.sqlite_connection import Connection, connect
-from filter.core.config import load
-from filter.core.envelope import make_envelope
-from filter.core.model import KeyState, Lease
-from filter.core.ports import StoreUnavailable
-from filter.push.app import create_app
-from filter.runtime.wiring import make_engine
 from tests.support.asgi import call
 
 ROOT = Path(__file__).resolve().parents[2]

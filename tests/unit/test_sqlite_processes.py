@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from filter.backends.publishers.outbox import read_outbox
-from filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.backends.publishers.outbox import read_outbox
+from pubsub_filter.backends.stores.sqlite import SqliteStore
 
 ROOT = Path(__file__).parents[2]
 MESSAGES = 150

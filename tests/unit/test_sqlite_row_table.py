@@ -11,10 +11,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.model import KeyState, Lease
-from filter.core.ports import StoreUnavailable
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.model import KeyState, Lease
+from pubsub_filter.core.ports import StoreUnavailable
 
 ROWS = bytes(range(256)) * 216  # the size of 450 rows' state
 NEW_ROWS = ROWS[:-1] + b"!"

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pubsub_filter.core.compare import rows
+from pubsub_filter.core.model import Message
 
-from filter.core import rows
-from filter.core.model import Message
 from tests.support.push_client import engine_on_sqlite
 
 WHOLE = {
@@ -105,7 +105,8 @@ async def test_a_reference_that_does_not_fit_flags_what_the_row_digests_say(
     route = {**ROWS, "tolerance": tolerance}
     state = rows.encode(
         rows.digest_rows(
-            __import__("filter.core.config", fromlist=["Route"]).Route.model_validate(route), props(100)["rows"]
+            __import__("pubsub_filter.core.config.schema", fromlist=["Route"]).Route.model_validate(route),
+            props(100)["rows"],
         )
     )
     assert state is not None

@@ -14,9 +14,9 @@ HELD = textwrap.dedent(
     """
     import threading
 
-    from filter.core.stopping import Stop
-    from filter.observability.logsetup import configure
-    from filter.runtime import backstop
+    from pubsub_filter.core.engine.stopping import Stop
+    from pubsub_filter.observability.logsetup import configure
+    from pubsub_filter.runtime import backstop
 
     configure()
     held = threading.Event()

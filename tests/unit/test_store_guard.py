@@ -6,12 +6,11 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.config import StoreErrors
-from filter.core.model import KeyState
-from filter.core.ports import StoreUnavailable
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.config.schema import StoreErrors
+from pubsub_filter.core.model import KeyState
+from pubsub_filter.core.ports import StoreUnavailable
 
 
 class Flaky:

@@ -2,7 +2,7 @@
 
 The engine runs on real parts (SQLite store behind the guard, the push app over ASGI);
 only the publisher and recorder are our in-memory ones. Metrics and spans come from the
-SDK providers the product builds (`filter.observability.telemetry`).
+SDK providers the product builds (`pubsub_filter.observability.telemetry`).
 """
 
 from __future__ import annotations
@@ -35,23 +35,23 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, SamplingResult
 from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
+from pubsub_filter.backends import gcp
+from pubsub_filter.backends.records.batch import BatchingRecorder
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.envelope import make_envelope, parse_envelope
+from pubsub_filter.core.model import Decision, DecisionRecord, KeyState, Message
+from pubsub_filter.core.ports import UNTRACED, StoreUnavailable
+from pubsub_filter.observability import logsetup
+from pubsub_filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
+from pubsub_filter.observability.telemetry import NO_TELEMETRY, PrometheusText, Telemetry
+from pubsub_filter.push.app import create_app
+from pubsub_filter.push.trace_headers import request_parent_of
+from pubsub_filter.runtime.operational import Failure
+from pubsub_filter.runtime.otel import drops_unsampled_parents, from_config, sampler
 
-from filter.backends import gcp
-from filter.backends.records.batch import BatchingRecorder
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.envelope import make_envelope, parse_envelope
-from filter.core.model import Decision, DecisionRecord, KeyState, Message
-from filter.core.ports import UNTRACED, StoreUnavailable
-from filter.observability import logsetup
-from filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
-from filter.observability.telemetry import NO_TELEMETRY, PrometheusText, Telemetry
-from filter.push.app import create_app
-from filter.push.trace_headers import request_parent_of
-from filter.runtime.operational import Failure
-from filter.runtime.otel import drops_unsampled_parents, from_config, sampler
 from tests.support.clock import ManualClock, ManualSleep
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

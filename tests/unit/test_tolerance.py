@@ -10,14 +10,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pubsub_filter.backends.stores.guard import GuardedStore
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.engine.judge import decide
+from pubsub_filter.core.model import Decision, DecisionRecord, KeyState, Lease, Message
+from pubsub_filter.core.ports import StoreUnavailable
 
-from filter.backends.stores.guard import GuardedStore
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.judge import decide
-from filter.core.model import Decision, DecisionRecord, KeyState, Lease, Message
-from filter.core.ports import StoreUnavailable
 from tests.support.clock import ManualClock, ManualSleep
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.tolerance_routes import props_route
@@ -329,7 +329,7 @@ async def test_a_move_beyond_tolerance_is_flagged_beside_another_change(world: W
 async def test_past_the_row_state_cap_no_reference_is_kept_and_every_change_forwards(
     world: World, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from filter.core import rows
+    from pubsub_filter.core.compare import rows
 
     big = props(*range(100, 140))
     await world.send("props", big)

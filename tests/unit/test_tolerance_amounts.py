@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+from pubsub_filter.core.config.amounts import Amount
+from pubsub_filter.core.config.schema import Route
+from pubsub_filter.core.envelope import make_envelope
 
-from filter.core.config import Route
-from filter.core.envelope import make_envelope
-from filter.core.tolerance_amount import Amount
 from tests.support.push_client import engine_on_sqlite, push_client
 
 ROUTE = {
@@ -80,7 +80,7 @@ LAST = 327057656882052036  # past 2**53: a double cannot hold it, nor 2.5 % of i
 def test_every_comparison_is_exact_in_the_numbers_as_written(
     amount: int | float | str, move: int | float, last: int | float, within: bool
 ) -> None:
-    from filter.core.tolerance import Tolerance
+    from pubsub_filter.core.compare.tolerance import Tolerance
 
     route = {"name": "r", "destination": "phase3", "key": ["payload.k"], "tolerance": {"v": amount}}
     tol = Tolerance(Route.model_validate(route))

@@ -5,13 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from filter.core.attributes import MAX_ATTRIBUTES, MAX_NAME_BYTES
-from filter.core.config import ConfigError, parse
-from filter.core.config_tolerance import MAX_ATTRIBUTES as RULES_MAX_ATTRIBUTES
-from filter.core.config_tolerance import MAX_NAME_BYTES as RULES_MAX_NAME_BYTES
-from filter.core.routes import RouteRules
-from filter.core.tolerance_amount import Amount, parse_amount
+from pubsub_filter.core.attributes import MAX_ATTRIBUTES, MAX_NAME_BYTES
+from pubsub_filter.core.compare.routes import RouteRules
+from pubsub_filter.core.config.amounts import Amount, parse_amount
+from pubsub_filter.core.config.schema import ConfigError, parse
+from pubsub_filter.core.config.tolerance import MAX_ATTRIBUTES as RULES_MAX_ATTRIBUTES
+from pubsub_filter.core.config.tolerance import MAX_NAME_BYTES as RULES_MAX_NAME_BYTES
 
 
 def route(**kw: Any) -> dict[str, Any]:

@@ -1,5 +1,5 @@
 """The second look on a rows route compares with the last forward's rows kept in process
-(`filter.core.forwarded_rows`): it must answer exactly as digesting every row does."""
+(`pubsub_filter.core.compare.forwarded_rows`): it must answer exactly as digesting every row does."""
 
 from __future__ import annotations
 
@@ -12,14 +12,14 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.core.compare import forwarded_rows
+from pubsub_filter.core.compare.routes import Kept, RouteRules
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.engine.judge import Decided, decide
+from pubsub_filter.core.model import Decision, KeyState, Message
 
-from filter.backends.stores.sqlite import SqliteStore
-from filter.core import forwarded_rows
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.judge import Decided, decide
-from filter.core.model import Decision, KeyState, Message
-from filter.core.routes import Kept, RouteRules
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 ROUTE: dict[str, Any] = {

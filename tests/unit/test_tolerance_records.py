@@ -6,10 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from filter.backends.records.log_lines import LogLinesReader
-from filter.backends.records.sqlite import SqliteReader, SqliteSink
-from filter.core.model import Decision, DecisionRecord
-from filter.tools.skiprate import render, summarize
+from pubsub_filter.backends.records.log_lines import LogLinesReader
+from pubsub_filter.backends.records.sqlite import SqliteReader, SqliteSink
+from pubsub_filter.core.model import Decision, DecisionRecord
+from pubsub_filter.tools.skiprate import render, summarize
 
 T = 1_767_225_600.0
 

@@ -12,15 +12,15 @@ from typing import Any
 
 import pytest
 import structlog
+from pubsub_filter.backends.records.sqlite import SqliteReader
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.cli import main
+from pubsub_filter.core.config.schema import load
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import Message
+from pubsub_filter.runtime.wiring import make_recorder
+from pubsub_filter.tools.tune import analyse
 
-from filter.backends.records.sqlite import SqliteReader
-from filter.backends.stores.sqlite import SqliteStore
-from filter.cli import main
-from filter.core.config import load
-from filter.core.engine import Engine
-from filter.core.model import Message
-from filter.runtime.wiring import make_recorder
-from filter.tools.tune import analyse
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher
 
@@ -163,7 +163,7 @@ def test_the_docs_worked_example_prints_what_the_page_shows(capsys: pytest.Captu
 
 
 def test_gcloud_entries_and_docker_lines_read_as_our_own_lines(tmp_path: Path) -> None:
-    from filter.backends.records.log_lines import rows_from_log
+    from pubsub_filter.backends.records.log_lines import rows_from_log
 
     ours = Path(__file__).resolve().parents[2] / "examples" / "scores-decisions.jsonl"
     lines = [json.loads(line) for line in ours.read_text(encoding="utf-8").splitlines()]

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-
-from filter.core.ports import DecisionRow
-from filter.tools.tune_coalesce import parse_coalesce, saved
+from pubsub_filter.core.ports import DecisionRow
+from pubsub_filter.tools.tune_coalesce import parse_coalesce, saved
 
 
 def row(at: float, decision: str, key: str | None = "k") -> DecisionRow:

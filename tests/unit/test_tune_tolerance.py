@@ -9,15 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pubsub_filter.backends.stores.sqlite import SqliteStore
+from pubsub_filter.cli import main
+from pubsub_filter.core.config.schema import parse
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.model import Decision, DecisionRecord, Message
+from pubsub_filter.core.ports import DecisionRow
+from pubsub_filter.tools.tune import analyse, render
+from pubsub_filter.tools.tune_moves import parse_tolerances
 
-from filter.backends.stores.sqlite import SqliteStore
-from filter.cli import main
-from filter.core.config import parse
-from filter.core.engine import Engine
-from filter.core.model import Decision, DecisionRecord, Message
-from filter.core.ports import DecisionRow
-from filter.tools.tune import analyse, render
-from filter.tools.tune_moves import parse_tolerances
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
-from filter.core.model import UNKNOWN, KeyState, Lease
-from filter.core.transitions import claimed
-from filter.core.unsettled import FailedOpen
+from pubsub_filter.core.engine.failed_open import FailedOpen
+from pubsub_filter.core.engine.transitions import claimed
+from pubsub_filter.core.model import UNKNOWN, KeyState, Lease
 
 FORWARDED = KeyState(fingerprint="A", forwarded_at=10.0, message_id="m1", publish_time=5.0, fence=1, expires_at=99.0)
 

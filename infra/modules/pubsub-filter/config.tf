@@ -6,7 +6,7 @@ locals {
   config = yamldecode(var.config_yaml)
 
   # Durations in the config are numbers of seconds or strings like 90s, 15m, 24h, 7d,
-  # 500ms: the same grammar as filter.core.config.parse_duration.
+  # 500ms: the same grammar as pubsub_filter.core.config.schema.parse_duration.
   duration_units   = { ms = 0.001, s = 1, m = 60, h = 3600, d = 86400 }
   duration_pattern = "^\\s*([0-9]+(?:\\.[0-9]+)?)\\s*(ms|s|m|h|d)?\\s*$"
   lease_raw = {
@@ -68,7 +68,7 @@ locals {
   # the service then runs at LOG_LEVEL=debug (main.tf) and its DEBUG entries are excluded
   # from storage (monitoring.tf): not stored, not charged, still counted by the log-based
   # metrics, which Cloud Logging computes before exclusions. Keep in sync with
-  # filter.core.decision_line.level_of (tests/unit/test_infra_wiring.py compares).
+  # pubsub_filter.core.engine.decision_line.level_of (tests/unit/test_infra_wiring.py compares).
   decision_logs = try({ for d, v in local.config.decision_logs : d => v if v != null }, {})
   decision_lines_quieted = sort([
     for d, v in local.decision_logs : d if try(v.level, null) == "debug" || try(tonumber(v.sample), 1) < 1
@@ -83,14 +83,14 @@ locals {
   auth_service_account = try(local.config.auth.service_account, null)
 
   # The Firestore field the store writes a document's expiry to. Keep in sync with
-  # filter.backends.stores.TTL_FIELD (tests/unit/test_infra_wiring.py checks it).
+  # pubsub_filter.backends.stores.TTL_FIELD (tests/unit/test_infra_wiring.py checks it).
   ttl_field = "expires_at"
 
   # Every other top-level field the store writes to a key's document. The store reads
   # documents by id only, so none of them needs an index, and an indexed monotonically
   # increasing value (forwarded_at, publish_time, lease.expires_at) caps the collection
   # near 500 writes/s. Each is exempt from indexing (firestore.tf); a map's exemption
-  # covers its subfields. Keep in sync with filter.backends.stores.firestore.to_document
+  # covers its subfields. Keep in sync with pubsub_filter.backends.stores.firestore.to_document
   # (tests/unit/test_infra_wiring.py writes a document and compares).
   store_unindexed_fields = [
     "route", "key", "fingerprint", "forwarded_at", "message_id", "publish_time", "recent", "fence", "lease", "rows",

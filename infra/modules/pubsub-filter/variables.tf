@@ -32,7 +32,7 @@ variable "config_yaml" {
 
   # The embedded backends (the config's defaults) are files inside the instance: on Cloud Run they
   # are lost with it and never shared, and the outbox's forwards never reach Pub/Sub though their
-  # messages are acked. `pubsub-filter serve` refuses them there (filter/runtime/durability.py),
+  # messages are acked. `pubsub-filter serve` refuses them there (filter/pubsub_filter/runtime/durability.py),
   # and so does plan, before anything is deployed. A missing section or `backend` is the embedded one.
   validation {
     condition = !can(yamldecode(var.config_yaml).routes) || alltrue([

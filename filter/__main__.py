@@ -1,3 +1,0 @@
-from filter.cli import main
-
-raise SystemExit(main())

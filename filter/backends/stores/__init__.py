@@ -1,4 +1,0 @@
-"""State stores: SQLite (embedded) and Firestore, behind `filter.core.ports.StateStore`."""
-
-#: The document field Firestore's TTL policy deletes on (a timestamp); Terraform names it too.
-TTL_FIELD = "expires_at"

@@ -1,0 +1,3 @@
+from pubsub_filter.cli import main
+
+raise SystemExit(main())

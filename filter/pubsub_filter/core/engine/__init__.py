@@ -1,0 +1,2 @@
+"""The engine: deciding (`judge`) and acting on a decision (claim, send under a heartbeat,
+commit, record), its stop and its close."""

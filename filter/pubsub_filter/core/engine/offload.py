@@ -1,0 +1,100 @@
+"""Large messages decided off the event loop, one at a time (`Engine.handle`).
+
+Decoding and fingerprinting a large payload, and digesting its rows on a forward, is pure CPU:
+about a second for 68,000 rows of 8 MB. On the event loop that second is a second in which
+no other request is answered, no health probe, no other body read (whose `server.body_timeout`
+then fires on the server's own delay). So a message whose data is at least `OFF_LOOP_BYTES`
+runs those steps on one worker thread of its own (`Lane`), and the loop keeps serving.
+
+Why one thread does: the work is Python-level loops over rows, which CPython interrupts every
+`sys.getswitchinterval()` (5 ms) to let the loop's thread take the GIL. A single C call does not
+give it back: msgspec's decode of a whole 8 MB document was one of 43 ms, so a large document is
+decoded in pieces (`pubsub_filter.core.compare.piecewise`); the longest calls left are the canonical text's
+encode and the row state's (10-35 ms for 68,000 rows), under the 100 ms a callback may hold
+the loop (`tests/support/loopwatch.py`). More worker threads would
+not decide faster (they share the GIL) and would hand the loop the GIL less often.
+
+Why the garbage collector is off while a step runs: a collection is one C call that walks
+every container alive, and a step makes hundreds of thousands (a dict per row, its digests),
+so a full collection inside one held the GIL, and the loop, for 110-140 ms. What a step makes
+holds no reference cycle (decoded JSON, digests), so nothing waits for a collection to be
+freed; the collector runs again as the step ends.
+
+Why one at a time (`Lane.slot`, held for the whole decision of such a message): a decoded
+payload and its row digests are many times its bytes (+190 MiB for 68,000 rows), so two
+decoded at once is twice the peak. Held one after another, a burst costs its bodies while they
+wait, and one decision's peak. How many may wait is the push endpoint's bound on bytes in
+flight (`server.max_bytes_in_flight`). The in-process API's caller does its own work in place of
+the publish (`Engine.handle(via=...)`), for as long as it takes: its decisions use the lane's
+thread but not the slot, so one caller's long work never holds back another's.
+
+Below `OFF_LOOP_BYTES` nothing changes: a small message is decided on the loop, as before,
+for the one comparison of its length."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+import gc
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+#: Data from this size on is decided on the lane. 256 KiB of rows of ~120 bytes (2,000 rows) take
+#: about 30 ms to decide on the loop; the thread's hand-over costs about 0.1 ms a step.
+OFF_LOOP_BYTES = 256 * 1024
+
+
+class Lane:
+    """One worker thread for the CPU steps of large decisions, and the slot that makes them take turns.
+
+    The thread also keeps every step's result until `forget`, called once the decision let go
+    of them: the decoded payload is then freed there, not on the loop (68,000 rows: 25-40 ms of
+    deallocation)."""
+
+    __slots__ = ("_executor", "_kept", "slot")
+
+    def __init__(self) -> None:
+        self._executor: ThreadPoolExecutor | None = None
+        self._kept: list[Any] = []  # touched on the lane's thread only
+        self.slot = asyncio.Semaphore(1)
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """`fn(*args)` on the lane's thread, in the caller's context (its log lines keep the trace)."""
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pubsub-filter-large")
+        call = functools.partial(contextvars.copy_context().run, self._step, fn, *args)
+        return await asyncio.get_running_loop().run_in_executor(self._executor, call)
+
+    def _step(self, fn: Callable[..., T], *args: Any) -> T:
+        result = _uncollected(fn, *args)
+        self._kept.append(result)
+        return result
+
+    def forget(self) -> None:
+        """Free the last step's result on the lane's thread (call once the decision let go of it)."""
+        if self._executor is not None:
+            self._executor.submit(self._drop)
+
+    def _drop(self) -> None:
+        self._kept.clear()
+
+    def close(self) -> None:
+        """Stop the thread once its current step ends (nothing waits for a step whose caller is gone)."""
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+            self._executor = None
+
+
+def _uncollected(fn: Callable[..., T], *args: Any) -> T:
+    """`fn(*args)` with the garbage collector off (the module's docstring says why)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return fn(*args)
+    finally:
+        if enabled:
+            gc.enable()

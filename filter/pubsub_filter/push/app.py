@@ -1,0 +1,366 @@
+"""The Cloud Run push endpoint: a thin HTTP surface over `Engine.handle`.
+
+Pub/Sub acks a push on 2xx and redelivers on anything else. The emulator does not treat
+202 as an ack, so every acked decision answers 200.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+import structlog
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from pubsub_filter.core.engine.answer import answer_for
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.engine.stopping import Stop
+from pubsub_filter.core.envelope import EnvelopeError
+from pubsub_filter.core.logs import get_logger
+from pubsub_filter.core.model import Cause, DecisionRecord, Message
+from pubsub_filter.core.numerals import bounded_int, digits_of
+from pubsub_filter.observability.tracing import REQUEST_PARENT
+from pubsub_filter.push.admission import BytesInFlight, LoopLag, SenderDeadline
+from pubsub_filter.push.trace_headers import REQUEST_HEADERS, request_parent_of, trace_of
+from pubsub_filter.push.unwrapped import MESSAGE_ID, parse_push
+from pubsub_filter.runtime.probes import probe_routes, telemetry_of
+
+log = get_logger("pubsub_filter.push")
+
+#: Characters of a made-up route name kept in its record and decision line (anyone may send one).
+MAX_ROUTE_NAME = 200
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def bounded_route_name(name: str) -> str:
+    """A name a request made up, as its record and log lines keep it: at most `MAX_ROUTE_NAME` characters."""
+    return name if len(name) <= MAX_ROUTE_NAME else name[:MAX_ROUTE_NAME] + "…"
+
+
+Headers = tuple[tuple[bytes, bytes], ...]
+#: An answer as the push path sends it: status, headers besides the length and type, body.
+Answer = tuple[int, Headers, bytes]
+
+_RETRY = ((b"retry-after", b"1"),)
+_CLOSE = ((b"connection", b"close"),)
+_JSON_TYPE = (b"content-type", b"application/json")
+
+
+def _json(body: dict[str, Any], status: int = 200, headers: Headers = ()) -> Answer:
+    return status, headers, msgspec.json.encode(body)
+
+
+async def _send(send: Send, answer: Answer) -> None:
+    """`answer` as Starlette's `Response(body, status, headers, media_type="application/json")`
+    sends it: the given headers, then the length, then the type (none for an empty answer)."""
+    status, headers, body = answer
+    raw = [*headers, (b"content-length", str(len(body)).encode())]
+    if body:
+        raw.append(_JSON_TYPE)
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+# the message id: a push with payload unwrapping and its metadata (`pubsub_filter.push.unwrapped`)
+_READ_HEADERS = frozenset((b"content-length", MESSAGE_ID, *REQUEST_HEADERS))
+_READ_WITH_AUTH = _READ_HEADERS | {b"authorization"}
+
+
+def _headers(raw: Any, names: frozenset[bytes]) -> dict[bytes, str]:
+    found: dict[bytes, str] = {}
+    for name, value in raw:
+        if name in names and name not in found:
+            found[name] = value.decode("latin-1")
+    return found
+
+
+def headers_of(request: Request) -> dict[bytes, str]:
+    """The few headers the push path reads, in one pass over the raw list: the first of each,
+    as `request.headers.get` gives it (ASGI names are lower case)."""
+    return _headers(request.scope["headers"], _READ_HEADERS)
+
+
+class _Disconnected(Exception):
+    pass
+
+
+def declared_size(declared: str | None, limit: int) -> int | None:
+    """The body's declared length (`content-length`), None when there is none; `_TooLarge` over `limit`."""
+    if declared is None or not declared.isascii() or not declared.isdigit():
+        return None
+    # more digits than `limit` has: larger, whatever they are (and never handed to int())
+    size = bounded_int(declared, digits_of(limit))
+    if size is None or size > limit:
+        raise _TooLarge
+    return size
+
+
+#: The server's own delays while bodies are read (`pubsub_filter.push.admission.LoopLag`).
+LAG = LoopLag()
+
+
+async def _body(receive: Receive, limit: int, declared: str | None, within: float, lag: LoopLag = LAG) -> bytes:
+    """The request body, at most `limit` bytes (`_TooLarge`), within `within` seconds of the
+    sender's (`TimeoutError`); `_Disconnected` when the client left.
+
+    The time the event loop was held meanwhile (`lag`) is the server's, not the sender's: the
+    deadline moves by it. A body that came whole in its first message (any small push) never
+    waits, and never starts the watch."""
+    declared_size(declared, limit)
+    async with asyncio.timeout(within) as timeout:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise _Disconnected
+        chunk = message.get("body", b"")
+        if len(chunk) > limit:
+            raise _TooLarge
+        if not message.get("more_body", False):
+            return bytes(chunk)
+        sender = SenderDeadline(timeout, lag, within)  # from here on, the sender's time decides
+        try:
+            chunks, size = [chunk], len(chunk)
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    raise _Disconnected
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > limit:
+                    raise _TooLarge
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+        finally:
+            sender.close()
+
+
+def _cancelled_answer() -> Answer:
+    return _json({"decision": "failed", "reason": "cancelled by the shutdown; sent again"}, 503, _RETRY)
+
+
+async def _cancelled(engine: Engine, route: str) -> Answer:
+    """The answer to a request cancelled by a shutdown that could not wait for it (uvicorn past
+    its share of `server.shutdown_budget`): a nack, which Pub/Sub redelivers, rather than the plain 500 and
+    traceback an exception would give. A cancel that reached the engine has released the
+    lease and recorded the decision (`failed`, cause `cancelled`, or the one just taken)."""
+    task = asyncio.current_task()
+    if task is not None:
+        task.uncancel()  # taken: what is left of the request is writing this answer
+    engine.counts["push_cancelled"] += 1
+    log.warning("push_cancelled", route=route)
+    with contextlib.suppress(asyncio.CancelledError):  # one more cancel: answer all the same
+        await engine.recorded()  # as every answer: once its decision's row is written
+    return _cancelled_answer()
+
+
+class PushApp:
+    """The filter's HTTP surface: `POST /push/{route}` as one plain ASGI callable, everything
+    else (the probes, `/metrics`, lifespan, 404 and 405 answers) by a Starlette app beside it.
+
+    Starlette's routing and request objects cost about as much as the rest of a suppressed
+    request's HTTP handling; the push path reads a few headers and the body straight from ASGI."""
+
+    def __init__(self, push: Callable[[str, Scope, Receive, Send], Awaitable[None]], probes: Starlette) -> None:
+        self.push = push
+        self.probes = probes
+        #: the probes app's router (its lifespan is the app's)
+        self.router = probes.router
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            path: str = scope["path"]
+            if path.startswith("/push/"):
+                route = path[6:]
+                if route and "/" not in route:
+                    await self.push(route, scope, receive, send)
+                    return
+        await self.probes(scope, receive, send)
+
+
+class _PushHandler:
+    """`POST /push/{route}`: the request's few headers, its caller checked, its body read, its
+    message decided by the engine, and the decision answered (`answer_for`)."""
+
+    __slots__ = (
+        "authenticator",
+        "body_timeout",
+        "engine",
+        "in_flight",
+        "max_body",
+        "no_metadata",
+        "read_headers",
+        "tracing",
+    )
+
+    def __init__(self, engine: Engine, authenticator: Any, body_timeout: float) -> None:
+        self.engine = engine
+        self.authenticator = authenticator
+        self.max_body = engine.config.server.max_body
+        self.body_timeout = body_timeout
+        self.in_flight = BytesInFlight(engine.config.server.max_bytes_in_flight)
+        tel = telemetry_of(engine)
+        self.tracing = tel is not None and tel.tracing
+        self.read_headers = _READ_HEADERS if authenticator is None else _READ_WITH_AUTH
+        # routes whose subscription pushes the data without metadata: a body there is never an envelope
+        self.no_metadata = frozenset(r.name for r in engine.config.routes if r.push_format == "unwrapped_no_metadata")
+
+    async def __call__(self, route: str, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            answer = await self.answer(route, scope, receive)
+        except asyncio.CancelledError:
+            answer = await _cancelled(self.engine, route)
+        await _send(send, answer)
+
+    async def answer(self, route: str, scope: Scope, receive: Receive) -> Answer:
+        engine = self.engine
+        headers = _headers(scope["headers"], self.read_headers)
+        if self.authenticator is not None:
+            refused = await self._refused(route, headers.get(b"authorization"))
+            if refused is not None:
+                return refused
+        trace = trace_of(headers)  # the log line's
+        parent = request_parent_of(headers) if self.tracing else None  # the decision's
+        if trace:
+            # Lifecycle lines (lease taken over, heartbeat failed...) then carry the request's trace too.
+            structlog.contextvars.bind_contextvars(trace=trace)
+        if route not in engine.rules:
+            route = bounded_route_name(route)
+            rec = await engine.reject(route, None, f"unknown route {route!r}", trace=trace, cause=Cause.UNKNOWN_ROUTE)
+            return _json({"decision": "rejected", "reason": rec.reason}, 404)
+        try:
+            size = declared_size(headers.get(b"content-length"), self.max_body)
+        except _TooLarge as exc:
+            return await self._unread(route, exc, trace)
+        held = size or 0  # a body of no declared length is counted once read
+        if not self.in_flight.admit(held):
+            return await self._overloaded(route, held, headers, trace)
+        try:
+            try:
+                body = await _body(receive, self.max_body, None, self.body_timeout)
+            except (_TooLarge, TimeoutError, _Disconnected) as exc:
+                return await self._unread(route, exc, trace)
+            if size is None:
+                if not self.in_flight.admit(len(body)):
+                    return await self._overloaded(route, len(body), headers, trace)
+                held = len(body)
+            try:
+                msg = parse_push(body, scope["headers"], MESSAGE_ID in headers, route in self.no_metadata)
+            except EnvelopeError as exc:
+                rec = await engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
+                return _json({"decision": "rejected", "reason": rec.reason}, 400)
+            del body  # the message holds what is needed: a large body is not kept twice while it waits
+            return await self._decide(route, msg, trace, parent)
+        finally:
+            self.in_flight.release(held)
+
+    async def _decide(self, route: str, msg: Message, trace: str | None, parent: Any) -> Answer:
+        engine = self.engine
+        if parent is None:
+            return _decided((await engine.handle(route, msg, trace)).record)
+        token = REQUEST_PARENT.set(parent)  # the decision's parent: the push request's trace
+        try:
+            return _decided((await engine.handle(route, msg, trace)).record)
+        finally:
+            REQUEST_PARENT.reset(token)
+
+    async def _overloaded(self, route: str, size: int, headers: dict[bytes, str], trace: str | None) -> Answer:
+        """The answer to a push past the bound on bytes in flight: a prompt retry, recorded and counted."""
+        self.engine.counts["push_overloaded"] += 1
+        bound = self.in_flight.bound
+        reason = (
+            f"{self.in_flight.held} bytes of pushes in flight, and this one's {size} would pass "
+            f"server.max_bytes_in_flight ({bound}): sent again later"
+        )
+        mid = headers.get(MESSAGE_ID)
+        rec = await self.engine.turned_away(route, reason, trace=trace, message_id=mid[:256] if mid else None)
+        return _decided(rec)
+
+    async def _refused(self, route: str, authorization: str | None) -> Answer | None:
+        """The answer to a caller the authenticator does not let in; None for one it does."""
+        from pubsub_filter.push.auth import AuthError
+
+        try:
+            await self.authenticator.verify(authorization)
+        except AuthError as exc:
+            if exc.status == 503:  # Google's certificates out of reach: our outage, and Pub/Sub retries
+                log.warning("push_auth_unavailable", route=route, reason=exc.reason)
+                return _json({"error": exc.reason}, 503, _RETRY)
+            self.engine.counts["auth_rejected"] += 1
+            log.warning("push_unauthorized", route=bounded_route_name(route), status=exc.status, reason=exc.reason)
+            return _json({"error": exc.reason}, exc.status)
+        return None
+
+    async def _unread(self, route: str, exc: Exception, trace: str | None) -> Answer:
+        """The answer to a body that was not read: too large, too slow, or its client gone."""
+        if isinstance(exc, _Disconnected):
+            # Nobody is left to answer, and no decision was taken: Pub/Sub sends it again.
+            self.engine.counts["client_disconnected"] += 1
+            log.info("push_client_disconnected", route=route)
+            return 499, (), b""
+        if isinstance(exc, _TooLarge):
+            rec = await self.engine.reject(route, None, f"body larger than {self.max_body} bytes", trace=trace)
+            return _json({"decision": "rejected", "reason": rec.reason}, 413)
+        reason = f"body not received in full within {self.body_timeout:g}s"
+        rec = await self.engine.reject(route, None, reason, trace=trace)
+        # the rest of the body may still arrive: it must not be read as the next request
+        return _json({"decision": "rejected", "reason": rec.reason}, 408, _CLOSE)
+
+
+def _decided(rec: DecisionRecord) -> Answer:
+    """A decision's answer: its status and retry hint (`answer_for`), and the record's gist as JSON."""
+    answer = answer_for(rec)
+    out: dict[str, Any] = {
+        "decision": str(rec.decision),
+        "reason": rec.reason,
+        "message_id": rec.message_id,
+    }
+    if rec.key is not None:
+        out["key"] = rec.key
+        out["fingerprint"] = rec.fingerprint
+    if not rec.enforced:
+        out["enforced"] = False
+    if rec.published_id:
+        out["published_id"] = rec.published_id
+    return _json(out, answer.status, _RETRY if answer.retry_after else ())
+
+
+def _probes(engine: Engine, push: _PushHandler, lifespan: Any) -> Starlette:
+    """Everything but a direct `POST /push/{route}`: the probes, `/metrics`, the push endpoint
+    under a mounted root path, lifespan, and Starlette's 404 and 405 answers."""
+
+    async def routed(scope: Scope, receive: Receive, send: Send) -> None:
+        """The push endpoint as Starlette reaches it (a mounted root path): the same handler."""
+        await push(scope["path_params"]["route"], scope, receive, send)
+
+    routes = [Route("/push/{route}", routed, methods=["POST"]), *probe_routes(engine)]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def create_app(
+    engine: Engine, authenticator: Any = None, lifespan: Any = None, body_timeout: float | None = None
+) -> PushApp:
+    # A client that sends part of a body and stalls would otherwise hold a request (and its memory) open for good.
+    body_timeout = engine.config.server.body_timeout if body_timeout is None else body_timeout
+    push = _PushHandler(engine, authenticator, body_timeout)
+    return PushApp(push, _probes(engine, push, lifespan))
+
+
+@contextlib.asynccontextmanager
+async def engine_lifespan(engine: Engine, stopping: Callable[[], Stop | None] = lambda: None) -> AsyncIterator[None]:
+    """Close cleanly after uvicorn has drained in-flight requests on SIGTERM: within what is
+    left of the stop `stopping()` gives (the one begun at the signal), else a budget from now."""
+    log.info("serving", routes=sorted(engine.rules), instance=engine.instance)
+    try:
+        yield
+    finally:
+        await engine.close(stopping())
+        log.info("stopped", instance=engine.instance)

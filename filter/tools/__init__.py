@@ -1,1 +1,0 @@
-"""Operator tools: explain, skip-rate, provision (the CLI in `filter.cli` dispatches to them)."""

@@ -1,0 +1,440 @@
+"""What the Docker image does, without Docker: wheel -> fresh venv -> `pubsub-filter serve`.
+
+The wheel is built from exactly the files the image's build context holds (the
+.dockerignore allow-list: requirements.lock, pyproject.toml, README.md, LICENSE, filter/) and
+installed as the image installs it: the pinned runtime dependencies of requirements.lock
+first, then the wheel with --no-deps, `pip check`ed, into a new venv that, as in the
+image, holds no pip or setuptools. The installed console script must then serve a push end to end on $PORT and exit
+0 on SIGTERM. Every module of the package must import there, and every backend of the
+config reference must be constructible from a config through the project's own wiring, so
+a dependency that only the test extra brings in fails here, not in the Cloud Run image.
+Dependencies come from the package index pip is configured with (its cache makes repeat
+runs fast).
+"""
+
+from __future__ import annotations
+
+import base64
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import tomllib
+import urllib.error
+import urllib.request
+import venv
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+from tests.support.polling import wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+BUILD_CONTEXT = ("requirements.lock", "pyproject.toml", "README.md", "LICENSE", "filter")
+LOCK = ROOT / "requirements.lock"
+DOCKERFILE = ROOT / "Dockerfile"
+
+MINIMAL_CONFIG = """\
+routes:
+  - name: injury-report
+    destination: phase3-injury
+    key: [payload.game_id]
+    rows: payload.players
+    row_key: [player_lookup]
+    exclude: [processed_at, scrape_time]
+"""
+
+# Every Google backend of the config reference, as production configures them.
+GOOGLE_CONFIG = """\
+project: fake-project
+store: {backend: firestore, database: "(default)", collection: pubsub-filter}
+publisher: {backend: pubsub, timeout: 30s}
+records: {backend: bigquery, dataset: pubsub_filter, table: decisions, location: us-west2}
+auth:
+  audience: https://filter.example.test
+  service_account: push@fake-project.iam.gserviceaccount.com
+routes:
+  - name: injury-report
+    destination: phase3-injury
+    key: [payload.game_id]
+"""
+
+# The embedded backends (sqlite store, outbox, sqlite records), named explicitly.
+EMBEDDED_CONFIG = """\
+store: {backend: sqlite, path: state.db}
+publisher: {backend: outbox, path: outbox.jsonl}
+records: {backend: sqlite, path: decisions.db}
+routes:
+  - name: injury-report
+    destination: phase3-injury
+    key: [payload.game_id]
+"""
+
+# Run by the venv's own python: import every module of the installed package, then build
+# each config's backends with pubsub_filter.runtime.wiring (and the authenticator as `serve` does) and
+# close them again. Prints one JSON object; a failure is reported, not raised, so the test
+# can name every missing piece at once.
+PROBE = """\
+import asyncio, importlib, json, pkgutil, sys, traceback
+import pubsub_filter
+
+report = {"file": pubsub_filter.__file__, "modules": [], "import_errors": {}, "built": {}, "build_errors": {}}
+# pubsub_filter.__main__ runs the CLI when imported; the test runs `python -m pubsub_filter --help` instead.
+for info in pkgutil.walk_packages(pubsub_filter.__path__, "pubsub_filter."):
+    if info.name == "pubsub_filter.__main__":
+        continue
+    report["modules"].append(info.name)
+    try:
+        importlib.import_module(info.name)
+    except BaseException:
+        report["import_errors"][info.name] = traceback.format_exc(limit=-3)
+
+from pubsub_filter.core.config.schema import load
+from pubsub_filter.runtime.wiring import make_publisher
+from pubsub_filter.runtime.wiring import make_recorder
+from pubsub_filter.runtime.wiring import make_store
+from pubsub_filter.push.auth import PushAuthenticator
+
+
+async def build(path):
+    cfg = load(path)
+    store, publisher, recorder = make_store(cfg), make_publisher(cfg), make_recorder(cfg)
+    built = {"store": type(getattr(store, "inner", store)).__name__, "publisher": type(publisher).__name__,
+             "records": type(getattr(recorder, "sink", recorder)).__name__}
+    if cfg.auth.audience:
+        auth = PushAuthenticator(audience=cfg.auth.audience, service_account=cfg.auth.service_account,
+                                 issuers=tuple(cfg.auth.issuers), certs_url=cfg.auth.certs_url)
+        built["auth"] = type(auth).__name__
+    await recorder.close(deadline=5)
+    await publisher.close()
+    await store.close()
+    return built
+
+
+for path in sys.argv[1:]:
+    try:
+        report["built"][path] = asyncio.run(build(path))
+    except BaseException:
+        report["build_errors"][path] = traceback.format_exc(limit=-5)
+print(json.dumps(report))
+"""
+
+# Variables that would point the served process at something other than its own files.
+_FOREIGN_ENV = ("PUBSUB_", "FIRESTORE_", "BIGQUERY_", "GOOGLE_", "PORT", "HOST", "PYTHON")
+
+
+def _run(cmd: list[str], **kwargs: Any) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False, **kwargs)
+    assert proc.returncode == 0, f"{' '.join(cmd)} exited {proc.returncode}:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv holding only the project wheel and its runtime dependencies; returns its bin/."""
+    base = tmp_path_factory.mktemp("image")
+    context = base / "context"
+    context.mkdir()
+    for name in BUILD_CONTEXT:
+        src = ROOT / name
+        if src.is_dir():
+            shutil.copytree(src, context / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(src, context / name)
+
+    wheels = base / "wheels"
+    pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+    # The image builds in an isolated environment; the wheel is the same without one,
+    # and reusing this interpreter's setuptools saves a download.
+    isolation = [] if importlib.util.find_spec("setuptools") is None else ["--no-build-isolation"]
+    _run([*pip, "wheel", *isolation, "--no-deps", "--wheel-dir", str(wheels), str(context)], timeout=300)
+    (wheel,) = wheels.glob("pubsub_filter-*.whl")
+
+    # Like the image's venv once built: the locked dependencies, then the project without
+    # resolving any, checked; no pip, no setuptools. This interpreter's pip installs into it.
+    env_dir = base / "venv"
+    venv.EnvBuilder(with_pip=False, clear=True).create(env_dir)
+    bin_dir = env_dir / "bin"
+    into = [*pip, "--python", str(bin_dir / "python")]
+    _run([*into, "install", "--no-deps", "-r", str(context / "requirements.lock")], timeout=600)
+    _run([*into, "install", "--no-deps", str(wheel)], timeout=300)
+    _run([*into, "check"], timeout=120)
+    (bin_dir / "wheel-name").write_text(wheel.name, encoding="utf-8")
+    return bin_dir
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith(_FOREIGN_ENV)}
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _get(url: str) -> tuple[int, bytes]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def _post_json(url: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    request = urllib.request.Request(
+        url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"}, method="POST"
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return resp.status, json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+class Served:
+    def __init__(self, proc: subprocess.Popen[bytes], port: int, cwd: Path, log: Path) -> None:
+        self.proc, self.port, self.cwd, self.log = proc, port, cwd, log
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def output(self) -> str:
+        return self.log.read_text(encoding="utf-8", errors="replace")
+
+    def wait_healthy(self, deadline: float) -> None:
+        def healthy() -> bool:
+            if self.proc.poll() is not None:
+                pytest.fail(f"serve exited {self.proc.returncode} before it was healthy:\n{self.output()}")
+            try:
+                status, _ = _get(f"{self.url}/healthz")
+            except OSError:
+                return False
+            return status == 200
+
+        wait_until(healthy, deadline - time.monotonic(), lambda: f"/healthz did not answer 200:\n{self.output()}")
+
+
+@pytest.fixture
+def served(installed: Path, tmp_path: Path) -> Iterator[Served]:
+    cwd = tmp_path / "run"
+    cwd.mkdir()
+    config = cwd / "filter.yaml"
+    config.write_text(MINIMAL_CONFIG, encoding="utf-8")
+    port = _free_port()
+    env = _clean_env()
+    env.update(PORT=str(port), HOST="127.0.0.1", PYTHONUNBUFFERED="1")
+    log = tmp_path / "serve.log"
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [str(installed / "pubsub-filter"), "serve", "--config", str(config)],
+            cwd=cwd,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        yield Served(proc, port, cwd, log)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+
+
+def test_console_script_from_the_wheel_runs(installed: Path) -> None:
+    proc = _run([str(installed / "pubsub-filter"), "--help"], timeout=60)
+    assert "serve" in proc.stdout
+
+
+def test_the_wheel_and_its_console_script_say_the_version_written_in_filter_version_py(installed: Path) -> None:
+    from pubsub_filter._version import __version__
+
+    assert (installed / "wheel-name").read_text(encoding="utf-8").startswith(f"pubsub_filter-{__version__}-")
+    proc = _run([str(installed / "pubsub-filter"), "--version"], timeout=60, env=_clean_env(), cwd=installed)
+    assert proc.stdout == f"pubsub-filter {__version__}\n"
+    (dist_info,) = (installed.parent / "lib").glob("python3.*/site-packages/pubsub_filter-*.dist-info")
+    metadata = (dist_info / "METADATA").read_text(encoding="utf-8")
+    assert f"\nVersion: {__version__}\n" in metadata
+    assert "\nLicense-Expression: Apache-2.0\n" in metadata
+    assert "Apache License" in (dist_info / "licenses" / "LICENSE").read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def probed(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What the probe found in the runtime-only venv, for the example and reference configs."""
+    cwd = tmp_path_factory.mktemp("probe")
+    configs = {
+        "google": cwd / "google.yaml",
+        "embedded": cwd / "embedded.yaml",
+    }
+    configs["google"].write_text(GOOGLE_CONFIG, encoding="utf-8")
+    configs["embedded"].write_text(EMBEDDED_CONFIG, encoding="utf-8")
+    paths = [str(p) for p in configs.values()] + [str(ROOT / "infra" / "example-config.yaml")]
+    # Emulator hosts on a port nothing listens on: the Google clients build with anonymous
+    # credentials and no lookup of default credentials or the metadata server.
+    unused = f"127.0.0.1:{_free_port()}"
+    env = _clean_env()
+    env.update(
+        PUBSUB_EMULATOR_HOST=unused,
+        FIRESTORE_EMULATOR_HOST=unused,
+        BIGQUERY_EMULATOR_HOST=f"http://{unused}",
+        GOOGLE_CLOUD_PROJECT="fake-project",
+    )
+    proc = _run([str(installed / "python"), "-c", PROBE, *paths], cwd=cwd, env=env, timeout=120)
+    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    report["paths"] = {name: str(p) for name, p in configs.items()} | {"example": paths[-1]}
+    return report
+
+
+def test_the_probe_imports_the_installed_package_not_the_source_tree(probed: dict[str, Any]) -> None:
+    assert "site-packages" in probed["file"], probed["file"]
+
+
+def test_every_module_of_the_package_imports_with_runtime_dependencies_only(probed: dict[str, Any]) -> None:
+    source = {
+        ".".join(p.relative_to(ROOT / "filter").with_suffix("").parts).removesuffix(".__init__")
+        for p in (ROOT / "filter" / "pubsub_filter").rglob("*.py")
+    } - {"pubsub_filter", "pubsub_filter.__main__"}
+    assert set(probed["modules"]) == source
+    assert probed["import_errors"] == {}, "\n".join(probed["import_errors"].values())
+
+
+def test_python_dash_m_filter_runs(installed: Path) -> None:
+    proc = _run([str(installed / "python"), "-m", "pubsub_filter", "--help"], timeout=60, env=_clean_env())
+    assert "serve" in proc.stdout
+
+
+def test_every_backend_of_the_config_reference_builds_from_config(probed: dict[str, Any]) -> None:
+    assert probed["build_errors"] == {}, "\n".join(probed["build_errors"].values())
+    built = probed["built"]
+    assert built[probed["paths"]["google"]] == {
+        "store": "FirestoreStore",
+        "publisher": "PubsubPublisher",
+        "records": "BigQuerySink",
+        "auth": "PushAuthenticator",
+    }
+    assert built[probed["paths"]["embedded"]] == {
+        "store": "SqliteStore",
+        "publisher": "OutboxPublisher",
+        "records": "SqliteSink",
+    }
+
+
+def test_the_production_example_config_builds_its_backends(probed: dict[str, Any]) -> None:
+    assert probed["build_errors"] == {}, "\n".join(probed["build_errors"].values())
+    assert probed["built"][probed["paths"]["example"]]["records"] == "BigQuerySink"
+
+
+def test_installed_service_forwards_a_push_on_port_and_exits_0_on_sigterm(served: Served) -> None:
+    served.wait_healthy(deadline=time.monotonic() + 60)
+
+    payload = {
+        "game_id": "0022400561",
+        "players": [
+            {"player_lookup": "lebronjames", "injury_status": "questionable", "processed_at": "2024-01-01T10:00:00Z"}
+        ],
+        "scrape_time": "2024-01-01T09:58:00Z",
+    }
+    envelope = {
+        "message": {
+            "data": base64.b64encode(json.dumps(payload).encode()).decode(),
+            "attributes": {"source": "nbac_injury_report"},
+            "messageId": "1",
+            "publishTime": "2024-01-01T00:00:00Z",
+        },
+        "subscription": "projects/p/subscriptions/s",
+    }
+    status, body = _post_json(f"{served.url}/push/injury-report", envelope)
+    assert status == 200, (body, served.output())
+    assert body["decision"] == "forwarded", body
+
+    served.proc.send_signal(signal.SIGTERM)
+    try:
+        code = served.proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"serve did not exit within 30 s of SIGTERM:\n{served.output()}")
+    assert code == 0, served.output()
+
+
+# --- the dependency lock and the Dockerfile's layers -----------------------------------------
+
+
+def locked(lock: Path = LOCK) -> dict[str, Version]:
+    """A lock (requirements.lock by default) as {canonical name: pinned version}; every line must be an exact pin."""
+    pins: dict[str, Version] = {}
+    for line in lock.read_text(encoding="utf-8").splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        req = Requirement(line)
+        (spec,) = req.specifier
+        assert spec.operator == "==" and not req.extras and not req.marker, f"not an exact pin: {line}"
+        pins[canonicalize_name(req.name)] = Version(spec.version)
+    return pins
+
+
+def runtime_dependencies() -> list[Requirement]:
+    with (ROOT / "pyproject.toml").open("rb") as f:
+        return [Requirement(d) for d in tomllib.load(f)["project"]["dependencies"]]
+
+
+def test_the_lock_pins_every_runtime_dependency_within_pyprojects_specifiers() -> None:
+    pins = locked()
+    missing = [str(r) for r in runtime_dependencies() if canonicalize_name(r.name) not in pins]
+    outside = [
+        f"{r.name}=={pins[canonicalize_name(r.name)]} is outside {r.specifier}"
+        for r in runtime_dependencies()
+        if canonicalize_name(r.name) in pins
+        and not r.specifier.contains(pins[canonicalize_name(r.name)], prereleases=True)
+    ]
+    assert not missing, f"requirements.lock lacks {missing}: run `make lock`"
+    assert not outside, "requirements.lock: " + "; ".join(outside) + " (run `make lock`)"
+
+
+def test_the_lock_holds_no_test_or_build_tool_and_not_the_project_itself() -> None:
+    pins = locked()
+    assert not {"pytest", "mypy", "ruff", "pip", "setuptools", "wheel", "pubsub-filter"} & set(pins)
+
+
+def _builder_stage() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) of the builder stage, continuation lines joined."""
+    joined = DOCKERFILE.read_text(encoding="utf-8").replace("\\\n", " ")
+    lines = [ln.strip() for ln in joined.splitlines() if ln.strip() and not ln.strip().startswith("#")]
+    instructions = [(ln.split(None, 1)[0].upper(), ln.split(None, 1)[1]) for ln in lines]
+    froms = [i for i, (op, _) in enumerate(instructions) if op == "FROM"]
+    (start,) = [i for i in froms if instructions[i][1].endswith(" AS builder")]
+    end = min([i for i in froms if i > start], default=len(instructions))
+    return instructions[start:end]
+
+
+def test_the_image_installs_the_locked_dependencies_in_a_layer_before_the_source_is_copied() -> None:
+    stage = _builder_stage()
+
+    def first(predicate: Any) -> int:
+        return next(i for i, step in enumerate(stage) if predicate(*step))
+
+    copy_lock = first(lambda op, args: op == "COPY" and args.split() == ["requirements.lock", "./"])
+    install_lock = first(lambda op, args: op == "RUN" and "-r requirements.lock" in args)
+    copy_source = first(lambda op, args: op == "COPY" and ("filter" in args.split() or "pyproject.toml" in args))
+    assert copy_lock < install_lock < copy_source, stage
+    assert all(op != "COPY" for op, _ in stage[copy_lock + 1 : install_lock]), "only the lock keys the layer"
+    lock_run = stage[install_lock][1]
+    assert "--no-deps" in lock_run, "the lock is complete: nothing else may be resolved"
+    wheel_run = next(args for op, args in stage[copy_source:] if op == "RUN" and "pubsub_filter-" in args)
+    assert "--no-deps" in wheel_run and "pip check" in wheel_run, wheel_run
+
+
+def test_the_build_context_lets_the_lock_in() -> None:
+    allowed = {ln.strip() for ln in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()}
+    assert {"*", "!requirements.lock", "!pyproject.toml", "!README.md", "!LICENSE", "!filter/"} <= allowed
