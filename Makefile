@@ -31,7 +31,7 @@ $(VENV)/.installed-test: pyproject.toml requirements-test.lock | $(BIN)/python
 	$(BIN)/python -c "import duckdb, duckdb_extensions; duckdb_extensions.import_extension('spatial', con=duckdb.connect())"
 	touch $@ $(VENV)/.installed
 
-.PHONY: serve test test-unpinned lint unit install lock bench-smoke docs fuzz release image
+.PHONY: serve test test-unpinned lint unit selfcheck install lock bench-smoke docs fuzz release image
 install: $(VENV)/.installed
 
 serve: $(VENV)/.installed
@@ -45,6 +45,10 @@ lint: $(VENV)/.installed-test
 
 unit: $(VENV)/.installed-test
 	$(BIN)/pytest tests/unit -q
+
+# the slow self-checks: the wheel, the docs site, the bench smoke, instruction counts, the locks
+selfcheck: $(VENV)/.installed-test
+	$(BIN)/pytest tests/selfcheck -q
 
 # every bench in bench/, one tiny round each (`--smoke`); `make test` runs these too
 bench-smoke: $(VENV)/.installed-test
