@@ -72,9 +72,9 @@ from typing import Any
 
 import harness  # bench/harness.py: this script's directory is on sys.path; puts the repository there too
 from harness import free_port, quantile
+
 from pubsub_filter.core.model import ACKED
 from pubsub_filter.core.times import parse_time
-
 from tests.support.emulators import (
     JVM_FLAGS,
     Emulator,
@@ -144,13 +144,14 @@ def serve_theirs(argv: list[str]) -> int:
     import uvicorn
     from gcp_pubsub_idempotency import DatastoreLock, Duplicate, InProgress, lock
     from google.cloud import pubsub_v1
-    from pubsub_filter.core.envelope import EnvelopeError, parse_envelope
-    from pubsub_filter.core.model import Message
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.requests import Request
     from starlette.responses import JSONResponse, Response
     from starlette.routing import Route
+
+    from pubsub_filter.core.envelope import EnvelopeError, parse_envelope
+    from pubsub_filter.core.model import Message
 
     backend = DatastoreLock(project=args.project, kind=args.kind)
     publisher = pubsub_v1.PublisherClient(

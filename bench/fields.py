@@ -40,6 +40,7 @@ import structlog
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import callgrind  # bench/callgrind.py
 import harness  # bench/harness.py: the shared --smoke
+
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.compare.fingerprint import compile_scheme
@@ -47,7 +48,6 @@ from pubsub_filter.core.compare.routes import RouteRules
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Decision, Message
-
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 ROUTE = "r"

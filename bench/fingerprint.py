@@ -56,10 +56,10 @@ from typing import Any
 import harness  # bench/harness.py: this script's directory is on sys.path; puts the repository there too
 import msgspec
 from harness import ROOT
+
 from pubsub_filter.core import envelope
 from pubsub_filter.core.compare.fingerprint import compile_scheme
 from pubsub_filter.core.config.schema import load
-
 from tests.support.payloads import injury_report
 from tests.support.seeds import reference_canonical
 

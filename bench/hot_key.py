@@ -31,11 +31,11 @@ from typing import Any
 
 import harness  # bench/harness.py: puts the repository on sys.path
 import structlog
+
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Decision, Message
-
 from tests.support.emulators import EmulatorError, FirestoreEmulator
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

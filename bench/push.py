@@ -66,8 +66,8 @@ from typing import Any
 import harness  # bench/harness.py: this script's directory is on sys.path; puts the repository there too
 import msgspec
 from harness import free_port
-from pubsub_filter.core.envelope import make_envelope
 
+from pubsub_filter.core.envelope import make_envelope
 from tests.support.payloads import injury_report
 
 GOAL = 0.6  # filter/bare on the suppress path
@@ -93,11 +93,12 @@ routes:
 
 def bare_app() -> Any:
     """The baseline: Starlette, the product's envelope parse, a small JSON answer."""
-    from pubsub_filter.core.envelope import EnvelopeError, parse_envelope
     from starlette.applications import Starlette
     from starlette.requests import Request
     from starlette.responses import Response
     from starlette.routing import Route
+
+    from pubsub_filter.core.envelope import EnvelopeError, parse_envelope
 
     async def push(request: Request) -> Response:
         try:

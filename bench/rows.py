@@ -68,11 +68,11 @@ import callgrind
 import harness  # bench/harness.py: this script's directory is on sys.path; puts the repository there too
 import structlog
 from harness import ROOT
+
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.core.config.schema import Config, parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Decision, Message
-
 from tests.support.emulators import EmulatorError, FirestoreEmulator
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.payloads import STATUSES, injury_report

@@ -29,7 +29,6 @@ from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.judge import decide
 from pubsub_filter.core.engine.transitions import forwarded
 from pubsub_filter.core.model import Decision, KeyState, Message
-
 from tests.support.payloads import injury_report
 
 #: the injury row's compared fields (7): the narrowed route leaves `reason_category` out

@@ -25,7 +25,7 @@ ATTRIBUTE_HELP = "a message attribute (repeatable), for keys and bypass rules th
 OK, FAILED, USAGE, INTERRUPTED = 0, 1, 2, 130
 
 
-class UsageError(FilterError):
+class CommandLineError(FilterError):
     """A bad argument or environment value: one line, exit 2."""
 
 
@@ -83,9 +83,9 @@ def _port(args: argparse.Namespace) -> int:
         try:
             port = int(text)
         except ValueError:
-            raise UsageError(f"{where} is not a port number (1-65535)") from None
+            raise CommandLineError(f"{where} is not a port number (1-65535)") from None
     if not 0 < port < 65536:
-        raise UsageError(f"{where} is not a port number (1-65535)")
+        raise CommandLineError(f"{where} is not a port number (1-65535)")
     return port
 
 
@@ -141,7 +141,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 def _route(cfg: Config, name: str) -> Route:
     route = cfg.route(name)
     if route is None:
-        raise UsageError(f"no route {name!r} in the config (routes: {', '.join(r.name for r in cfg.routes)})")
+        raise CommandLineError(f"no route {name!r} in the config (routes: {', '.join(r.name for r in cfg.routes)})")
     return route
 
 
@@ -517,7 +517,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prog = f"pubsub-filter {args.command}"
     try:
         return int(args.func(args))
-    except UsageError as exc:
+    except CommandLineError as exc:
         print(f"{prog}: {exc}", file=sys.stderr)
         return USAGE
     except ConfigError as exc:

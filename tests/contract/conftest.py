@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.backends.stores.firestore import FirestoreStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
+
 from pubsub_filter.backends.stores.firestore import FirestoreStore
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.core.config.schema import Config
 from pubsub_filter.core.ports import StateStore
-
 from tests.support import selection_model
 from tests.support.clock import ManualClock
 from tests.support.emulators import FirestoreEmulator

@@ -15,7 +15,6 @@ from pubsub_filter.core.attributes import ATTR_FINGERPRINT, ATTR_SOURCE_ID
 from pubsub_filter.core.config.schema import Config, parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Decision, Message
-
 from tests.contract.conftest import OpenStore
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.polling import eventually

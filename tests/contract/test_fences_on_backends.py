@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.consumer.fence import Admission, FenceError, Fences, FenceStore, Seen
 from pubsub_filter.consumer.stores.firestore import FirestoreFences
 from pubsub_filter.consumer.stores.sqlite import SqliteFences
-
 from tests.contract.conftest import BACKENDS
 from tests.support.clock import ManualClock
 

@@ -15,10 +15,10 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+
 from pubsub_filter.backends.stores import TTL_FIELD
 from pubsub_filter.backends.stores.firestore import FirestoreStore, from_document, to_document
 from pubsub_filter.core.model import KeyState, Lease
-
 from tests.support.emulators import FirestoreEmulator
 
 pytestmark = pytest.mark.emulator

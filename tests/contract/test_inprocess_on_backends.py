@@ -21,12 +21,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.backends.stores.firestore import FirestoreStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import Config, parse
 from pubsub_filter.core.model import Decision, KeyState, Message
 from pubsub_filter.inprocess import Filter, Forward
-
 from tests.contract.conftest import BACKENDS, COLLECTION
 from tests.support.clock import ManualClock
 from tests.support.emulators import FirestoreEmulator

@@ -12,7 +12,6 @@ from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.core.config.schema import Config, parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Decision, DecisionRecord, Message
-
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.payloads import injury_report, props_snapshot

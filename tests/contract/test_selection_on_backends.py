@@ -12,7 +12,6 @@ from pubsub_filter.core.compare.routes import RouteRules
 from pubsub_filter.core.config.schema import Config, parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Decision, DecisionRecord, Message
-
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 WHOLE: dict[str, Any] = {"name": "r", "destination": "out", "key": ["payload.k"], "exclude": ["scraped_at"]}

@@ -14,12 +14,12 @@ from datetime import datetime
 from typing import Any
 
 import pytest
+
 from pubsub_filter.backends.stores import TTL_FIELD
 from pubsub_filter.backends.stores.firestore import FirestoreStore, doc_id
 from pubsub_filter.core.engine.failed_open import FailedOpen
 from pubsub_filter.core.model import UNKNOWN, KeyState, Lease
 from pubsub_filter.core.ports import StoreUnavailable
-
 from tests.contract.conftest import COLLECTION, OpenStore
 from tests.support.emulators import FirestoreEmulator
 from tests.support.net import free_port

@@ -11,7 +11,6 @@ from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Decision, DecisionRecord, Message
-
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.payloads import props_snapshot
 

@@ -11,8 +11,8 @@ import json
 from typing import Any
 
 import pytest
-from pubsub_filter.core.model import ACKED
 
+from pubsub_filter.core.model import ACKED
 from tests.support.serve import ServeProcess, wait_decisions
 
 from .conftest import ROUTE, Pipeline, RoundRobin

@@ -18,9 +18,9 @@ from typing import Any
 
 import httpx
 import pytest
+
 from pubsub_filter.core.envelope import make_envelope
 from pubsub_filter.core.model import ACKED
-
 from tests.support.payloads import injury_report
 from tests.support.polling import eventually
 from tests.support.pubsub_helpers import DelayProxy, Pulled

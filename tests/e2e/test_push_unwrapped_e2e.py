@@ -13,8 +13,8 @@ import json
 from typing import Any
 
 import pytest
-from pubsub_filter.push.unwrapped import data_id
 
+from pubsub_filter.push.unwrapped import data_id
 from tests.support.serve import ServeProcess
 
 from .conftest import ROUTE, Pipeline, route_config

@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 import pytest
 from google.cloud import bigquery
-from pubsub_filter.core.envelope import make_envelope
 
+from pubsub_filter.core.envelope import make_envelope
 from tests.support.bqemu import BqEmulator, bq_emulator
 from tests.support.emulators import PubsubEmulator
 from tests.support.pubsub_helpers import DelayProxy, PubsubAdmin, unique

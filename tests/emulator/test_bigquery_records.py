@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from google.cloud import bigquery
+
 from pubsub_filter.backends.records.batch import BatchingRecorder
 from pubsub_filter.backends.records.bigquery import (
     EMULATOR_ENV,
@@ -25,7 +26,6 @@ from pubsub_filter.backends.records.bigquery import (
 )
 from pubsub_filter.core.config.schema import BigqueryRecordsConfig
 from pubsub_filter.core.model import Decision, DecisionRecord
-
 from tests.support.bqemu import BqEmulator, free_port
 from tests.support.polling import eventually
 

@@ -13,12 +13,12 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
 from pubsub_filter.backends.publishers.pubsub import PubsubPublisher
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Decision, Message
-
 from tests.support.emulators import PubsubEmulator
 from tests.support.fakes import MemoryRecorder
 from tests.support.pubsub_helpers import PubsubAdmin, emulator_env

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import yaml
 from google.api_core import exceptions as gexc
-from pubsub_filter.cli import main
 
+from pubsub_filter.cli import main
 from tests.support.emulators import PubsubEmulator
 from tests.support.pubsub_helpers import PubsubAdmin, unique
 from tests.support.serve import write_config

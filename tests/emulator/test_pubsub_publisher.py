@@ -12,11 +12,11 @@ from typing import TypeVar
 
 import pytest
 from google.api_core import exceptions as gexc
+
 from pubsub_filter.backends.publishers.pubsub import PubsubPublisher
 from pubsub_filter.core.config.schema import ConfigError
 from pubsub_filter.core.ports import PublishFailed, Unpublishable
 from pubsub_filter.core.pubsub_limits import PUBLISH_REQUEST_LIMIT, publish_request_bytes
-
 from tests.support.emulators import PubsubEmulator
 from tests.support.faultrig import FaultProxy
 from tests.support.net import free_port

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import KeyState
@@ -33,7 +34,6 @@ from pubsub_filter.core.ports import StateStore, StoreUnavailable
 from pubsub_filter.pull.worker import PullWorker
 from pubsub_filter.runtime.wiring import make_store
 from pubsub_filter.tools.subscriptions import MAX_BACKOFF_S, MIN_BACKOFF_S
-
 from tests.support.cancels import cancels_seen
 from tests.support.emulators import PubsubEmulator
 from tests.support.fakes import MemoryPublisher, MemoryRecorder, PassingStore

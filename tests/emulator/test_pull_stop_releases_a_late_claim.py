@@ -20,13 +20,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Decision, KeyState, Message
 from pubsub_filter.core.ports import StateStore
 from pubsub_filter.pull.worker import PullWorker
 from pubsub_filter.runtime.wiring import make_store
-
 from tests.support.cancels import cancels_seen
 from tests.support.emulators import PubsubEmulator
 from tests.support.fakes import MemoryPublisher, MemoryRecorder, PassingStore

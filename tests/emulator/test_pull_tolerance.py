@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from pubsub_filter.core.model import ACKED
 
+from pubsub_filter.core.model import ACKED
 from tests.support.dlq import PullProcess
 from tests.support.emulators import PubsubEmulator
 from tests.support.pubsub_helpers import PubsubAdmin

@@ -20,6 +20,7 @@ from typing import Any
 import httpx
 import pytest
 from google.api_core import exceptions as gexc
+
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.envelope import make_envelope
@@ -27,7 +28,6 @@ from pubsub_filter.core.model import ACKED
 from pubsub_filter.pull.command import PullSetupError, select_routes
 from pubsub_filter.push.app import create_app
 from pubsub_filter.runtime.wiring import make_store
-
 from tests.support.dlq import DeadLetterRig, PullProcess, peek
 from tests.support.emulators import PubsubEmulator
 from tests.support.fakes import MemoryPublisher, MemoryRecorder

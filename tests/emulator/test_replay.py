@@ -20,10 +20,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.envelope import ATTR_ORIGINAL_TIME
 from pubsub_filter.core.times import parse_time
 from pubsub_filter.replay.deadletter import ATTR_COUNT, ATTR_ORIGINAL_ID
-
 from tests.support.dlq import DeadLetterRig, ReplayProcess, counted, run_replay
 from tests.support.emulators import PubsubEmulator
 from tests.support.payloads import injury_report

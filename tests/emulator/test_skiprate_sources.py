@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import structlog
 from google.cloud import bigquery
+
 from pubsub_filter.backends.records.batch import BatchingRecorder
 from pubsub_filter.backends.records.bigquery import EMULATOR_ENV, BigQueryReader, BigQuerySink
 from pubsub_filter.backends.records.log_lines import LogLinesReader
@@ -36,7 +37,6 @@ from pubsub_filter.core.model import DecisionRecord, KeyState, Lease, Message
 from pubsub_filter.core.ports import RecordsReader, StoreUnavailable
 from pubsub_filter.observability import logsetup
 from pubsub_filter.tools.skiprate import render, summarize
-
 from tests.support.bqemu import BqEmulator
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher

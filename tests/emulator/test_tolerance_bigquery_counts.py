@@ -8,9 +8,9 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
+
 from pubsub_filter.backends.records.bigquery import EMULATOR_ENV, BigQueryReader, BigQuerySink, make_client
 from pubsub_filter.core.model import Decision, DecisionRecord
-
 from tests.support.bqemu import BqEmulator
 
 pytestmark = pytest.mark.emulator

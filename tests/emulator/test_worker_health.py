@@ -22,6 +22,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from prometheus_client.parser import text_string_to_metric_families
+
 from pubsub_filter.backends.publishers.pubsub import PubsubPublisher
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
@@ -30,7 +31,6 @@ from pubsub_filter.observability.instrumented import InstrumentedPublisher
 from pubsub_filter.observability.telemetry import Telemetry
 from pubsub_filter.pull.worker import PullWorker
 from pubsub_filter.runtime.wiring import make_store
-
 from tests.support.dlq import DeadLetterRig, PullProcess
 from tests.support.emulators import PubsubEmulator
 from tests.support.fakes import MemoryPublisher, MemoryRecorder

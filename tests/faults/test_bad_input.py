@@ -31,6 +31,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from pubsub_filter.backends.records.batch import BatchingRecorder
 from pubsub_filter.backends.records.sqlite import SqliteSink
 from pubsub_filter.backends.stores.guard import GuardedStore
@@ -42,7 +43,6 @@ from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.envelope import ATTR_ORIGINAL_TIME, make_envelope
 from pubsub_filter.core.model import ACKED
 from pubsub_filter.push.app import create_app
-
 from tests.support.fakes import MemoryPublisher
 from tests.support.jsonlogs import JsonLines, production_logs
 

@@ -44,6 +44,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from pubsub_filter.backends.publishers.pubsub import PubsubPublisher
 from pubsub_filter.backends.stores.firestore import FirestoreStore
 from pubsub_filter.backends.stores.guard import GuardedStore
@@ -53,7 +54,6 @@ from pubsub_filter.core.config.schema import ConfigError, parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.envelope import make_envelope
 from pubsub_filter.core.model import Decision, Message
-
 from tests.support import faultrig
 from tests.support.emulators import FirestoreEmulator, PubsubEmulator
 from tests.support.fakes import MemoryRecorder

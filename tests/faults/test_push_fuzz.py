@@ -30,9 +30,9 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.model import ACKED
-
 from tests.support.asgi import call
 from tests.support.clock import ManualClock
 from tests.support.jsonlogs import JsonLines, production_logs

@@ -20,6 +20,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import parse
@@ -28,7 +29,6 @@ from pubsub_filter.core.envelope import make_envelope
 from pubsub_filter.core.model import Decision
 from pubsub_filter.push.app import create_app
 from pubsub_filter.push.auth import PushAuthenticator
-
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.jsonlogs import logs_into
 from tests.support.oidc import LocalGoogleCerts, SigningKey, google_claims

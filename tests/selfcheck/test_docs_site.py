@@ -17,8 +17,9 @@ import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
-import pubsub_filter
 import pytest
+
+import pubsub_filter
 
 ROOT = Path(__file__).resolve().parents[2]
 

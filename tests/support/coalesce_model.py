@@ -41,12 +41,12 @@ from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.attributes import ATTR_SOURCE_ID
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import ACKED, Decision, DecisionRecord, Message
-
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.timers import Timers

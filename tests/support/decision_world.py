@@ -14,7 +14,6 @@ from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import DecisionRecord, KeyState, Message
 from pubsub_filter.core.ports import StoreUnavailable
-
 from tests.support.clock import ManualClock, ManualSleep
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

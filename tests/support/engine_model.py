@@ -48,13 +48,13 @@ from typing import Any
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from pubsub_filter.core.attributes import ATTR_ROUTE, ATTR_SOURCE_ID, CHANGED_PREFIX
 from pubsub_filter.core.config.schema import Config, parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.engine.transitions import RECENT
 from pubsub_filter.core.model import Decision, DecisionRecord, Message
 from pubsub_filter.core.ports import PublishFailed, StateStore
-
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryRecorder, SwitchStore
 

@@ -9,7 +9,6 @@ from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import Config, StoreErrors
 from pubsub_filter.core.ports import StateStore
-
 from tests.support.clock import ManualClock
 from tests.support.engine_model import EngineMachine
 from tests.support.fakes import SwitchStore

@@ -47,6 +47,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from pubsub_filter.backends.stores.firestore import from_document
 from pubsub_filter.core.envelope import make_envelope
 from pubsub_filter.core.model import ACKED, KeyState

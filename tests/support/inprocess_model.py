@@ -44,13 +44,13 @@ from typing import Any
 import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
 from pubsub_filter.core.config.schema import Config, parse
 from pubsub_filter.core.engine.transitions import RECENT
 from pubsub_filter.core.errors import FilterTypeError
 from pubsub_filter.core.model import Decision
 from pubsub_filter.inprocess import Filter, FilterClosed, Outcome, SyncFilter
 from pubsub_filter.inprocess.handlers import on_payload, payload_message
-
 from tests.support.clock import ManualClock
 from tests.support.watchdog import WATCHDOG, Ended, leased, start, within
 

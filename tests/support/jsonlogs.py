@@ -15,6 +15,7 @@ from typing import Any
 
 import msgspec
 import structlog
+
 from pubsub_filter.observability import logsetup, stdlib_logs
 
 

@@ -9,13 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.push.app import create_app
 from pubsub_filter.push.auth import PushAuthenticator
-
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.oidc import LocalGoogleCerts
 

@@ -50,9 +50,9 @@ from typing import Any, TypeVar
 import structlog
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+
 from pubsub_filter.core.config.schema import Config, parse
 from pubsub_filter.core.envelope import make_envelope
-
 from tests.support.clock import ManualClock
 from tests.support.served import (
     WATCHDOG,

@@ -34,12 +34,12 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, rule
+
 from pubsub_filter.core.attributes import ATTR_ROUTE
 from pubsub_filter.core.config.schema import Config, parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Decision, Message
 from pubsub_filter.core.ports import StateStore
-
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 STEPS: Counter[str] = Counter()

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import httpx
+
 from pubsub_filter.backends.records.batch import BatchingRecorder
 from pubsub_filter.backends.records.inline import InlineSqliteRecorder
 from pubsub_filter.backends.records.sqlite import SqliteSink

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
 from pubsub_filter.backends.publishers.outbox import OutboxPublisher, read_outbox
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
@@ -28,7 +29,6 @@ from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.envelope import make_envelope
 from pubsub_filter.core.ports import PublishFailed
 from pubsub_filter.push.app import create_app
-
 from tests.support.fakes import MemoryRecorder
 
 #: A message this large cannot fit under the limit; small ones can.

@@ -12,15 +12,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pubsub_filter.push.auth as auth_module
 import pytest
+
+import pubsub_filter.push.auth as auth_module
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.envelope import make_envelope
 from pubsub_filter.push.app import create_app
 from pubsub_filter.push.auth import AuthError, CertsUnavailable, Principal, PushAuthenticator
-
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.oidc import LocalGoogleCerts, SigningKey, google_claims
 

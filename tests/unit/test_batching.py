@@ -6,9 +6,10 @@ import asyncio
 import inspect
 
 import pytest
+from structlog.testing import capture_logs
+
 from pubsub_filter.backends.records.batch import BatchingRecorder
 from pubsub_filter.core.model import Decision, DecisionRecord
-from structlog.testing import capture_logs
 
 
 class FakeClock:

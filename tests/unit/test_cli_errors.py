@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from pubsub_filter.cli import FAILED, USAGE, main
 
+from pubsub_filter.cli import FAILED, USAGE, main
 from tests.support.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

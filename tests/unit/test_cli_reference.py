@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from pubsub_filter.cli import build_parser
 from pubsub_filter.tools.skiprows import DECIDED, SKIPPED
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 import yaml
+from structlog.testing import capture_logs
+
 from pubsub_filter.cli import FAILED, main
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.runtime import durability, startup
-from structlog.testing import capture_logs
-
 from tests.support.net import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

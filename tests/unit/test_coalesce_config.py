@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.config.schema import ConfigError, parse
 
 
@@ -65,6 +66,7 @@ def test_check_says_what_held_requests_take_from_cloud_runs_concurrency(
     tmp_path: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import yaml
+
     from pubsub_filter.cli import main
 
     path = tmp_path / "filter.yaml"

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
 from pubsub_filter.core.engine.answer import answer_for
 from pubsub_filter.core.model import Decision, Message
-
 from tests.support.coalesce_world import CoalesceWorld
 
 

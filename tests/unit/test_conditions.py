@@ -11,6 +11,7 @@ import pytest
 import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.compare.conditions import holds, parse_where
@@ -18,7 +19,6 @@ from pubsub_filter.core.compare.fingerprint import NOT_JSON
 from pubsub_filter.core.config.schema import Condition, ConfigError, parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Decision, Message
-
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from pubsub_filter.cli import main
 from pubsub_filter.core.config.schema import ConfigError, load, parse
 from pubsub_filter.core.times import parse_duration

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.config.schema import ConfigError, parse
 
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 import yaml
-from pubsub_filter.cli import main
 
+from pubsub_filter.cli import main
 from tests.support.net import free_port
 
 ROOT = Path(__file__).parents[2]

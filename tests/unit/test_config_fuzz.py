@@ -19,6 +19,7 @@ import httpx
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from pubsub_filter.core.config.schema import (
     Config,
     ConfigError,

@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import ConfigError, parse
@@ -19,7 +20,6 @@ from pubsub_filter.core.envelope import make_envelope
 from pubsub_filter.core.paths import MISSING, PathError, list_index
 from pubsub_filter.core.paths import Path as FieldPath
 from pubsub_filter.push.app import create_app
-
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.config.schema import ConfigError, parse
 
 

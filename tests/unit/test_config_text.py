@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from pubsub_filter.backends.records.bigquery import to_row
 from pubsub_filter.backends.records.extra import encode_extra
 from pubsub_filter.backends.records.sqlite import SqliteSink
 from pubsub_filter.core.config.schema import ConfigError, load, parse
 from pubsub_filter.core.envelope import make_envelope
 from pubsub_filter.core.model import Decision, DecisionRecord
-
 from tests.support.jsonlogs import production_logs
 from tests.support.push_client import engine_on_sqlite, push_client
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from pubsub_filter.core.config.schema import ConfigError, load
 
 ROUTE = """\

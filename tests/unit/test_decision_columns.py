@@ -7,6 +7,7 @@ import sqlite3
 from pathlib import Path
 
 import msgspec
+
 from pubsub_filter.backends.records.bigquery import to_row
 from pubsub_filter.backends.records.sqlite import SqliteReader, SqliteSink
 from pubsub_filter.core.model import COLUMN_NAMES, Decision, DecisionRecord

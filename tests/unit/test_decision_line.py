@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.id_generator import IdGenerator
+
 from pubsub_filter.core.engine.record import LEVELS, log_decision
 from pubsub_filter.core.model import Cause, Decision, DecisionRecord
 from pubsub_filter.core.times import format_time

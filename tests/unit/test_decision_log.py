@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.backends.records.log_lines import counts_from_log, rows_from_log
 from pubsub_filter.core.times import parse_time
 

@@ -22,6 +22,7 @@ import structlog
 import yaml
 from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client.parser import text_string_to_metric_families
+
 from pubsub_filter.backends import gcp
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
@@ -36,7 +37,6 @@ from pubsub_filter.observability.instrumented import InstrumentedPublisher, Inst
 from pubsub_filter.observability.telemetry import PrometheusText, Telemetry
 from pubsub_filter.push.app import create_app
 from pubsub_filter.runtime.wiring import make_engine
-
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.payloads import injury_report
 

@@ -8,11 +8,11 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
+
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Cause, Decision, KeyState
 from pubsub_filter.core.ports import Traced
-
 from tests.support.decision_world import DownStore, World, game, report
 from tests.support.fakes import MemoryPublisher
 

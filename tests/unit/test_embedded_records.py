@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from pubsub_filter.backends.records.inline import InlineSqliteRecorder
 from pubsub_filter.cli import main
 from pubsub_filter.core.config.schema import load

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
-from pubsub_filter.backends.stores.sqlite import SqliteStore
 
+from pubsub_filter.backends.stores.sqlite import SqliteStore
 from tests.support import selection_model
 from tests.support.engine_model import STEPS, TOLERATED
 from tests.support.engine_sqlite import SqliteMachine

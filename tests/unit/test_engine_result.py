@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import Config, parse
 from pubsub_filter.core.engine.engine import Engine
@@ -15,7 +16,6 @@ from pubsub_filter.core.model import Decision, KeyState, Message
 from pubsub_filter.core.ports import Worked
 from pubsub_filter.inprocess import Filter, Forward
 from pubsub_filter.inprocess.body import BodySender
-
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder, PassingStore
 

@@ -12,9 +12,9 @@ from unittest import mock
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pubsub_filter.core import envelope
 from pubsub_filter.core.envelope import EnvelopeError, make_envelope, parse_envelope
-
 from tests.support.payloads import injury_report
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import yaml
+
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.cli import main
 from pubsub_filter.core.config.schema import load
@@ -20,7 +21,6 @@ from pubsub_filter.core.engine.transitions import claimed
 from pubsub_filter.core.envelope import parse_envelope
 from pubsub_filter.core.model import Lease, Message
 from pubsub_filter.runtime.wiring import make_store
-
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.payloads import injury_report

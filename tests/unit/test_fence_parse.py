@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pubsub_filter.consumer.fence import FenceError, identity_of
 
 ROUTE_AND_KEY = {"filter_route": "reports", "filter_key": "g1"}

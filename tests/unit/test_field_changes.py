@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.compare import fields
 from pubsub_filter.core.compare.routes import RouteRules
@@ -17,7 +18,6 @@ from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.engine.judge import Decided, decide
 from pubsub_filter.core.engine.transitions import forwarded
 from pubsub_filter.core.model import Decision, KeyState, Message
-
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 

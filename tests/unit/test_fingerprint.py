@@ -11,9 +11,9 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.compare.fingerprint import NOT_JSON, PayloadError, compile_scheme, message_fingerprint
 from pubsub_filter.core.config.schema import Route
-
 from tests.support.payloads import injury_report, props_snapshot
 from tests.support.seeds import SmartIdempotencyMixin, TransactionEvent, hash_events
 

@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.compare.fingerprint import NOT_JSON, compile_scheme, message_fingerprint
 from pubsub_filter.core.config.schema import Route
-
 from tests.support.seeds import SmartIdempotencyMixin
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "fingerprints.json"

@@ -21,9 +21,9 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pubsub_filter.core.compare.fingerprint import NOT_JSON, compile_scheme
 from pubsub_filter.core.config.schema import Route
-
 from tests.support.json_text import FRACTIONAL, INTEGERS, spellings
 
 SETTINGS = settings(max_examples=300, deadline=None, derandomize=True)

@@ -16,9 +16,9 @@ from typing import Any
 import msgspec
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+
 from pubsub_filter.core.compare.fingerprint import NOT_JSON, PayloadError, compile_scheme
 from pubsub_filter.core.config.schema import Route
-
 from tests.support.json_text import NAMES, NUMBERS, SCALARS, VALUES, arr, obj, strings
 
 SETTINGS = settings(max_examples=400, deadline=None, derandomize=True)

@@ -9,6 +9,7 @@ from typing import Any
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pubsub_filter.core.compare.canonical import encode_sorted as _encode
 from pubsub_filter.core.compare.canonical import ordered_rows as _ordered
 

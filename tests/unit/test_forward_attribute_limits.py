@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.attributes import (
@@ -25,7 +26,6 @@ from pubsub_filter.core.engine.answer import answer_for
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Decision, Message
 from pubsub_filter.core.pubsub_limits import PUBLISH_REQUEST_LIMIT
-
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.attributes import ATTRIBUTE_LIMIT
@@ -14,7 +15,6 @@ from pubsub_filter.core.compare.fingerprint import message_fingerprint
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Decision, Message
-
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

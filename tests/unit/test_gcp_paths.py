@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from pubsub_filter.backends.gcp import pubsub_path
 from pubsub_filter.core.config.schema import ConfigError, parse
 

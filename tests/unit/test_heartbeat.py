@@ -11,12 +11,12 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import LeaseConfig
 from pubsub_filter.core.engine.heartbeat import Heartbeat
 from pubsub_filter.core.model import KeyState, Lease
 from pubsub_filter.core.ports import StoreUnavailable
-
 from tests.support.clock import ManualClock, ManualSleep
 
 ROUTE, KEY = "reports", "2025-01-10"

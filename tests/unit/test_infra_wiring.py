@@ -21,6 +21,7 @@ from typing import Any
 import hcl2
 import pytest
 import yaml
+
 from pubsub_filter.backends.records import bigquery as bq
 from pubsub_filter.core.config.schema import load, parse
 from pubsub_filter.core.times import parse_duration

@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
+
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import Config, parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Decision, Message
 from pubsub_filter.inprocess import Filter, FilterClosed, Forward, SyncFilter, api
 from pubsub_filter.inprocess.handlers import on_payload
-from structlog.testing import capture_logs
-
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.polling import wait_until

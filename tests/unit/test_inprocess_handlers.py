@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+
 from pubsub_filter.backends.records.inline import InlineSqliteRecorder
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import Config, parse
@@ -22,7 +23,6 @@ from pubsub_filter.core.errors import UnknownRouteError
 from pubsub_filter.core.model import Decision, Message
 from pubsub_filter.inprocess import Filter, Forward, SyncFilter
 from pubsub_filter.inprocess.handlers import Nack, on_cloudevent, on_payload, on_push
-
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.config.schema import Config, parse
 from pubsub_filter.core.model import Decision
 from pubsub_filter.inprocess import Filter, Forward, SyncFilter
-
 from tests.support.clock import ManualClock
 from tests.support.tolerance_routes import props_route
 from tests.support.watchdog import within

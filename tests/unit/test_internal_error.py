@@ -9,10 +9,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.compare.routes import RouteRules
 from pubsub_filter.core.envelope import make_envelope
 from pubsub_filter.core.model import Cause, Decision
-
 from tests.support.fakes import MemoryRecorder
 from tests.support.jsonlogs import production_logs
 from tests.support.push_client import engine_on_sqlite, push_client

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import HistogramDataPoint, InMemoryMetricReader, MetricsData
 from opentelemetry.sdk.resources import Resource
+
 from pubsub_filter.observability.latency import Latencies, LatencyHistogram
 from pubsub_filter.observability.telemetry import LATENCY_BUCKETS
 

@@ -19,6 +19,7 @@ from typing import Any
 import httpx
 import pytest
 import structlog
+
 from pubsub_filter.backends import gcp
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import parse
@@ -30,7 +31,6 @@ from pubsub_filter.core.ports import StoreUnavailable
 from pubsub_filter.observability import logsetup
 from pubsub_filter.push.app import create_app
 from pubsub_filter.push.auth import PushAuthenticator
-
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder, SwitchStore
 from tests.support.oidc import LocalGoogleCerts, google_claims

@@ -10,7 +10,6 @@ from pubsub_filter.core.config.schema import load
 from pubsub_filter.push.app import create_app
 from pubsub_filter.runtime.otel import from_config
 from pubsub_filter.runtime.wiring import make_engine
-
 from tests.support.asgi import call
 
 COUNTERS = (

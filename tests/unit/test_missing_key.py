@@ -12,6 +12,7 @@ import pytest
 import structlog.testing
 from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client.parser import text_string_to_metric_families
+
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.attributes import ATTR_FENCE, ATTR_FINGERPRINT, ATTR_KEY, ATTR_ROUTE, ATTR_SOURCE_ID
 from pubsub_filter.core.compare.fingerprint import raw_fingerprint
@@ -19,7 +20,6 @@ from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Decision, Message
 from pubsub_filter.observability.telemetry import PrometheusText, Telemetry
-
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 ROUTES: list[dict[str, Any]] = [

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 import structlog
+
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import parse
@@ -22,7 +23,6 @@ from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.envelope import ATTR_ORIGINAL_TIME, make_envelope, parse_envelope
 from pubsub_filter.core.model import Decision, KeyState, Message
 from pubsub_filter.runtime.wiring import make_store
-
 from tests.support.clock import ManualClock
 from tests.support.decision_world import DownStore, World, report
 from tests.support.fakes import MemoryPublisher, MemoryRecorder, SwitchStore

@@ -184,6 +184,7 @@ def test_a_subclass_of_a_library_class_reaches_only_the_listed_private_names() -
 
 def test_each_library_reach_is_still_where_it_was_checked() -> None:
     from google.cloud import firestore
+
     from pubsub_filter.backends.stores.firestore import ReconnectingClient
 
     base = firestore.AsyncClient

@@ -16,7 +16,6 @@ from typing import Any
 from pubsub_filter.core.compare.fingerprint import NOT_JSON, compile_scheme, raw_fingerprint
 from pubsub_filter.core.config.schema import Route
 from pubsub_filter.core.model import Message
-
 from tests.support.push_client import engine_on_sqlite
 
 WHOLE = {

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.backends.publishers.outbox import OutboxPublisher, read_outbox
 from pubsub_filter.core.ports import PublishFailed
 

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 from opentelemetry.sdk.trace import TracerProvider
+
 from pubsub_filter.core.config.schema import load
 from pubsub_filter.core.envelope import make_envelope
 from pubsub_filter.core.numerals import bounded_int
@@ -21,7 +22,6 @@ from pubsub_filter.push.auth import _max_age
 from pubsub_filter.push.trace_headers import request_parent_of, trace_of
 from pubsub_filter.replay.deadletter import ATTR_COUNT, DeadLetter
 from pubsub_filter.runtime.wiring import make_engine
-
 from tests.support.asgi import call
 
 ROOT = Path(__file__).resolve().parents[2]

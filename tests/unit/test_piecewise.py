@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pubsub_filter.core.compare import piecewise
 from pubsub_filter.core.compare.canonical import DECODE_ERRORS, canonical_decoder
 

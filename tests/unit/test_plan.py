@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 import yaml
+
 from pubsub_filter.cli import main
 from pubsub_filter.core.config.schema import load
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Message
 from pubsub_filter.runtime.wiring import make_recorder, make_store
-
 from tests.support.fakes import MemoryPublisher
 
 ROUTE = {"name": "scores", "destination": "out", "key": ["payload.k"], "exclude": ["scraped_at"]}

@@ -8,14 +8,14 @@ from typing import Any
 
 import httpx
 import pytest
+from starlette.applications import Starlette
+
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Message
 from pubsub_filter.runtime.probes import probe_routes
-from starlette.applications import Starlette
-
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 

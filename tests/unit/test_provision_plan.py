@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 from google.pubsub_v1.types import Subscription
+
 from pubsub_filter.core.config.names import PubsubNameError
 from pubsub_filter.core.config.schema import Config, parse
 from pubsub_filter.tools.provision import Failed, ProvisionError, ordering_warning, plan, summary

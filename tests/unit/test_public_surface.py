@@ -15,16 +15,18 @@ import json
 import os
 import pkgutil
 import queue
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pubsub_filter as library
 import pytest
 from google.cloud import pubsub_v1
 from google.pubsub_v1.types import PubsubMessage
+
+import pubsub_filter as library
 from pubsub_filter import (
     FenceError,
     Filter,
@@ -308,3 +310,32 @@ def test_on_a_shadow_route_a_redelivery_runs_the_body_and_returns_its_own_result
         f.process(ROUTE, report("out"), lambda fwd: "first", message_id="m1")
         again = f.process(ROUTE, report("out"), lambda fwd: "second", message_id="m1")
     assert (again.ran, again.result, again.cached) == (True, "second", False)
+
+
+def test_the_error_tree_in_core_errors_names_every_error_class_under_its_parent() -> None:
+    from pubsub_filter.core import errors
+
+    doc = errors.__doc__ or ""
+    drawn_parent: dict[str, str | None] = {}
+    stack: list[tuple[int, str]] = []  # (column, name) of the lines above, by depth
+    for line in doc[doc.index("    FilterError") :].splitlines():
+        match = re.search(r"(?:[├└]── |^    )([A-Z]\w+)", line)
+        if not match:
+            continue
+        column, name = match.start(1), match.group(1)
+        while stack and stack[-1][0] >= column:
+            stack.pop()
+        drawn_parent[name] = stack[-1][1] if stack else None
+        stack.append((column, name))
+    defined = {}
+    for info in pkgutil.walk_packages(library.__path__, "pubsub_filter."):
+        if info.name.endswith("__main__"):
+            continue
+        module = importlib.import_module(info.name)
+        for _, cls in inspect.getmembers(module, inspect.isclass):
+            if issubclass(cls, library.FilterError) and cls.__module__ == module.__name__:
+                defined[cls.__name__] = cls
+    assert set(drawn_parent) == set(defined), "draw each error class in core/errors.py's tree"
+    for name, cls in defined.items():
+        ours = [b.__name__ for b in cls.__bases__ if issubclass(b, library.FilterError)]
+        assert drawn_parent[name] == (ours[0] if ours else None), f"{name} is drawn under the wrong parent"

@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 
 import pytest
+
 from pubsub_filter.backends.publishers.turns import Turns
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from google.pubsub_v1 import types
+
 from pubsub_filter.core.pubsub_limits import publish_request_bytes
 
 CASES = [

@@ -9,11 +9,11 @@ import grpc
 import pytest
 from google.api_core import exceptions as gexc
 from google.auth.credentials import AnonymousCredentials
+
 from pubsub_filter.backends.publishers.pubsub import PubsubPublisher
 from pubsub_filter.backends.publishers.pubsub_wire import PublishWire, request
 from pubsub_filter.core.ports import PublishFailed, Unpublishable
 from pubsub_filter.core.pubsub_limits import publish_request_bytes
-
 from tests.support.pubsub_helpers import emulator_env
 
 

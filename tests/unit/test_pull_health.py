@@ -13,12 +13,12 @@ from typing import Any
 
 import httpx
 import pytest
+
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.pull.health import CONSUMER_LOGGER, ConsumerDeaths, Watchdog, health_app, stream_failures
-
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 ROUTES = [{"name": "r", "destination": "phase3", "key": ["payload.k"]}]
@@ -98,7 +98,6 @@ def test_a_consumer_thread_the_client_library_reports_dead_is_seen_with_its_reas
 
 async def test_healthz_has_the_shape_serves_has(engine: Engine) -> None:
     from pubsub_filter.push.app import create_app
-
     from tests.support.asgi import call
 
     pulled = (await healthz(Worker(engine, {"r": concurrent.futures.Future()}))).json()

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from pubsub_filter.backends.publishers.outbox import OutboxPublisher
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
@@ -17,7 +18,6 @@ from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.envelope import make_envelope
 from pubsub_filter.push.app import create_app
-
 from tests.support.fakes import MemoryRecorder
 from tests.support.oidc import LocalGoogleCerts, google_claims
 from tests.support.push_client import AUDIENCE, PUSHER, authenticator, engine_on_sqlite, push_client

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import pytest
+
 from pubsub_filter.push.admission import LoopLag
 from pubsub_filter.push.app import _body, _Disconnected, _TooLarge
 

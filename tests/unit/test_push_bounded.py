@@ -15,13 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.config.schema import load
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.observability.telemetry import UNKNOWN_ROUTE
 from pubsub_filter.push.app import MAX_ROUTE_NAME, create_app
 from pubsub_filter.runtime.otel import from_config
 from pubsub_filter.runtime.wiring import make_engine
-
 from tests.support.asgi import call
 
 WARM = 1_000

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from pubsub_filter.push.app import headers_of, trace_of
 from starlette.requests import Request
+
+from pubsub_filter.push.app import headers_of, trace_of
 
 NAMES = ["content-length", "x-cloud-trace-context", "traceparent"]
 _RAW = st.lists(

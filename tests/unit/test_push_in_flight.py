@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.config.schema import load
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.envelope import make_envelope
 from pubsub_filter.push.app import create_app
 from pubsub_filter.runtime.otel import from_config
 from pubsub_filter.runtime.wiring import make_engine
-
 from tests.support.asgi import call
 
 BOUND = 4096

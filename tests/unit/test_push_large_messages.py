@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.config.schema import load
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.envelope import make_envelope
@@ -20,7 +21,6 @@ from pubsub_filter.core.pubsub_limits import CLOUD_RUN_HTTP1_REQUEST, DEFAULT_MA
 from pubsub_filter.push.app import create_app
 from pubsub_filter.runtime.otel import from_config
 from pubsub_filter.runtime.wiring import make_engine
-
 from tests.support.asgi import call
 from tests.support.bursts import ROWS_ROUTE, rows_payload
 from tests.support.large_push import escaped_envelope, largest_push, widest_attributes

@@ -24,11 +24,11 @@ import httpx
 import pytest
 import structlog
 import uvicorn
+
 from pubsub_filter.core.config.schema import Config, parse
 from pubsub_filter.core.envelope import make_envelope
 from pubsub_filter.core.model import KeyState
 from pubsub_filter.core.ports import StateStore
-
 from tests.support.clock import ManualClock
 from tests.support.fakes import SwitchStore
 from tests.support.served import WATCHDOG, Answer, Downstream, ServedPush, StallingPublisher, stored_states

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 import uvicorn
+
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Decision
 from pubsub_filter.push.app import create_app
-
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.net import free_port
 from tests.support.polling import eventually, wait_until

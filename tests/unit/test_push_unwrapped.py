@@ -12,11 +12,11 @@ from typing import Any
 
 import httpx
 import pytest
+
 from pubsub_filter.core.attributes import ATTR_SOURCE_ID
 from pubsub_filter.core.config.schema import ConfigError, parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.envelope import make_envelope
-
 from tests.support.oidc import LocalGoogleCerts, google_claims
 from tests.support.push_client import AUDIENCE, PUSHER, authenticator, engine_on_sqlite, push_client
 

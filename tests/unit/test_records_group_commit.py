@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.backends.publishers.outbox import read_outbox
 from pubsub_filter.backends.records.batch import BatchingRecorder
 from pubsub_filter.backends.records.inline import InlineSqliteRecorder
@@ -24,7 +25,6 @@ from pubsub_filter.core.envelope import make_envelope, parse_envelope
 from pubsub_filter.core.model import Decision, DecisionRecord
 from pubsub_filter.push.app import create_app
 from pubsub_filter.runtime.wiring import make_engine
-
 from tests.support.fakes import KeptSink, suppressed_record
 
 ROOT = Path(__file__).resolve().parents[2]

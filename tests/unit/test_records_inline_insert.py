@@ -12,6 +12,7 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pubsub_filter.backends.records.sqlite import Prepared, SqliteSink, prepared
 from pubsub_filter.core.model import COLUMN_NAMES, Decision, DecisionRecord
 

@@ -17,7 +17,6 @@ from pubsub_filter.core.config.schema import load
 from pubsub_filter.core.envelope import make_envelope
 from pubsub_filter.push.app import create_app
 from pubsub_filter.runtime.wiring import make_engine
-
 from tests.support.asgi import call
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,12 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.backends.records import inline
 from pubsub_filter.backends.records.batch import BatchingRecorder
 from pubsub_filter.backends.records.inline import InlineSqliteRecorder
 from pubsub_filter.backends.records.sqlite import Prepared, SqliteSink, prepared
 from pubsub_filter.core.model import DecisionRecord
-
 from tests.support.fakes import KeptSink, suppressed_record
 
 

@@ -15,12 +15,13 @@ import tomllib
 import warnings
 from pathlib import Path
 
-import pubsub_filter
 import pytest
 import yaml
+from setuptools.config.pyprojecttoml import read_configuration
+
+import pubsub_filter
 from pubsub_filter._version import __version__
 from pubsub_filter.cli import main
-from setuptools.config.pyprojecttoml import read_configuration
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,10 +7,11 @@ import io
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.config.names import PubsubNameError
 from pubsub_filter.replay.command import Exit, outcome
 from pubsub_filter.replay.deadletter import DL_PROJECT, DL_SUBSCRIPTION, DeadLetter, ReplayFailure
-from pubsub_filter.replay.options import ReplayOptions, UsageError, options_from, parse_where_option
+from pubsub_filter.replay.options import ReplayOptionError, ReplayOptions, options_from, parse_where_option
 from pubsub_filter.replay.replayer import Replayer
 from pubsub_filter.replay.selection import Selection
 
@@ -56,12 +57,12 @@ def test_a_malformed_to_is_a_usage_error_with_the_rule() -> None:
 
 
 def test_a_malformed_where_names_the_option() -> None:
-    with pytest.raises(UsageError, match=r"--where 'payload\.n': write attributes\.NAME=VALUE"):
+    with pytest.raises(ReplayOptionError, match=r"--where 'payload\.n': write attributes\.NAME=VALUE"):
         parse_where_option("payload.n")
 
 
 def test_through_filter_needs_a_config() -> None:
-    with pytest.raises(UsageError, match="--through-filter needs a config"):
+    with pytest.raises(ReplayOptionError, match="--through-filter needs a config"):
         options_from(args("orders-dlq-sub", through_filter=True), None)
 
 

@@ -8,6 +8,7 @@ import re
 import time
 
 import pytest
+
 from pubsub_filter.core.envelope import ATTR_ORIGINAL_TIME, effective_publish_time
 from pubsub_filter.core.model import Message
 from pubsub_filter.core.times import parse_time

@@ -7,12 +7,12 @@ from pathlib import Path
 
 from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client.parser import text_string_to_metric_families
+
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Decision, Message
 from pubsub_filter.observability.telemetry import PrometheusText, Telemetry
-
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 CONFIG = {"routes": [{"name": "reports", "destination": "phase3", "key": ["payload.game"]}]}

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from pubsub_filter.core.compare import rows
 from pubsub_filter.core.compare.partial import partial
 from pubsub_filter.core.compare.routes import Kept, RouteRules

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.compare.routes import RouteRules
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.judge import decide

@@ -6,6 +6,7 @@ import signal
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.config.schema import ConfigError, parse
 from pubsub_filter.core.engine.stopping import DRAIN
 from pubsub_filter.push.serve import server_config

@@ -13,13 +13,13 @@ from typing import Any
 
 import pytest
 import structlog
+
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import Config, parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.engine.stopping import PUBLISHER, RELEASE, Stop
 from pubsub_filter.core.model import Decision, DecisionRecord, KeyState, Message
-
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder, SwitchStore
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from packaging.requirements import Requirement
+
 from pubsub_filter.backends.records.log_lines import LogLinesReader
 from pubsub_filter.backends.records.sqlite import SqliteReader
 from pubsub_filter.cli import main

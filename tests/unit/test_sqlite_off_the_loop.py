@@ -15,6 +15,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
 from pubsub_filter.backends.publishers.outbox import read_outbox
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
@@ -25,7 +26,6 @@ from pubsub_filter.core.model import KeyState, Lease
 from pubsub_filter.core.ports import StoreUnavailable
 from pubsub_filter.push.app import create_app
 from pubsub_filter.runtime.wiring import make_engine
-
 from tests.support.asgi import call
 
 ROOT = Path(__file__).resolve().parents[2]

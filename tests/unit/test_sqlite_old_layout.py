@@ -14,12 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import Config, parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Decision, KeyState, Lease, Message
-
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.payloads import injury_report

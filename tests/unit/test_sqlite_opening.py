@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 import pytest
-from pubsub_filter.backends.sqlite_file import open_wal
 
+from pubsub_filter.backends.sqlite_file import open_wal
 from tests.support.sqlite_openers import open_each
 
 PROCESSES = 4

@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from pubsub_filter.backends.stores.sqlite import PURGE_BATCH, SqliteStore
 from pubsub_filter.core.model import KeyState, Lease
-
 from tests.support.loopclock import Stopwatch
 
 DAY = 86400.0

@@ -11,6 +11,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.model import KeyState, Lease
 from pubsub_filter.core.ports import StoreUnavailable

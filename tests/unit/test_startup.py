@@ -7,10 +7,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
+
 from pubsub_filter.backends import gcp
 from pubsub_filter.core.config.schema import Config, parse
 from pubsub_filter.runtime import startup
-from structlog.testing import capture_logs
 
 ROUTES = [{"name": name, "destination": "phase3", "key": ["payload.k"]} for name in ("a", "b")]
 

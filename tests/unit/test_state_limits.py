@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.compare import rows
 from pubsub_filter.core.model import Message
-
 from tests.support.push_client import engine_on_sqlite
 
 WHOLE = {

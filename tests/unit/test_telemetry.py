@@ -35,6 +35,7 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, SamplingResult
 from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
+
 from pubsub_filter.backends import gcp
 from pubsub_filter.backends.records.batch import BatchingRecorder
 from pubsub_filter.backends.stores.guard import GuardedStore
@@ -51,7 +52,6 @@ from pubsub_filter.push.app import create_app
 from pubsub_filter.push.trace_headers import request_parent_of
 from pubsub_filter.runtime.operational import Failure
 from pubsub_filter.runtime.otel import drops_unsampled_parents, from_config, sampler
-
 from tests.support.clock import ManualClock, ManualSleep
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import parse
@@ -17,7 +18,6 @@ from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.engine.judge import decide
 from pubsub_filter.core.model import Decision, DecisionRecord, KeyState, Lease, Message
 from pubsub_filter.core.ports import StoreUnavailable
-
 from tests.support.clock import ManualClock, ManualSleep
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 from tests.support.tolerance_routes import props_route

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+
 from pubsub_filter.core.config.amounts import Amount
 from pubsub_filter.core.config.schema import Route
 from pubsub_filter.core.envelope import make_envelope
-
 from tests.support.push_client import engine_on_sqlite, push_client
 
 ROUTE = {

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.attributes import MAX_ATTRIBUTES, MAX_NAME_BYTES
 from pubsub_filter.core.compare.routes import RouteRules
 from pubsub_filter.core.config.amounts import Amount, parse_amount

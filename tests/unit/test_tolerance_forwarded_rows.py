@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.compare import forwarded_rows
 from pubsub_filter.core.compare.routes import Kept, RouteRules
@@ -19,7 +20,6 @@ from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.engine.judge import Decided, decide
 from pubsub_filter.core.model import Decision, KeyState, Message
-
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 ROUTE: dict[str, Any] = {

@@ -7,13 +7,13 @@ import json
 from pathlib import Path
 
 import httpx
+
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.envelope import make_envelope
 from pubsub_filter.push.app import create_app
-
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 
 

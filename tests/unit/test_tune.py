@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 import structlog
+
 from pubsub_filter.backends.records.sqlite import SqliteReader
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.cli import main
@@ -20,7 +21,6 @@ from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.model import Message
 from pubsub_filter.runtime.wiring import make_recorder
 from pubsub_filter.tools.tune import analyse
-
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from pubsub_filter.core.ports import DecisionRow
 from pubsub_filter.tools.tune_coalesce import parse_coalesce, saved
 

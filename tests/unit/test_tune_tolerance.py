@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.cli import main
 from pubsub_filter.core.config.schema import parse
@@ -17,7 +18,6 @@ from pubsub_filter.core.model import Decision, DecisionRecord, Message
 from pubsub_filter.core.ports import DecisionRow
 from pubsub_filter.tools.tune import analyse, render
 from pubsub_filter.tools.tune_moves import parse_tolerances
-
 from tests.support.clock import ManualClock
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
 

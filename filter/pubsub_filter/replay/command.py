@@ -20,7 +20,7 @@ from pubsub_filter.core.config.names import PubsubNameError
 from pubsub_filter.core.config.schema import Config
 from pubsub_filter.observability.logsetup import configure
 from pubsub_filter.replay.deadletter import ReplayFailure
-from pubsub_filter.replay.options import ReplayOptions, UsageError, config_of, options_from
+from pubsub_filter.replay.options import ReplayOptionError, ReplayOptions, config_of, options_from
 from pubsub_filter.replay.progress import summary
 from pubsub_filter.replay.replayer import Replayer
 
@@ -49,7 +49,7 @@ def run(args: argparse.Namespace, probe: Callable[[Config | None], None] = lambd
     try:
         cfg = config_of(args)
         opts = options_from(args, cfg)
-    except (UsageError, PubsubNameError) as exc:
+    except (ReplayOptionError, PubsubNameError) as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return Exit.USAGE
     # logging is set up for a run, not for a usage error (and never by a command that stops there)

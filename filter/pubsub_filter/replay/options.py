@@ -1,6 +1,6 @@
 """`pubsub-filter replay`'s options: the command line checked into one typed `ReplayOptions`.
 
-Every bad value is a `UsageError` naming its option (exit 2) before anything is pulled.
+Every bad value is a `ReplayOptionError` naming its option (exit 2) before anything is pulled.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from pubsub_filter.replay.selection import Selection, Where
 BATCH = 100
 
 
-class UsageError(FilterError, ValueError):
+class ReplayOptionError(FilterError, ValueError):
     """A bad option value: reported with the option's name, exit 2."""
 
 
@@ -46,14 +46,14 @@ def parse_instant(text: str, now: float, option: str) -> float:
     try:
         return times.parse_instant(text, now)
     except ValueError as exc:
-        raise UsageError(f"{option} {exc}") from None
+        raise ReplayOptionError(f"{option} {exc}") from None
 
 
 def parse_rate(text: str) -> float:
     """`50/s`, `300/m`, `10000/h` or a plain number (per second) → messages per second."""
     m = re.match(r"^\s*(\d+(?:\.\d+)?)\s*(?:/\s*(s|sec|m|min|h))?\s*$", text)
     if not m or float(m.group(1)) <= 0:
-        raise UsageError(f"--rate {text!r}: write messages per second, e.g. 50/s (or 300/m, 10000/h)")
+        raise ReplayOptionError(f"--rate {text!r}: write messages per second, e.g. 50/s (or 300/m, 10000/h)")
     per = {None: 1.0, "s": 1.0, "sec": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}[m.group(2)]
     return float(m.group(1)) / per
 
@@ -62,7 +62,7 @@ def parse_where_option(text: str) -> Where:
     try:
         return Where(text, parse_where(text))
     except ValueError as exc:
-        raise UsageError(f"--where {text!r}: {exc}") from None
+        raise ReplayOptionError(f"--where {text!r}: {exc}") from None
 
 
 def config_of(args: argparse.Namespace) -> Config | None:
@@ -75,7 +75,7 @@ def config_of(args: argparse.Namespace) -> Config | None:
         return load(args.config)
     for option, given in (("--route", args.route), ("--through-filter", args.through_filter)):
         if given:
-            raise UsageError(
+            raise ReplayOptionError(
                 f"{option} needs a config: --config, ${CONFIG_ENV} or ./{DEFAULT_CONFIG} (none of them is there)"
             )
     return None
@@ -90,7 +90,7 @@ def _project(given: str | None) -> str:
             if os.environ.get("PUBSUB_EMULATOR_HOST")
             else "no default credentials name one"
         )
-        raise UsageError(
+        raise ReplayOptionError(
             f"no project for the dead-letter subscription ({why}): pass --project, set GOOGLE_CLOUD_PROJECT, "
             "or set `project:` in the config"
         ) from None
@@ -99,27 +99,27 @@ def _project(given: str | None) -> str:
 def options_from(args: argparse.Namespace, cfg: Config | None) -> ReplayOptions:
     """The parsed command line (and `--config`, when given) → the run's options.
 
-    UsageError for a bad option; PubsubNameError (also a usage error) for a name Pub/Sub would refuse.
+    ReplayOptionError for a bad option; PubsubNameError (also a usage error) for a name Pub/Sub would refuse.
     """
     project = _project(args.project or (cfg.project if cfg is not None else None))
     route = _route(args, cfg)
     subscription = args.subscription
     if not subscription:
         if route is None or not route.subscription:
-            raise UsageError(
+            raise ReplayOptionError(
                 "name the dead-letter subscription, or give --config and --route of a route with a subscription "
                 "(its dead-letter subscription is <subscription>-dlq-sub, as `pubsub-filter provision` creates it)"
             )
         subscription = f"{route.subscription}-dlq-sub"
     if args.through_filter:
         if cfg is None:
-            raise UsageError("--through-filter needs a config: the routes and backends the decisions use")
+            raise ReplayOptionError("--through-filter needs a config: the routes and backends the decisions use")
         if args.to:
-            raise UsageError("--to and --through-filter exclude each other")
+            raise ReplayOptionError("--to and --through-filter exclude each other")
     if args.max is not None and args.max < 1:
-        raise UsageError("--max must be at least 1")
+        raise ReplayOptionError("--max must be at least 1")
     if args.wait <= 0:
-        raise UsageError("--wait must be positive")
+        raise ReplayOptionError("--wait must be positive")
     now = time.time()
     return ReplayOptions(
         subscription=pubsub_path(subscription, "subscription", project),
@@ -143,8 +143,8 @@ def _route(args: argparse.Namespace, cfg: Config | None) -> Route | None:
     if not args.route:
         return None
     if cfg is None:
-        raise UsageError("--route needs a config: the route's subscription and rules")
+        raise ReplayOptionError("--route needs a config: the route's subscription and rules")
     route = cfg.route(args.route)
     if route is None:
-        raise UsageError(f"--route: no route {args.route!r} in the config")
+        raise ReplayOptionError(f"--route: no route {args.route!r} in the config")
     return route
