@@ -257,6 +257,24 @@ async def test_a_store_call_that_fails_in_a_recorded_decision_ends_its_span_as_a
         await rig.engine.store.close()
 
 
+async def test_a_span_of_the_applications_own_does_not_make_the_filters_store_calls_traced(tmp_path: Path) -> None:
+    """Only a span of the filter's own (a decision's) makes its store calls children: an
+    application's span current around an in-process call is not taken for one."""
+    rig = Rig(tmp_path)
+    try:
+        store = InstrumentedStore(_Unreachable(), rig.telemetry)  # type: ignore[arg-type]
+        theirs = rig.telemetry.tracer_provider.get_tracer("the-application")  # type: ignore[union-attr]
+        with theirs.start_as_current_span("their work"), pytest.raises(StoreUnavailable):
+            await store.read("reports", "k")
+        assert [s.name for s in rig.finished()] == ["their work"]
+        with rig.telemetry.decision("reports", parse_envelope(envelope())), pytest.raises(StoreUnavailable):
+            await store.read("reports", "k")
+        assert "store read" in [s.name for s in rig.finished()]
+    finally:
+        await rig.client.aclose()
+        await rig.engine.store.close()
+
+
 async def test_a_store_read_without_metrics_or_spans_returns_the_stores_answer() -> None:
     class Answering:
         async def read(self, route: str, key: str) -> KeyState | None:

@@ -180,8 +180,9 @@ class DecisionObserver(Protocol):
     """Metrics and the decision's span. The engine calls it at three marked places; the
     OpenTelemetry implementation is `pubsub_filter.observability.telemetry.Telemetry`."""
 
-    def decision(self, route: str, msg: Message) -> AbstractContextManager[Traced]:
-        """Context around one decision (its span, current while the decision runs)."""
+    def decision(self, route: str, msg: Message, parent: object | None = None) -> AbstractContextManager[Traced]:
+        """Context around one decision (its span, current while the decision runs). `parent`: the
+        trace context of the request the message came in, as the surface read it (opaque here)."""
 
     def decided(self, rec: DecisionRecord) -> None: ...
 
@@ -194,7 +195,7 @@ class DecisionObserver(Protocol):
 class Unobserved:
     """The observer of an engine built without telemetry (tests, `explain`): does nothing."""
 
-    def decision(self, route: str, msg: Message) -> AbstractContextManager[Traced]:
+    def decision(self, route: str, msg: Message, parent: object | None = None) -> AbstractContextManager[Traced]:
         return _UNTRACED_DECISION
 
     def decided(self, rec: DecisionRecord) -> None:

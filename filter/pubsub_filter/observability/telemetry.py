@@ -7,8 +7,7 @@ from __future__ import annotations
 import contextlib
 from collections import Counter
 from collections.abc import Iterable, Iterator, MutableMapping
-from contextvars import ContextVar
-from typing import Any
+from typing import Any, cast
 
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
@@ -21,7 +20,7 @@ from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, Span, Sp
 from pubsub_filter.core.model import Decision, DecisionRecord, Message
 from pubsub_filter.core.ports import UNTRACED, Traced, Untraced
 from pubsub_filter.observability.latency import Latencies, LatencyHistogram
-from pubsub_filter.observability.tracing import ATTRIBUTES, REQUEST_PARENT, W3C, message_parent, messaging_attributes
+from pubsub_filter.observability.tracing import ATTRIBUTES, W3C, message_parent, messaging_attributes
 
 #: The one label every route name that is not configured shares (a request may name any).
 UNKNOWN_ROUTE = "(unknown)"
@@ -150,13 +149,15 @@ class Telemetry:
             if provider is not None:
                 provider.shutdown()
 
-    def decision(self, route: str, msg: Message) -> contextlib.AbstractContextManager[Traced]:
-        """The decision's span, current while it runs when recorded. Its parent: the push
-        request's trace (`tracing.REQUEST_PARENT`), else what the surface made current, else
-        the context a traced publisher left in the message's attributes."""
+    def decision(
+        self, route: str, msg: Message, parent: object | None = None
+    ) -> contextlib.AbstractContextManager[Traced]:
+        """The decision's span, current while it runs when recorded. Its parent: `parent`, the
+        push request's trace as the surface read it (`tracing.request_parent_of`), else what the
+        surface made current, else the context a traced publisher left in the message's attributes."""
         if not self.tracing:
             return _UNTRACED_DECISION
-        parent = REQUEST_PARENT.get()
+        parent = cast("SpanContext | None", parent)  # what `request_parent_of` read, or None
         if parent is None and not trace.get_current_span().get_span_context().is_valid:
             parent = message_parent(msg.attributes)
         if parent is not None and not parent.trace_flags.sampled and self.drops_unsampled_parents:
@@ -213,8 +214,14 @@ class Telemetry:
             self.counters["lease_takeovers"].add(1, {"route": self.route_label(route)})
 
     def recording(self) -> bool:
-        """Whether a decision's span is current and recorded: its store calls and publish have spans."""
-        return self.tracing and _RECORDED.get() and trace.get_current_span().is_recording()
+        """Whether a span of ours (a decision's, or its publish's) is current and recorded: its
+        store calls and publish have spans then. Read from the current span itself, so nothing
+        beside OpenTelemetry's own context says a decision is under way."""
+        if not self.tracing:
+            return False
+        span = trace.get_current_span()
+        scope = getattr(span, "instrumentation_scope", None)  # an SDK span's (ReadableSpan's)
+        return span.is_recording() and scope is not None and scope.name == SCOPE
 
     def sent(self, published_id: str) -> None:
         """Name the published message on the current publish's span (`_Traced.sending`)."""
@@ -250,8 +257,6 @@ class _Unrecorded(Untraced, contextlib.AbstractContextManager["_Unrecorded"]):
         return trace.use_span(self.span)
 
 
-#: A recorded decision is under way (`Telemetry.recording`).
-_RECORDED: ContextVar[bool] = ContextVar("pubsub_filter_recorded", default=False)
 _UNTRACED_DECISION = contextlib.nullcontext(UNTRACED)
 
 
@@ -268,12 +273,8 @@ class _Traced:
     @contextlib.contextmanager
     def running(self, span: Span) -> Iterator[Traced]:
         """The decision's span current while it runs, and ended after."""
-        token = _RECORDED.set(True)
-        try:
-            with trace.use_span(span, end_on_exit=True):
-                yield self
-        finally:
-            _RECORDED.reset(token)
+        with trace.use_span(span, end_on_exit=True):
+            yield self
 
     @contextlib.contextmanager
     def sending(self, destination: str, data: bytes, ordering_key: str | None) -> Iterator[Span]:

@@ -4,7 +4,6 @@ through OpenTelemetry's W3C propagator; and the push request's parent while its 
 from __future__ import annotations
 
 from collections.abc import Mapping, MutableMapping
-from contextvars import ContextVar
 from typing import Any
 
 from opentelemetry import trace
@@ -34,9 +33,6 @@ class _Prefixed(Getter[Mapping[str, str]], Setter[MutableMapping[str, str]]):
 
 
 ATTRIBUTES = _Prefixed()
-
-#: The parent the push request names, while its decision runs (set by the push app).
-REQUEST_PARENT: ContextVar[SpanContext | None] = ContextVar("pubsub_filter_request_parent", default=None)
 
 
 def message_parent(attributes: Mapping[str, str]) -> SpanContext | None:

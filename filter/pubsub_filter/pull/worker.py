@@ -116,7 +116,8 @@ class PullWorker:
         self._failed_route: str | None = None
         self._refusing = False  # stopping: what the library hands over is held, not started
         self._closing = False  # streams cancelled: acks go out as unary calls from here on
-        self.arrived = 0  # messages the library handed over
+        self.arrived = 0  # messages the library handed over (counted on its threads, under the lock)
+        self._arrived_lock = threading.Lock()
         # the messages handed to the engine and not settled yet, by ack id: released from the
         # library's lease management when the stop begins
         self._deciding: dict[str, Any] = {}
@@ -257,7 +258,8 @@ class PullWorker:
 
     def _callback(self, route: str, path: str) -> Any:
         def on_message(received: Any) -> None:  # runs in the subscriber's thread pool
-            self.arrived += 1
+            with self._arrived_lock:  # several callback threads: `+=` is a read and a write
+                self.arrived += 1
             if self._refusing:
                 self._give_back(path, received)
                 return

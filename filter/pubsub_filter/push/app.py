@@ -25,7 +25,6 @@ from pubsub_filter.core.envelope import EnvelopeError
 from pubsub_filter.core.logs import get_logger
 from pubsub_filter.core.model import Cause, DecisionRecord, Message
 from pubsub_filter.core.numerals import bounded_int, digits_of
-from pubsub_filter.observability.tracing import REQUEST_PARENT
 from pubsub_filter.push.admission import BytesInFlight, LoopLag, SenderDeadline
 from pubsub_filter.push.trace_headers import REQUEST_HEADERS, request_parent_of, trace_of
 from pubsub_filter.push.unwrapped import MESSAGE_ID, parse_push
@@ -263,14 +262,7 @@ class _PushHandler:
             self.in_flight.release(held)
 
     async def _decide(self, route: str, msg: Message, trace: str | None, parent: Any) -> Answer:
-        engine = self.engine
-        if parent is None:
-            return _decided((await engine.handle(route, msg, trace)).record)
-        token = REQUEST_PARENT.set(parent)  # the decision's parent: the push request's trace
-        try:
-            return _decided((await engine.handle(route, msg, trace)).record)
-        finally:
-            REQUEST_PARENT.reset(token)
+        return _decided((await self.engine.handle(route, msg, trace, parent=parent)).record)
 
     async def _overloaded(self, route: str, size: int, headers: dict[bytes, str], trace: str | None) -> Answer:
         """The answer to a push past the bound on bytes in flight: a prompt retry, recorded and counted."""

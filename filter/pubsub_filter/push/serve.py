@@ -59,12 +59,12 @@ def _serve(cfg: Config, sock: socket.socket, host: str, port: int) -> int:
             certs_url=cfg.auth.certs_url,
         )
     engine = start(cfg, auth=authenticator is not None, port=port)
-    stopping: list[Server] = []  # the server, once made: the app is made before it
-    app = create_app(engine, authenticator, lifespan=lambda _app: engine_lifespan(engine, lambda: stopping[0].stop))
+    # the lifespan asks the server for the stop its signal began: `server` is read when the
+    # lifespan ends, long after it is assigned below (a closure reads the name when called)
+    app = create_app(engine, authenticator, lifespan=lambda _app: engine_lifespan(engine, lambda: server.stop))
     # held requests (`coalesce`) are decided as the stop begins, not when their burst would end
     server = Server(
         server_config(app, cfg, host, port), budget=cfg.server.shutdown_budget, on_stop=engine.holding.release_all
     )
-    stopping.append(server)
     server.run(sockets=[sock])
     return 0

@@ -157,9 +157,17 @@ class Engine:
         return self.deciding.here()
 
     async def handle(
-        self, route_name: str, msg: Message, trace: str | None = None, via: Sender | None = None
+        self,
+        route_name: str,
+        msg: Message,
+        trace: str | None = None,
+        via: Sender | None = None,
+        parent: object | None = None,
     ) -> Handled:
         """Decide `msg` and act on it: a forward sends through `via`, by default the publisher.
+
+        The request the message came in travels as parameters: `trace`, the log line's trace
+        name, and `parent`, the trace context the decision's span continues (the telemetry's).
 
         The record is written (or on its way, as the recorder promises) when this returns. With
         `via`, the caller's own sender, a send that failed is recorded and then raised here."""
@@ -169,7 +177,7 @@ class Engine:
         finished = asyncio.get_running_loop().create_future()
         self.deciding.calls[finished] = asyncio.current_task()
         try:
-            with self.telemetry.decision(route_name, msg) as traced:  # telemetry: the decision's span
+            with self.telemetry.decision(route_name, msg, parent) as traced:  # telemetry: the decision's span
                 rec, done = await self._handle(route_name, msg, trace, sender, traced)
                 await self.recorded()
         finally:
