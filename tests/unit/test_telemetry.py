@@ -110,7 +110,7 @@ class Rig:
             self.recorder,
             telemetry=self.telemetry,
         )
-        self.telemetry.watch_engine(self.engine)
+        self.telemetry.watch(self.engine.rules, lambda: self.engine.in_flight, self.engine.recorder.outcomes)
         self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(self.engine)), base_url="http://f")
 
     async def push(self, body: bytes, route: str = "reports", **headers: str) -> httpx.Response:
@@ -1024,7 +1024,7 @@ async def test_the_records_metric_counts_the_rows_of_a_batch_written_again() -> 
     recorder = BatchingRecorder(FailsOnce(), batch_size=100, retry_attempts=3, retry_backoff=0)
     cfg = parse(CONFIG)
     engine = Engine(cfg, SqliteStore(":memory:"), MemoryPublisher(), recorder, telemetry=telemetry)
-    telemetry.watch_engine(engine)
+    telemetry.watch(engine.rules, lambda: engine.in_flight, engine.recorder.outcomes)
     for i in range(3):
         recorder.record(
             DecisionRecord(time=0.0, route="reports", decision=Decision.FORWARDED, enforced=True, message_id=str(i))

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import contextlib
 from collections import Counter
-from collections.abc import Iterable, Iterator, MutableMapping
-from typing import Any, cast
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
+from typing import cast
 
 from opentelemetry import metrics, trace
 from opentelemetry.context import Context
@@ -83,10 +83,11 @@ class Telemetry:
         self.drops_unsampled_parents = drops_unsampled_parents
         self._ids = tracer_provider.id_generator if tracer_provider is not None else _RANDOM_IDS
         self.tracer = tracer_provider.get_tracer(SCOPE) if tracer_provider is not None else trace.NoOpTracer()
-        #: the configured routes (`watch_engine`): any other name is labelled `UNKNOWN_ROUTE`,
+        #: the configured routes (`watch`): any other name is labelled `UNKNOWN_ROUTE`,
         #: so a request adds no series. None: every name is its own label.
         self.routes: frozenset[str] | None = None
-        self._engine: Any = None
+        self._in_flight: Callable[[], int] | None = None  # `watch`: the engine's, handed over
+        self._outcomes: Callable[[], Mapping[str, int]] | None = None
         self.latency: dict[str, LatencyHistogram] = {}
         self.counters: dict[str, metrics.Counter] = {}
         #: decisions by (route, decision, enforced), read at collection: an increment, not a
@@ -118,9 +119,14 @@ class Telemetry:
             "pubsub_filter_in_flight", [self._observe_in_flight], "1", "Messages being decided now."
         )
 
-    def watch_engine(self, engine: Any) -> None:
-        self.routes = frozenset(engine.rules)
-        self._engine = engine
+    def watch(
+        self, routes: Iterable[str], in_flight: Callable[[], int], outcomes: Callable[[], Mapping[str, int]]
+    ) -> None:
+        """Observe an engine through what it hands over: its route names (any other is labelled
+        `UNKNOWN_ROUTE`), how many messages it is deciding, its recorder's outcomes. No reference
+        to the engine itself is kept."""
+        self.routes = frozenset(routes)
+        self._in_flight, self._outcomes = in_flight, outcomes
         # every route's counters exist from the start, at zero: an alert or a rate() on a
         # series that appears only at its first event sees nothing (or a jump) instead
         for counter in self.counters.values():
@@ -135,13 +141,13 @@ class Telemetry:
             yield metrics.Observation(count, dict(zip(("route", "decision", "enforced"), labels, strict=True)))
 
     def _observe_records(self, _: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
-        if self._engine is not None:
-            for outcome, value in self._engine.recorder.outcomes().items():
+        if self._outcomes is not None:
+            for outcome, value in self._outcomes().items():
                 yield metrics.Observation(value, {"outcome": outcome})
 
     def _observe_in_flight(self, _: metrics.CallbackOptions) -> Iterable[metrics.Observation]:
-        if self._engine is not None:
-            yield metrics.Observation(self._engine.in_flight)
+        if self._in_flight is not None:
+            yield metrics.Observation(self._in_flight())
 
     def shutdown(self) -> None:
         """Flush what OTLP has not sent yet (the end of a serve, pull or replay)."""

@@ -154,7 +154,7 @@ async def _cancelled(engine: Engine, route: str) -> Answer:
     task = asyncio.current_task()
     if task is not None:
         task.uncancel()  # taken: what is left of the request is writing this answer
-    engine.counts["push_cancelled"] += 1
+    engine.note("push_cancelled")
     log.warning("push_cancelled", route=route)
     with contextlib.suppress(asyncio.CancelledError):  # one more cancel: answer all the same
         await engine.recorded()  # as every answer: once its decision's row is written
@@ -266,7 +266,7 @@ class _PushHandler:
 
     async def _overloaded(self, route: str, size: int, headers: dict[bytes, str], trace: str | None) -> Answer:
         """The answer to a push past the bound on bytes in flight: a prompt retry, recorded and counted."""
-        self.engine.counts["push_overloaded"] += 1
+        self.engine.note("push_overloaded")
         bound = self.in_flight.bound
         reason = (
             f"{self.in_flight.held} bytes of pushes in flight, and this one's {size} would pass "
@@ -286,7 +286,7 @@ class _PushHandler:
             if exc.status == 503:  # Google's certificates out of reach: our outage, and Pub/Sub retries
                 log.warning("push_auth_unavailable", route=route, reason=exc.reason)
                 return _json({"error": exc.reason}, 503, _RETRY)
-            self.engine.counts["auth_rejected"] += 1
+            self.engine.note("auth_rejected")
             log.warning("push_unauthorized", route=bounded_route_name(route), status=exc.status, reason=exc.reason)
             return _json({"error": exc.reason}, exc.status)
         return None
@@ -295,7 +295,7 @@ class _PushHandler:
         """The answer to a body that was not read: too large, too slow, or its client gone."""
         if isinstance(exc, _Disconnected):
             # Nobody is left to answer, and no decision was taken: Pub/Sub sends it again.
-            self.engine.counts["client_disconnected"] += 1
+            self.engine.note("client_disconnected")
             log.info("push_client_disconnected", route=route)
             return 499, (), b""
         if isinstance(exc, _TooLarge):

@@ -4,7 +4,6 @@ the pull worker's health port, so neither surface imports the other."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -68,12 +67,10 @@ def _json(body: dict[str, Any], status: int = 200) -> Response:
 
 
 def health(engine: Engine, status: str = "ok", **more: Any) -> dict[str, Any]:
-    """`/healthz`'s body, the same shape for `serve` and `pull`: status, messages being decided,
-    the engine's counters (the decisions made so far by decision, `Engine.decided`, then the
-    events of `Engine.counts`), then what the surface adds (pull: `handled`; on failure, `error`
-    and the failed `streams`)."""
-    counts = {str(decision): n for decision, n in engine.decided.items()} | dict(engine.counts)
-    return {"status": status, "in_flight": engine.in_flight, "counts": counts, **more}
+    """`/healthz`'s body, the same shape for `serve` and `pull`: status, then the engine's
+    `health()` (messages being decided, the counts), then what the surface adds (pull:
+    `handled`; on failure, `error` and the failed `streams`)."""
+    return {"status": status, **engine.health(), **more}
 
 
 def telemetry_of(engine: Engine) -> Telemetry | None:
@@ -88,19 +85,8 @@ def metrics_routes(engine: Engine) -> list[Route]:
 
 
 async def backend_problems(engine: Engine) -> dict[str, str]:
-    """Why every forward would fail now, by backend: the store cannot answer, or the publisher
-    cannot take a message (an outbox whose directory vanished, a full disk). Empty: ready."""
-    budget = engine.config.store_errors.budget
-    problems: dict[str, str] = {}
-    backends = {"store": engine.store.ping}
-    if engine.publisher is not None:  # an in-process engine has none: its callers' bodies send
-        backends["publisher"] = engine.publisher.ping
-    for name, ping in backends.items():
-        try:
-            await asyncio.wait_for(ping(), budget)
-        except Exception as exc:
-            problems[name] = str(exc) or type(exc).__name__
-    return problems
+    """Why every forward would fail now, by backend (`Engine.problems`). Empty: ready."""
+    return await engine.problems()
 
 
 def metrics_route(prometheus: PrometheusText) -> Route:

@@ -97,7 +97,7 @@ def make_engine(cfg: Config, telemetry: Telemetry | None = None) -> Engine:
         make_recorder(cfg),
         telemetry=telemetry,
     )
-    telemetry.watch_engine(engine)
+    telemetry.watch(engine.rules, lambda: engine.in_flight, engine.recorder.outcomes)
     return engine
 
 

@@ -147,6 +147,33 @@ class Engine:
             cut.cancel()
             self.lane.close()
 
+    def note(self, event: str) -> None:
+        """Count a surface's event for the health output (`/healthz`'s `counts`): a push cancelled,
+        refused, overloaded, a client gone. The surfaces say so here; none touches the counters."""
+        self.counts[event] += 1
+
+    def health(self) -> dict[str, Any]:
+        """What the health output says of this engine: messages being decided now, and the counts
+        (the decisions made so far by decision, then the events `note` and the heartbeat counted)."""
+        counts = {str(decision): n for decision, n in self.decided.items()} | dict(self.counts)
+        return {"in_flight": self.in_flight, "counts": counts}
+
+    async def problems(self) -> dict[str, str]:
+        """Why every forward would fail now, by backend: the store cannot answer within the store's
+        budget, or the publisher cannot take a message (an outbox whose directory vanished, a full
+        disk). Empty: ready. An in-process engine has no publisher: its callers' bodies send."""
+        budget = self.config.store_errors.budget
+        backends = {"store": self.store.ping}
+        if self.publisher is not None:
+            backends["publisher"] = self.publisher.ping
+        found: dict[str, str] = {}
+        for name, ping in backends.items():
+            try:
+                await asyncio.wait_for(ping(), budget)
+            except Exception as exc:
+                found[name] = str(exc) or type(exc).__name__
+        return found
+
     def under_way(self) -> set[asyncio.Future[None]]:
         """The decisions under way (`handle` calls) in tasks other than this one: a future for
         each, done as its decision ends. Every surface waits on these, not a registry of its own."""
