@@ -71,12 +71,9 @@ async def _stored(cfg: Config, route: str, key: str) -> KeyState | None:
 
 async def explain(cfg: Config, route: Route, msg: Message) -> dict[str, Any]:
     rules = RouteRules(route)
-    data, attributes = msg.data, msg.attributes
+    attributes = msg.attributes
     try:
-        payload, fp = rules.scheme(data)
-        raw = payload is NOT_JSON
-        if raw:  # as the engine reads it: JSON with a number beyond double range still decodes
-            payload = rules.scheme.readable(data)
+        payload, fp, message_fp, raw = rules.extract(msg)  # the engine's own step 1
         key = rules.key_of(payload, attributes)
     except MissingField as exc:
         return _keyless(rules, msg, exc)
@@ -97,7 +94,7 @@ async def explain(cfg: Config, route: Route, msg: Message) -> dict[str, Any]:
             else " (raw bytes: a number beyond double range)"
         ),
         "payload_fingerprint": fp,
-        "message_fingerprint": message_fingerprint(data, attributes),
+        "message_fingerprint": message_fp,
         "stored": _state(state, now),
         "decision": str(decided.verdict.decision),
         "reason": decided.verdict.reason,

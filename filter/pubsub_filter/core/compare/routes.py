@@ -11,10 +11,11 @@ from pubsub_filter.core.attributes import own_attribute_count, unforwardable
 from pubsub_filter.core.compare import fields, forwarded_rows, reselect, rows
 from pubsub_filter.core.compare.canonical import MissingField
 from pubsub_filter.core.compare.conditions import holds
-from pubsub_filter.core.compare.fingerprint import NOT_JSON, Scheme, TypedRows, compile_scheme
+from pubsub_filter.core.compare.fingerprint import NOT_JSON, Scheme, TypedRows, compile_scheme, message_fingerprint
 from pubsub_filter.core.compare.selection import of_route
 from pubsub_filter.core.compare.tolerance import Reference, Tolerance, read
 from pubsub_filter.core.config.schema import Route
+from pubsub_filter.core.model import Message
 from pubsub_filter.core.paths import MISSING
 
 #: How many stored states a route keeps decoded, and how many bytes of stored state at most: a
@@ -177,6 +178,17 @@ class RouteRules:
             return None
         found = self.route.rows.resolve(payload, {})
         return rows.digest_rows(self.route, found, before) if isinstance(found, list) else None
+
+    def extract(self, msg: Message) -> tuple[Any, str, str, bool]:
+        """Step 1 of a decision (the engine's, `explain`'s): the payload as the route reads it, its
+        fingerprint, the message's, and whether the payload was fingerprinted over its bytes (raw).
+        A raw payload is still read when it is JSON (a number beyond double range), so its key,
+        rows and fields count."""
+        payload, fp = self.scheme(msg.data)
+        raw = payload is NOT_JSON
+        if raw:
+            payload = self.scheme.readable(msg.data)
+        return payload, fp, message_fingerprint(msg.data, msg.attributes), raw
 
     def key_of(self, payload: Any, attributes: Mapping[str, str]) -> str:
         parts = []

@@ -30,7 +30,7 @@ from msgspec.structs import replace
 
 from pubsub_filter.core.attributes import fence_attributes
 from pubsub_filter.core.compare.canonical import MissingField
-from pubsub_filter.core.compare.fingerprint import NOT_JSON, PayloadError, message_fingerprint
+from pubsub_filter.core.compare.fingerprint import PayloadError, message_fingerprint
 from pubsub_filter.core.compare.keyless import keyless
 from pubsub_filter.core.compare.routes import RouteRules
 from pubsub_filter.core.config.coalesce import Coalesce
@@ -314,9 +314,9 @@ class Engine:
         # 1. extract
         try:
             if lane is None:
-                payload, fp, message_fp, raw = _extracted(rules, msg)
+                payload, fp, message_fp, raw = rules.extract(msg)
             else:
-                payload, fp, message_fp, raw = await lane.run(_extracted, rules, msg)
+                payload, fp, message_fp, raw = await lane.run(rules.extract, msg)
             key = rules.key_of(payload, msg.attributes)
         except MissingField as exc:
             return await self._keyless(rules, msg, sender, exc, traced, lane)
@@ -591,17 +591,6 @@ class Engine:
         self.telemetry.decided(rec)  # telemetry: count it, describe it on its span
         log_decision(rec, self.quieting)
         return rec
-
-
-def _extracted(rules: RouteRules, msg: Message) -> tuple[Any, str, str, bool]:
-    """Step 1 (for a large message, on the lane): the payload, its fingerprint, the message's,
-    and whether the payload was fingerprinted over its bytes (raw). A raw payload is still read
-    when it is JSON (a number beyond double range), so its key, rows and fields count."""
-    payload, fp = rules.scheme(msg.data)
-    raw = payload is NOT_JSON
-    if raw:
-        payload = rules.scheme.readable(msg.data)
-    return payload, fp, message_fingerprint(msg.data, msg.attributes), raw
 
 
 def _describe(exc: BaseException) -> str:
