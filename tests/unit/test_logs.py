@@ -6,6 +6,7 @@ and `pubsub_filter.observability.logsetup` writes to a StringIO; every line is p
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import io
 import json
@@ -46,6 +47,7 @@ LEVELS = {
     "suppressed": "INFO",
     "duplicate": "INFO",
     "contended": "INFO",
+    "superseded": "INFO",
     "stale": "WARNING",
     "noise_only": "INFO",
     "fail_open": "ERROR",
@@ -63,6 +65,12 @@ ROUTES: list[dict[str, Any]] = [
         "key": ["payload.game_date"],
         "exclude": ["scraped"],
         "audit_sample": 1,
+    },
+    {
+        "name": "coalesced",
+        "destination": "phase3",
+        "key": ["payload.game_date"],
+        "coalesce": {"quiet": "1s", "max_wait": "2s"},
     },
 ]
 
@@ -162,6 +170,14 @@ async def every_decision(w: World) -> list[DecisionRecord]:
     w.store.commit_refused, w.store.commit_fails = False, True
     recs.append(await w.send("reports", {"game_date": "d6"}))
     w.store.commit_fails = False
+    # a burst on a coalesce route: the older message superseded while the newer is held; a stop
+    # decides what is held at once
+    older = asyncio.ensure_future(w.send("coalesced", {"game_date": "d7", "v": 1}, publish_time=200.0))
+    await asyncio.sleep(0)
+    newer = asyncio.ensure_future(w.send("coalesced", {"game_date": "d7", "v": 2}, publish_time=201.0))
+    recs.append(await older)
+    w.engine.holding.release_all()
+    recs.append(await newer)
     return recs
 
 
