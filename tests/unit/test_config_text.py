@@ -13,6 +13,7 @@ import asyncio
 import itertools
 import json
 import sqlite3
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -149,3 +150,13 @@ def test_any_config_text_is_refused_or_decided_without_a_5xx(tmp_path: Path, tex
         codes = asyncio.run(push_three())
     assert all(c < 500 for c in codes), codes
     assert not logs.bad and not logs.tracebacks
+
+
+def test_a_config_nested_past_the_recursion_limit_is_checked_for_its_text_not_crashed() -> None:
+    from pubsub_filter.core.config.rules import rules
+
+    deep: object = "\ud800x"
+    for _ in range(sys.getrecursionlimit() * 2):
+        deep = [deep]
+    problems = rules({"routes": [], "deep": deep})
+    assert [msg for _, msg in problems if "surrogate" in msg]

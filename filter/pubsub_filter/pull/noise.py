@@ -11,9 +11,14 @@ from collections.abc import Iterator
 #: it joins its stream thread for 1 s and warns if the thread is still in an RPC (the
 #: worker waits for that thread itself, `_join_stream_threads`); a stream that cannot reach
 #: Pub/Sub is reopened until its channel closes, which it then reports as an error.
+#: A stream that did not stop in time (`stream_did_not_stop`) still has its dispatcher's
+#: callback thread, which reports its last ack or modack call on the channel closed under it
+#: as an error: such a message is redelivered and answered `duplicate` (nothing is lost or
+#: published twice).
 _SHUTDOWN_NOISE = {
     "google.api_core.bidi": ("Background thread did not exit.", "Cannot invoke RPC: Channel closed!"),
     "grpc._channel": ("Cannot invoke RPC: Channel closed!",),
+    "google.cloud.pubsub_v1.subscriber._protocol.helper_threads": ("Cannot invoke RPC on closed channel!",),
 }
 
 

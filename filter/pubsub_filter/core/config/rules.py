@@ -63,19 +63,22 @@ def rules(raw: dict[str, Any]) -> list[Problem]:
 def _text_rules(value: Any, loc: tuple[Any, ...]) -> list[Problem]:
     """Every string, key or value, at any depth, must be text UTF-8 can write: it may become an
     attribute name, and it reaches log lines and records (a file's own are refused on their line
-    as it is read, `yamlfile`; this covers a config built in code)."""
+    as it is read, `yamlfile`; this covers a config built in code). Walked with a stack, not by
+    recursion: a config nested past Python's recursion limit is checked too."""
     found: list[Problem] = []
-    if isinstance(value, str):
-        if not encodable(value):
-            found.append((loc, unwritable(value)))
-    elif isinstance(value, dict):
-        for k, v in value.items():
-            if isinstance(k, str) and not encodable(k):
-                found.append((loc, f"a key: {unwritable(k)}"))
-            found += _text_rules(v, (*loc, k))
-    elif isinstance(value, list | tuple):
-        for i, v in enumerate(value):
-            found += _text_rules(v, (*loc, i))
+    todo: list[tuple[Any, tuple[Any, ...]]] = [(value, loc)]
+    while todo:
+        item, at = todo.pop()
+        if isinstance(item, str):
+            if not encodable(item):
+                found.append((at, unwritable(item)))
+        elif isinstance(item, dict):
+            for k, v in item.items():
+                if isinstance(k, str) and not encodable(k):
+                    found.append((at, f"a key: {unwritable(k)}"))
+                todo.append((v, (*at, k)))
+        elif isinstance(item, list | tuple):
+            todo.extend((v, (*at, i)) for i, v in enumerate(item))
     return found
 
 
