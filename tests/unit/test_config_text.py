@@ -160,3 +160,10 @@ def test_a_config_nested_past_the_recursion_limit_is_checked_for_its_text_not_cr
         deep = [deep]
     problems = rules({"routes": [], "deep": deep})
     assert [msg for _, msg in problems if "surrogate" in msg]
+
+
+def test_a_config_that_holds_itself_through_a_yaml_alias_is_checked_once(tmp_path: Path) -> None:
+    path = tmp_path / "filter.yaml"
+    path.write_text("loop: &a [*a]\nroutes: []\n", encoding="utf-8")
+    with pytest.raises(ConfigError):
+        load(path)

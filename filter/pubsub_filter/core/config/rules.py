@@ -67,12 +67,17 @@ def _text_rules(value: Any, loc: tuple[Any, ...]) -> list[Problem]:
     recursion: a config nested past Python's recursion limit is checked too."""
     found: list[Problem] = []
     todo: list[tuple[Any, tuple[Any, ...]]] = [(value, loc)]
+    seen: set[int] = set()  # a YAML alias can make a list or mapping hold itself: each is walked once
     while todo:
         item, at = todo.pop()
         if isinstance(item, str):
             if not encodable(item):
                 found.append((at, unwritable(item)))
-        elif isinstance(item, dict):
+            continue
+        if not isinstance(item, dict | list | tuple) or id(item) in seen:
+            continue
+        seen.add(id(item))
+        if isinstance(item, dict):
             for k, v in item.items():
                 if isinstance(k, str) and not encodable(k):
                     found.append((at, f"a key: {unwritable(k)}"))
