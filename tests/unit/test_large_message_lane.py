@@ -66,3 +66,28 @@ def test_a_step_never_lengthens_a_switch_interval_set_shorter_than_its_own() -> 
         assert sys.getswitchinterval() == pytest.approx(STEP_SWITCH_INTERVAL / 2)
     finally:
         sys.setswitchinterval(old)
+
+
+def test_overlapping_steps_of_two_lanes_leave_the_interpreter_as_they_found_it() -> None:
+    import threading
+
+    first, second = Lane(), Lane()
+    before = _settings()
+    inside = threading.Barrier(2)
+    seen: list[tuple[bool, float]] = []
+
+    def step() -> None:
+        inside.wait(timeout=10)  # both steps are running now
+        seen.append(_settings())
+        inside.wait(timeout=10)
+
+    async def main() -> None:
+        try:
+            await asyncio.gather(first.run(step), second.run(step))
+        finally:
+            first.close()
+            second.close()
+
+    asyncio.run(main())
+    assert seen == [(False, STEP_SWITCH_INTERVAL)] * 2
+    assert _settings() == before

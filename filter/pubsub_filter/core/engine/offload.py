@@ -48,6 +48,7 @@ import contextvars
 import functools
 import gc
 import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -102,16 +103,42 @@ class Lane:
             self._executor = None
 
 
+class _StepSettings:
+    """The collector off and the short switch interval while any lane's step runs, put back as
+    the last one ends. Both are the interpreter's, not a lane's: two engines in one process
+    (the in-process API, tests) have two lanes whose steps overlap, and each putting back what
+    it found would leave the collector off or the interval short for good. Hence one count for
+    the process, under a lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = 0
+        self._found: tuple[bool, float] = (True, 0.005)
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._running == 0:
+                self._found = (gc.isenabled(), sys.getswitchinterval())
+                gc.disable()
+                sys.setswitchinterval(min(self._found[1], STEP_SWITCH_INTERVAL))
+            self._running += 1
+
+    def __exit__(self, *_: object) -> None:
+        with self._lock:
+            self._running -= 1
+            if self._running == 0:
+                enabled, interval = self._found
+                sys.setswitchinterval(interval)
+                if enabled:
+                    gc.enable()
+
+
+#: The interpreter's settings are one per process, so is what keeps them (`_StepSettings`).
+_STEP_SETTINGS = _StepSettings()
+
+
 def _uncollected(fn: Callable[..., T], *args: Any) -> T:
     """`fn(*args)` with the garbage collector off and the GIL handed over every
-    `STEP_SWITCH_INTERVAL` (the module's docstring says why), both put back as it ends."""
-    enabled = gc.isenabled()
-    interval = sys.getswitchinterval()
-    gc.disable()
-    sys.setswitchinterval(min(interval, STEP_SWITCH_INTERVAL))
-    try:
+    `STEP_SWITCH_INTERVAL` (the module's docstring says why), both put back as the last step ends."""
+    with _STEP_SETTINGS:
         return fn(*args)
-    finally:
-        sys.setswitchinterval(interval)
-        if enabled:
-            gc.enable()
