@@ -177,7 +177,7 @@ async def every_decision(w: World) -> list[DecisionRecord]:
     await asyncio.sleep(0)
     newer = asyncio.ensure_future(w.send("coalesced", {"game_date": "d7", "v": 2}, publish_time=201.0))
     recs.append(await older)
-    w.engine.holding.release_all()
+    w.engine.decide_held()
     recs.append(await newer)
     return recs
 
