@@ -90,14 +90,16 @@ def make_engine(cfg: Config, telemetry: Telemetry | None = None) -> Engine:
         return Engine(cfg, store, publisher, make_recorder(cfg))
     from pubsub_filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
 
+    recorder = make_recorder(cfg)
     engine = Engine(
         cfg,
         InstrumentedStore(store, telemetry),
         InstrumentedPublisher(publisher, telemetry),
-        make_recorder(cfg),
+        recorder,
         telemetry=telemetry,
     )
-    telemetry.watch(engine.rules, lambda: engine.in_flight, engine.recorder.outcomes)
+    # what the metrics observe, handed over: the route names, the decisions under way, the records' outcomes
+    telemetry.watch(engine.facts.routes, lambda: engine.in_flight, recorder.outcomes)
     return engine
 
 
