@@ -77,7 +77,7 @@ class Lane:
         self.slot = asyncio.Semaphore(1)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` on the lane's thread, in the caller's context (its log lines keep the trace)."""
+        """`fn(*args)` on the lane's thread, in the caller's context (its OpenTelemetry span stays the current one)."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pubsub-filter-large")
         call = functools.partial(contextvars.copy_context().run, self._step, fn, *args)
