@@ -11,6 +11,7 @@ install of the wheel.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -146,6 +147,31 @@ print(json.dumps(sorted(m for m in sys.modules if m.startswith(("google.cloud.fi
 
 # --- the commands ------------------------------------------------------------------------------
 
+#: `pubsub-filter ARGS` in a process of its own without either client: `serve` and `replay` set up
+#: the process's logging on the stream they are given, which must not be a test's captured one
+WITHOUT_CLIENTS = """
+import sys
+for module in ("google.cloud.firestore", "google.cloud.bigquery"):
+    sys.modules[module] = None
+from pubsub_filter.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def run_without_clients(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """Nothing set that would let credentials be found or a backend be reached."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("GOOGLE_", "PUBSUB_", "FIRESTORE_", "BIGQUERY_"))}
+    env.update(CLOUDSDK_CONFIG=str(cwd / "gcloud"), NO_GCE_CHECK="True")
+    return subprocess.run(
+        [sys.executable, "-c", WITHOUT_CLIENTS, *args],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        cwd=cwd,
+        env=env,
+    )
+
 
 @pytest.mark.parametrize(
     "command",
@@ -158,33 +184,26 @@ print(json.dumps(sorted(m for m in sys.modules if m.startswith(("google.cloud.fi
     ids=["check", "serve", "pull", "replay"],
 )
 def test_a_command_on_a_config_whose_client_is_missing_fails_at_once_in_one_line(
-    without_clients: None,
-    tmp_path: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-    command: list[str],
+    tmp_path: Path, command: list[str]
 ) -> None:
     """Before credentials are looked for or a backend is probed: nothing set here would pass those."""
-    monkeypatch.delenv("PUBSUB_EMULATOR_HOST", raising=False)
     path = written(tmp_path, BOTH)
-    assert main([*command, str(path)]) == FAILED
-    assert capsys.readouterr().err == f"{path}: {NEEDS_BOTH}\n"
+    proc = run_without_clients([*command, str(path)], tmp_path)
+    assert (proc.returncode, proc.stderr) == (FAILED, f"{path}: {NEEDS_BOTH}\n")
 
 
-def test_explain_on_a_firestore_config_without_the_client_names_the_extra_before_probing(
-    without_clients: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_explain_on_a_firestore_config_without_the_client_names_the_extra_before_probing(tmp_path: Path) -> None:
     payload = tmp_path / "payload.json"
     payload.write_text('{"game_id": 1}', encoding="utf-8")
-    assert main(["explain", "--config", str(written(tmp_path, FIRESTORE_STORE)), "-r", "scores", str(payload)]) == 1
-    assert capsys.readouterr().err == f"pubsub-filter explain: {NEEDS_FIRESTORE}\n"
+    proc = run_without_clients(
+        ["explain", "--config", str(written(tmp_path, FIRESTORE_STORE)), "-r", "scores", str(payload)], tmp_path
+    )
+    assert (proc.returncode, proc.stderr) == (FAILED, f"pubsub-filter explain: {NEEDS_FIRESTORE}\n")
 
 
-def test_skip_rate_on_bigquery_records_without_the_client_names_the_extra(
-    without_clients: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert main(["skip-rate", "--config", str(written(tmp_path, BIGQUERY_RECORDS))]) == FAILED
-    assert capsys.readouterr().err == f"pubsub-filter skip-rate: {NEEDS_BIGQUERY}\n"
+def test_skip_rate_on_bigquery_records_without_the_client_names_the_extra(tmp_path: Path) -> None:
+    proc = run_without_clients(["skip-rate", "--config", str(written(tmp_path, BIGQUERY_RECORDS))], tmp_path)
+    assert (proc.returncode, proc.stderr) == (FAILED, f"pubsub-filter skip-rate: {NEEDS_BIGQUERY}\n")
 
 
 def test_check_on_the_embedded_examples_passes_without_either_client(
