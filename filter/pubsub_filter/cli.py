@@ -203,6 +203,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     route = _route(cfg, args.route)
     msg = _message(args)
     if cfg.store.backend == "firestore":
+        from pubsub_filter.backends import extras
+
+        extras.require(extras.FIRESTORE_STORE)  # before the probe: without the client nothing else matters
         require(FIRESTORE)
     return run(cfg, route, msg, args.format)
 
@@ -255,6 +258,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     def probe(cfg: Config | None) -> None:
         if args.through_filter and cfg is not None and not args.dry_run:  # it acks what its backends took
+            preflight.clients(cfg, _source(args))
             refused = durability.refusal(cfg, durability.detect())
             if refused:
                 raise ConfigError(_source(args), refused)
