@@ -189,7 +189,14 @@ def test_a_command_on_a_config_whose_client_is_missing_fails_at_once_in_one_line
     """Before credentials are looked for or a backend is probed: nothing set here would pass those."""
     path = written(tmp_path, BOTH)
     proc = run_without_clients([*command, str(path)], tmp_path)
-    assert (proc.returncode, proc.stderr) == (FAILED, f"{path}: {NEEDS_BOTH}\n")
+    # `check` places each problem on its line: here the store's backend, the first it names
+    where = f"{path}:{line_of(path, 'backend:')}:8" if command == ["check"] else f"{path}"
+    assert (proc.returncode, proc.stderr) == (FAILED, f"{where}: {NEEDS_BOTH}\n")
+
+
+def line_of(path: Path, text: str) -> int:
+    """The number of the first line of `path` holding `text`."""
+    return next(n for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if text in line)
 
 
 def test_explain_on_a_firestore_config_without_the_client_names_the_extra_before_probing(tmp_path: Path) -> None:
