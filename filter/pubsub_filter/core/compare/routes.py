@@ -62,6 +62,84 @@ class Kept:
     forwarded: forwarded_rows.ForwardedRows | None = None  # the forward's rows, for the second look
 
 
+_UNREAD: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """What one decision decoded that its route's memo did not hold, for the caller to keep
+    once it is decided (`RouteRules.keep_read`): `decide` is pure, and writes no cache."""
+
+    blob: bytes | None = None  # the stored row or field state (`KeyState.rows`) it decoded
+    fields_state: fields.Before | None = None  # `blob` decoded as a whole payload's field state
+    reference: Reference | None = None  # the tolerance reference at the end of `blob` (None: it holds none)
+    reference_read: bool = False  # `reference` was decoded
+    look: tuple[reselect.LookKey, reselect.Look] | None = None  # a look at state another selection stored
+
+
+class Reading:
+    """The stored row or field state (`KeyState.rows`) as one decision reads it: each part
+    decoded at most once, found in the route's memo when it holds it (every decision of the
+    route reads the memo; none writes it). What was decoded anew leaves with the decision
+    (`taken`), for the caller to keep: a key's messages between two forwards all read the same
+    bytes, and across processes (another instance wrote the state) decoding it is the cost.
+
+    Local to one decision (`judge.decide` makes one), so its own memo is never shared."""
+
+    __slots__ = ("_befores", "_fields", "_reference", "_references", "blob")
+
+    def __init__(self, rules: RouteRules, blob: bytes | None):
+        self.blob = blob
+        self._befores = rules._befores
+        self._references = rules._references
+        self._fields: Any = _UNREAD
+        self._reference: Any = _UNREAD
+
+    def fields_state(self) -> fields.Before | None:
+        """The stored field state (a whole-payload route's checksums per field)."""
+        found = self._fields
+        if found is _UNREAD:
+            blob = self.blob
+            if not blob:
+                return None
+            found = self._befores.get(blob)
+            self._fields = found = _Fresh(fields.decode(blob)) if found is None else found
+        return found.value if type(found) is _Fresh else found  # type: ignore[no-any-return]
+
+    def reference(self) -> Reference | None:
+        """The tolerance reference the last forward stored after its row or field state."""
+        found = self._reference
+        if found is _UNREAD:
+            blob = self.blob
+            if not blob:
+                return None
+            found = self._references.get(blob, _UNREAD)
+            self._reference = found = _Fresh(read(blob)) if found is _UNREAD else found
+        return found.value if type(found) is _Fresh else found  # type: ignore[no-any-return]
+
+    def taken(self, look: tuple[reselect.LookKey, reselect.Look] | None = None) -> Read | None:
+        """What this reading decoded anew (and `look`, a look taken anew), or None: nothing to keep."""
+        befores, reference = self._fields, self._reference
+        fresh_fields = type(befores) is _Fresh and befores.value is not None
+        fresh_reference = type(reference) is _Fresh
+        if not (fresh_fields or fresh_reference or look is not None):
+            return None
+        return Read(
+            self.blob,
+            befores.value if fresh_fields else None,
+            reference.value if fresh_reference else None,
+            fresh_reference,
+            look,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Fresh:
+    """A part `Reading` decoded itself (not found in the route's memo)."""
+
+    value: Any
+
+
 class RouteRules:
     """A route compiled once: how to key, fingerprint and bypass its messages."""
 
@@ -121,32 +199,27 @@ class RouteRules:
         """The rows of the forward that stored `blob`, when this process committed it (`remember`)."""
         return self._forwarded.get(blob) if blob else None
 
-    def reference_of(self, blob: bytes | None) -> Reference | None:
-        """The reference the last forward stored with its row state, decoded once per stored value."""
-        if not blob:
-            return None
-        if blob in self._references:
-            return self._references[blob]  # type: ignore[no-any-return]
-        reference = read(blob)
-        self.keep_reference(blob, reference)
-        return reference
+    def reading(self, blob: bytes | None) -> Reading:
+        """One decision's reading of the stored row or field state `blob` (`Reading`)."""
+        return Reading(self, blob)
+
+    def keep_read(self, read: Read | None) -> None:
+        """Keep what a decision decoded (`Decided.read`), after it: the next decisions of the
+        route that read the same stored bytes (a key's messages between two forwards, or a
+        repeat against the state another selection stored) decode nothing."""
+        if read is None:
+            return
+        if read.blob:
+            if read.fields_state is not None:
+                self.keep_fields_state(read.blob, read.fields_state)
+            if read.reference_read:
+                self.keep_reference(read.blob, read.reference)
+        if read.look is not None:
+            self.looks.keep(*read.look)
 
     def keep_reference(self, blob: bytes, reference: Reference | None) -> None:
         """Keep `reference` as what `blob` holds: a forward keeps what it stores (`keep_fields_state`)."""
         self._references.keep(blob, reference)
-
-    def fields_before(self, blob: bytes | None) -> fields.Before | None:
-        """The stored field state, decoded once per stored value: a key's suppressions between
-        two forwards all read the same blob."""
-        if not blob:
-            return None
-        seen: fields.Before | None = self._befores.get(blob)
-        if seen is None:
-            seen = fields.decode(blob)
-            if seen is None:
-                return None
-            self.keep_fields_state(blob, seen)
-        return seen
 
     def keep_fields_state(self, blob: bytes, before: fields.Before) -> None:
         """Keep `before` as what `blob` decodes to. A forward keeps the state it stores: the

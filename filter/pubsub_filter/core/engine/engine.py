@@ -337,6 +337,7 @@ class Engine:
                 if lane is None
                 else await lane.run(decide, rules, msg, fp, state, now, bypass, self.random, payload)
             )
+            rules.keep_read(decided.read)  # what it decoded of the stored state, for the next decisions
             verdict = decided.verdict
             # 4. act
             if verdict.decision is not Decision.FORWARDED:
