@@ -228,7 +228,8 @@ class RouteRules:
         self._befores.keep(blob, before)
 
     def typed_rows(self, data: bytes) -> TypedRows | None:
-        """The rows as the fingerprint's fast path decodes them (included fields only), if it vouches for them."""
+        """The rows as the fingerprint's fast path decodes them (included fields only), if it
+        vouches for them: decoded again, for a caller that does not hold `extract`'s."""
         if not self.tracks_rows or self.scheme.typed_rows is None:
             return None
         return self.scheme.typed_rows(data)
@@ -252,16 +253,17 @@ class RouteRules:
         found = self.route.rows.resolve(payload, {})
         return rows.digest_rows(self.route, found, before) if isinstance(found, list) else None
 
-    def extract(self, msg: Message) -> tuple[Any, str, str, bool]:
+    def extract(self, msg: Message) -> tuple[Any, str, str, bool, TypedRows | None]:
         """Step 1 of a decision (the engine's, `explain`'s): the payload as the route reads it, its
-        fingerprint, the message's, and whether the payload was fingerprinted over its bytes (raw).
-        A raw payload is still read when it is JSON (a number beyond double range), so its key,
-        rows and fields count."""
-        payload, fp = self.scheme(msg.data)
+        fingerprint, the message's, whether the payload was fingerprinted over its bytes (raw),
+        and the rows the fingerprint decoded (`Scheme.with_rows`: `judge.decide` digests them on
+        a forward). A raw payload is still read when it is JSON (a number beyond double range),
+        so its key, rows and fields count."""
+        payload, fp, typed = self.scheme.with_rows(msg.data)
         raw = payload is NOT_JSON
         if raw:
             payload = self.scheme.readable(msg.data)
-        return payload, fp, message_fingerprint(msg.data, msg.attributes), raw
+        return payload, fp, message_fingerprint(msg.data, msg.attributes), raw, typed
 
     def key_of(self, payload: Any, attributes: Mapping[str, str]) -> str:
         parts = []
