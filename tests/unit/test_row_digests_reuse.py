@@ -239,7 +239,7 @@ def test_digests_through_the_memo_of_another_document_equal_digests_without_it(
 def _forwarded(rules: RouteRules, data: bytes) -> None:
     """Digest `data` and keep its rows' memo, as a forward's commit does (`RouteRules.remember`)."""
     digests = rules.row_digests(data)
-    assert isinstance(digests, rows.Compared)
+    assert isinstance(digests, rows.ComparedDigests)
     rules.remember(Kept(seen=digests.seen))
 
 
@@ -313,6 +313,6 @@ def test_kept_rows_are_written_back_as_read_while_the_stored_layout_holds(new: l
         old[0] = {"id": 1, "a": 1}  # so that the first row is no proof of the layout either
     before = rows.decode(rows.encode(generic.row_digests(json.dumps({"k": 1, "rows": old}).encode()) or {}))
     digests = fast.row_digests(json.dumps({"k": 1, "rows": new}).encode(), before)
-    assert isinstance(digests, rows.Compared)
+    assert isinstance(digests, rows.ComparedDigests)
     assert (digests.as_stored() is not None) is same_layout
     assert rows.encode(digests) == rows.encode(generic.row_digests(json.dumps({"k": 1, "rows": new}).encode()) or {})

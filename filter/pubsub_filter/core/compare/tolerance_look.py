@@ -113,7 +113,7 @@ def rows_by_key(
 ) -> dict[str, dict[str, Any]] | None:
     """The rows `wanted` (all: None), by row key; None when a row is not
     an object or two rows share a key (then no row has a reference of its own)."""
-    if typed is not None and type(digests) is rows.Compared and len(digests) == len(typed.rows):
+    if typed is not None and type(digests) is rows.ComparedDigests and len(digests) == len(typed.rows):
         # the typed digests are keyed in row order, one per row (`rules.row_digests`)
         by_key = dict(zip(digests, typed.rows, strict=True))
         keys = wanted if wanted is not None else list(by_key)

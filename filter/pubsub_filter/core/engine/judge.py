@@ -427,7 +427,7 @@ def _what_to_send(
         _tolerance_details(tol.listed, sent, details)
         if reference is not None and tol.amounts and typed is not None:
             forwarded = forwarded_rows.kept(typed, len(digests) == len(typed.rows))
-    seen = digests.seen if type(digests) is rows.Compared else None
+    seen = digests.seen if type(digests) is rows.ComparedDigests else None
     leaves = Kept(kept, reference, seen=seen, forwarded=forwarded)
     if diff is None:
         return Outgoing(msg.data, attributes, kept, full), details, leaves
