@@ -44,13 +44,12 @@ from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.envelope import make_envelope, parse_envelope
 from pubsub_filter.core.model import Decision, DecisionRecord, KeyState, Message
-from pubsub_filter.core.ports import UNTRACED, StoreUnavailable
+from pubsub_filter.core.ports import UNTRACED, Failure, StoreUnavailable
 from pubsub_filter.observability import logsetup
 from pubsub_filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
 from pubsub_filter.observability.telemetry import NO_TELEMETRY, PrometheusText, Telemetry
 from pubsub_filter.push.app import create_app
 from pubsub_filter.push.trace_headers import request_parent_of
-from pubsub_filter.runtime.operational import Failure
 from pubsub_filter.runtime.otel import drops_unsampled_parents, from_config, sampler
 from tests.support.clock import ManualClock, ManualSleep
 from tests.support.fakes import MemoryPublisher, MemoryRecorder

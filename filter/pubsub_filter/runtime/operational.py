@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from pubsub_filter.core.ports import Failure
 
-__all__ = ["BIGQUERY", "FIRESTORE", "PUBSUB", "Backend", "Failure", "describe", "require"]
+__all__ = ["BIGQUERY", "FIRESTORE", "PUBSUB", "Backend", "describe", "require"]
 
 #: how long a backend has to accept a connection before a command gives up on it
 PROBE_DEADLINE = 3.0

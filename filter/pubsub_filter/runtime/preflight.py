@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 
 from pubsub_filter.core.config.schema import Config, ConfigError
-from pubsub_filter.runtime.operational import BIGQUERY, FIRESTORE, PUBSUB, Backend, Failure
+from pubsub_filter.core.ports import Failure
+from pubsub_filter.runtime.operational import BIGQUERY, FIRESTORE, PUBSUB, Backend
 
 
 def problems(cfg: Config) -> list[str]:
