@@ -86,12 +86,11 @@ class Reading:
 
     Local to one decision (`judge.decide` makes one), so its own memo is never shared."""
 
-    __slots__ = ("_befores", "_fields", "_reference", "_references", "blob")
+    __slots__ = ("_fields", "_reference", "_rules", "blob")
 
     def __init__(self, rules: RouteRules, blob: bytes | None):
         self.blob = blob
-        self._befores = rules._befores
-        self._references = rules._references
+        self._rules = rules
         self._fields: Any = _UNREAD
         self._reference: Any = _UNREAD
 
@@ -102,7 +101,7 @@ class Reading:
             blob = self.blob
             if not blob:
                 return None
-            found = self._befores.get(blob)
+            found = self._rules._befores.get(blob)
             self._fields = found = _Fresh(fields.decode(blob)) if found is None else found
         return found.value if type(found) is _Fresh else found  # type: ignore[no-any-return]
 
@@ -113,13 +112,15 @@ class Reading:
             blob = self.blob
             if not blob:
                 return None
-            found = self._references.get(blob, _UNREAD)
+            found = self._rules._references.get(blob, _UNREAD)
             self._reference = found = _Fresh(read(blob)) if found is _UNREAD else found
         return found.value if type(found) is _Fresh else found  # type: ignore[no-any-return]
 
     def taken(self, look: tuple[reselect.LookKey, reselect.Look] | None = None) -> Read | None:
         """What this reading decoded anew (and `look`, a look taken anew), or None: nothing to keep."""
         befores, reference = self._fields, self._reference
+        if befores is _UNREAD and reference is _UNREAD and look is None:
+            return None  # the usual decision: neither part read
         fresh_fields = type(befores) is _Fresh and befores.value is not None
         fresh_reference = type(reference) is _Fresh
         if not (fresh_fields or fresh_reference or look is not None):
@@ -198,10 +199,6 @@ class RouteRules:
     def forwarded_rows(self, blob: bytes | None) -> forwarded_rows.ForwardedRows | None:
         """The rows of the forward that stored `blob`, when this process committed it (`remember`)."""
         return self._forwarded.get(blob) if blob else None
-
-    def reading(self, blob: bytes | None) -> Reading:
-        """One decision's reading of the stored row or field state `blob` (`Reading`)."""
-        return Reading(self, blob)
 
     def keep_read(self, read: Read | None) -> None:
         """Keep what a decision decoded (`Decided.read`), after it: the next decisions of the

@@ -109,7 +109,7 @@ def decide(
     rows are decoded here if a forward digests them."""
     if state is not None and state.expired(now):
         state = state.forgotten()
-    stored = rules.reading(state.rows if state is not None else None)
+    stored = Reading(rules, state.rows if state is not None else None)
     # the last forward was judged under another selection: compared field by field (`reselect`)
     again = None
     if state is not None and state.selection is not None and state.selection != rules.selection_text:
