@@ -90,7 +90,7 @@ class Before:
     def by_name(self) -> dict[str, int]:
         """The checksums by name (what a suppression looks its excluded fields up in): built on
         the first suppression that asks, then kept with this state (a route keeps each stored
-        state decoded, `RouteRules.fields_before`)."""
+        state decoded, `routes.Reading.fields_state`)."""
         if self._by_name is None:
             crcs = self.crcs
             if crcs is not None:

@@ -35,7 +35,7 @@ class Look:
 
     moves: Moves | None
     digests: rows.RowDigests | None = None
-    typed: TypedRows | None = None  # the rows it decoded (the fingerprint's, taken once: `typed_rows`)
+    typed: TypedRows | None = None  # the rows it read (the fingerprint's, or decoded once: `typed_rows`)
 
 
 _NOTHING = Look(None)
