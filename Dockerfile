@@ -29,15 +29,18 @@ WORKDIR /src
 
 # The dependencies first, keyed on requirements.lock alone: an edit to the code or the docs
 # reuses this layer (grpcio and the rest are not reinstalled), and every build of a commit
-# gets the same versions. Only the runtime dependencies: no test extra, no build tools in
-# the venv. pip byte-compiles what it installs, so a cold start does not compile every
-# import (the runtime sets PYTHONDONTWRITEBYTECODE and cannot write there anyway).
+# gets the same versions. Only the runtime dependencies with the gcp extra (the Firestore and
+# BigQuery clients, which a bare `pip install pubsub-filter` leaves out): no test extra, no
+# build tools in the venv. pip byte-compiles what it installs, so a cold start does not
+# compile every import (the runtime sets PYTHONDONTWRITEBYTECODE and cannot write there anyway).
 COPY requirements.lock ./
 RUN python -m venv /opt/venv \
     && /opt/venv/bin/pip install --no-cache-dir --compile --no-deps -r requirements.lock
 
 # Then the project itself, with --no-deps: its dependencies are the lock's, and `pip check`
-# fails the build if the lock no longer satisfies pyproject.toml.
+# fails the build if the lock no longer satisfies pyproject.toml. Then its gcp extra (the
+# Firestore and BigQuery backends), from the packages already there alone (--no-index): a
+# client the lock lacks fails the build rather than being fetched unpinned.
 COPY pyproject.toml README.md LICENSE ./
 COPY filter ./filter
 RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
@@ -46,6 +49,7 @@ RUN python -m pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
     && built="$(/opt/venv/bin/pubsub-filter --version)" \
     && if [ "$built" != "pubsub-filter ${VERSION}" ]; then \
          echo "VERSION=${VERSION} but the wheel says '$built': build with make image" >&2; exit 1; fi \
+    && /opt/venv/bin/pip install --no-cache-dir --no-index --find-links /wheels "pubsub-filter[gcp]==${VERSION}" \
     && /opt/venv/bin/pip uninstall --yes pip setuptools
 
 # --- runtime: python slim + the venv, nothing else ---------------------------------------

@@ -7,9 +7,11 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 CONFIG ?= examples/filter.yaml
 # What `make serve` and `make test` install is pinned: requirements.lock (the runtime, as the
-# image installs it) and requirements-test.lock (the test extra with everything it pulls in),
-# both passed to pip as constraints. `make test-unpinned` empties them to run the suite on the
-# newest versions pyproject.toml allows (what `pip install pubsub-filter` gives a user).
+# image installs it) and requirements-test.lock (the test extra with everything it pulls in, the
+# gcp extra among it), both passed to pip as constraints. `make serve` installs no extra: the
+# embedded default needs neither the Firestore nor the BigQuery client (`.[gcp]` for those).
+# `make test-unpinned` empties the locks to run the suite on the newest versions pyproject.toml
+# allows (what `pip install pubsub-filter` gives a user).
 LOCK      ?= -c requirements.lock
 TEST_LOCK ?= -c requirements-test.lock
 # The version, written once in filter/pubsub_filter/_version.py (the wheel, `--version` and the image's label read it)
@@ -111,8 +113,8 @@ image:
 	docker build --build-arg VERSION=$(VERSION) --build-arg PYTHON_IMAGE=$(PYTHON_IMAGE) -t pubsub-filter:$(VERSION) .
 
 # The locks, regenerated in throw-away venvs, and what moved: requirements.lock is what
-# `pip install .` resolves for the runtime dependencies (the image installs exactly these;
-# see the Dockerfile); requirements-test.lock is what `pip install ".[test,chart]"` resolves
+# `pip install ".[gcp]"` resolves for the runtime dependencies with the Firestore and BigQuery
+# clients (the image installs exactly these; see the Dockerfile); requirements-test.lock is what `pip install ".[test,chart]"` resolves
 # (the test extra's bqemulator caps protobuf below the runtime's newest, so the two differ there).
 lock: | $(BIN)/python
 	$(BIN)/python .ci/lock.py

@@ -1,9 +1,10 @@
 """Regenerate requirements.lock and requirements-test.lock (`make lock`) and say what moved.
 
 Each lock is what pip resolves, in a throw-away venv with no constraints, for one install of
-this project: the runtime dependencies alone (requirements.lock, which the image installs),
-and the test extra with the chart extra (requirements-test.lock, which `make test` installs
-as constraints). A lock's leading comment lines are kept as they are.
+this project: the runtime dependencies with the gcp extra (requirements.lock, which the image
+installs: Firestore and BigQuery clients included, so they are pinned too; a bare `pip install .`
+is a subset of it), and the test extra with the chart extra (requirements-test.lock, which
+`make test` installs as constraints). A lock's leading comment lines are kept as they are.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import venv
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-LOCKS = {"requirements.lock": ".", "requirements-test.lock": ".[test,chart]"}
+LOCKS = {"requirements.lock": ".[gcp]", "requirements-test.lock": ".[test,chart]"}
 
 
 def resolve(spec: str) -> list[str]:

@@ -13,7 +13,16 @@ from typing import Any, NoReturn
 
 from pubsub_filter import __version__
 from pubsub_filter.core.config.coalesce import held_note
-from pubsub_filter.core.config.schema import CONFIG_ENV, DEFAULT_CONFIG, Config, ConfigError, Route, load
+from pubsub_filter.core.config.lines import Located
+from pubsub_filter.core.config.schema import (
+    CONFIG_ENV,
+    DEFAULT_CONFIG,
+    Config,
+    ConfigError,
+    Route,
+    load,
+    load_located,
+)
 from pubsub_filter.core.errors import FilterError
 from pubsub_filter.core.model import Message
 from pubsub_filter.runtime import durability, preflight
@@ -38,6 +47,12 @@ class _Parser(argparse.ArgumentParser):
 
 def _config(path: str | None) -> Config:
     return load(path)
+
+
+def _key_of(problem: str) -> tuple[str, ...]:
+    """The key a problem of the config's files or backends names first (`store.path: cannot
+    create ...`), as a path to place it by: each of them starts with the key it is about."""
+    return tuple(problem.partition(": ")[0].split("."))
 
 
 def _attribute(text: str) -> tuple[str, str]:
@@ -106,14 +121,14 @@ def _says(line: str, more: str | None = None) -> Callable[[Command], Command]:
 @_says("validate a config file; exit 1 with every problem listed")
 def cmd_check(args: argparse.Namespace) -> int:
     source = args.file or args.config or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG
-    cfg = _config(source)
+    cfg, lines = load_located(source)
     # the files it names, as `serve` will open them from here; and what the runtime it is checked
     # for (--for, else the one this runs on) would lose. The experiment's opt-out is not asked:
     # `check` says whether the config is fit to run there, and with embedded files it is not.
     runtime = durability.target(args.target) if args.target else durability.detect()
     found = preflight.problems(cfg) + (durability.lost(cfg, runtime) if runtime is not None else [])
     if found:
-        raise ConfigError(source, found)
+        raise ConfigError(source, [Located(text, lines.of(_key_of(text))) for text in found])
     names = ", ".join(r.name for r in cfg.routes)
     fit = f" for {runtime.name}" if runtime is not None else ""
     print(f"{source}: ok{fit} ({len(cfg.routes)} route{'s' if len(cfg.routes) != 1 else ''}: {names})")
@@ -188,6 +203,9 @@ def cmd_explain(args: argparse.Namespace) -> int:
     route = _route(cfg, args.route)
     msg = _message(args)
     if cfg.store.backend == "firestore":
+        from pubsub_filter.backends import extras
+
+        extras.require(extras.FIRESTORE_STORE)  # before the probe: without the client nothing else matters
         require(FIRESTORE)
     return run(cfg, route, msg, args.format)
 
@@ -240,6 +258,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
     def probe(cfg: Config | None) -> None:
         if args.through_filter and cfg is not None and not args.dry_run:  # it acks what its backends took
+            preflight.clients(cfg, _source(args))
             refused = durability.refusal(cfg, durability.detect())
             if refused:
                 raise ConfigError(_source(args), refused)
@@ -521,15 +540,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{prog}: {exc}", file=sys.stderr)
         return USAGE
     except ConfigError as exc:
-        if len(exc.problems) == 1:  # one problem, one line
-            print(f"{exc.source}: {exc.problems[0]}", file=sys.stderr)
+        said = exc.said()
+        if len(said) == 1:  # one problem, one line
+            print(said[0], file=sys.stderr)
             return 1
-        print(
-            f"{exc.source}: {len(exc.problems)} problem{'s' if len(exc.problems) != 1 else ''}",
-            file=sys.stderr,
-        )
-        for problem in exc.problems:
-            print(f"  {exc.source}: {problem}", file=sys.stderr)
+        print(f"{exc.source}: {len(said)} problem{'s' if len(said) != 1 else ''}", file=sys.stderr)
+        for problem in said:
+            print(f"  {problem}", file=sys.stderr)
         return FAILED
     except KeyboardInterrupt:
         return INTERRUPTED

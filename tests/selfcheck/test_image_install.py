@@ -3,13 +3,18 @@
 The wheel is built from exactly the files the image's build context holds (the
 .dockerignore allow-list: requirements.lock, pyproject.toml, README.md, LICENSE, filter/) and
 installed as the image installs it: the pinned runtime dependencies of requirements.lock
-first, then the wheel with --no-deps, `pip check`ed, into a new venv that, as in the
-image, holds no pip or setuptools. The installed console script must then serve a push end to end on $PORT and exit
-0 on SIGTERM. Every module of the package must import there, and every backend of the
-config reference must be constructible from a config through the project's own wiring, so
-a dependency that only the test extra brings in fails here, not in the Cloud Run image.
+first, then the wheel with --no-deps, `pip check`ed, then its gcp extra from what is already
+there alone, into a new venv that, as in the image, holds no pip or setuptools. The installed
+console script must then serve a push end to end on $PORT and exit 0 on SIGTERM. Every
+module of the package must import there, and every backend of the config reference must be
+constructible from a config through the project's own wiring, so a dependency that only the
+test extra brings in fails here, not in the Cloud Run image.
 Dependencies come from the package index pip is configured with (its cache makes repeat
 runs fast).
+
+The same wheel installed bare (`pip install pubsub-filter`: the runtime dependencies alone, no
+extra) must serve the embedded default, and say in one line which extra a Firestore or
+BigQuery config needs.
 """
 
 from __future__ import annotations
@@ -169,7 +174,23 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     _run([*into, "install", "--no-deps", "-r", str(context / "requirements.lock")], timeout=600)
     _run([*into, "install", "--no-deps", str(wheel)], timeout=300)
     _run([*into, "check"], timeout=120)
+    version = wheel.name.split("-")[1]
+    _run([*into, "install", "--no-index", "--find-links", str(wheels), f"pubsub-filter[gcp]=={version}"], timeout=300)
     (bin_dir / "wheel-name").write_text(wheel.name, encoding="utf-8")
+    return bin_dir
+
+
+@pytest.fixture(scope="module")
+def bare(installed: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv holding the same wheel as `pip install pubsub-filter` would: its runtime dependencies
+    alone (resolved by pip, held to the lock's versions), no extra; returns its bin/."""
+    (wheel,) = (installed.parent.parent / "wheels").glob("pubsub_filter-*.whl")
+    env_dir = tmp_path_factory.mktemp("bare") / "venv"
+    venv.EnvBuilder(with_pip=False, clear=True).create(env_dir)
+    bin_dir = env_dir / "bin"
+    into = [sys.executable, "-m", "pip", "--disable-pip-version-check", "--python", str(bin_dir / "python")]
+    _run([*into, "install", "-c", str(LOCK), str(wheel)], timeout=600)
+    _run([*into, "check"], timeout=120)
     return bin_dir
 
 
@@ -226,8 +247,8 @@ class Served:
         wait_until(healthy, deadline - time.monotonic(), lambda: f"/healthz did not answer 200:\n{self.output()}")
 
 
-@pytest.fixture
-def served(installed: Path, tmp_path: Path) -> Iterator[Served]:
+def _serve(bin_dir: Path, tmp_path: Path) -> Iterator[Served]:
+    """`pubsub-filter serve` of `bin_dir` on the embedded default, on a free port; killed after."""
     cwd = tmp_path / "run"
     cwd.mkdir()
     config = cwd / "filter.yaml"
@@ -238,7 +259,7 @@ def served(installed: Path, tmp_path: Path) -> Iterator[Served]:
     log = tmp_path / "serve.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [str(installed / "pubsub-filter"), "serve", "--config", str(config)],
+            [str(bin_dir / "pubsub-filter"), "serve", "--config", str(config)],
             cwd=cwd,
             env=env,
             stdout=out,
@@ -250,6 +271,16 @@ def served(installed: Path, tmp_path: Path) -> Iterator[Served]:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=10)
+
+
+@pytest.fixture
+def served(installed: Path, tmp_path: Path) -> Iterator[Served]:
+    yield from _serve(installed, tmp_path)
+
+
+@pytest.fixture
+def served_bare(bare: Path, tmp_path: Path) -> Iterator[Served]:
+    yield from _serve(bare, tmp_path)
 
 
 def test_console_script_from_the_wheel_runs(installed: Path) -> None:
@@ -337,6 +368,10 @@ def test_the_production_example_config_builds_its_backends(probed: dict[str, Any
 
 
 def test_installed_service_forwards_a_push_on_port_and_exits_0_on_sigterm(served: Served) -> None:
+    _forwards_a_push_and_exits_0_on_sigterm(served)
+
+
+def _forwards_a_push_and_exits_0_on_sigterm(served: Served) -> None:
     served.wait_healthy(deadline=time.monotonic() + 60)
 
     payload = {
@@ -367,6 +402,127 @@ def test_installed_service_forwards_a_push_on_port_and_exits_0_on_sigterm(served
     assert code == 0, served.output()
 
 
+# --- the bare install: no extra, the embedded default ----------------------------------------
+
+#: the modules that are the Firestore and BigQuery backends, and the extra each needs
+EXTRA_MODULES = {
+    "pubsub_filter.backends.stores.firestore": "firestore",
+    "pubsub_filter.backends.stores.firestore_wire": "firestore",
+    "pubsub_filter.consumer.stores.firestore": "firestore",
+    "pubsub_filter.backends.records.bigquery": "bigquery",
+}
+FIRESTORE_ONLY = EMBEDDED_CONFIG.replace("store: {backend: sqlite, path: state.db}", "store: {backend: firestore}")
+BIGQUERY_ONLY = EMBEDDED_CONFIG.replace(
+    "records: {backend: sqlite, path: decisions.db}", "records: {backend: bigquery}"
+)
+
+
+def _command(bin_dir: Path, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`pubsub-filter ARGS` of `bin_dir`, in `cwd`, its exit code left to the caller."""
+    return subprocess.run(
+        [str(bin_dir / "pubsub-filter"), *args],
+        cwd=cwd,
+        env=_clean_env(),
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+
+
+@pytest.fixture(scope="module")
+def probed_bare(bare: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What the probe found in the bare venv, for the embedded and the Google configs."""
+    cwd = tmp_path_factory.mktemp("probe-bare")
+    (cwd / "google.yaml").write_text(GOOGLE_CONFIG, encoding="utf-8")
+    (cwd / "embedded.yaml").write_text(EMBEDDED_CONFIG, encoding="utf-8")
+    proc = _run([str(bare / "python"), "-c", PROBE, "google.yaml", "embedded.yaml"], cwd=cwd, env=_clean_env())
+    report: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return report
+
+
+def test_a_bare_install_has_neither_the_firestore_nor_the_bigquery_client(bare: Path) -> None:
+    found = "import importlib.util as u; print([u.find_spec(f'google.cloud.{m}') for m in ('firestore', 'bigquery')])"
+    assert _run([str(bare / "python"), "-c", found], env=_clean_env()).stdout == "[None, None]\n"
+    assert _run([str(bare / "python"), "-c", "import google.cloud.pubsub_v1"], env=_clean_env())
+
+
+def test_a_bare_install_imports_every_module_but_the_google_backends_which_name_their_extra(
+    probed_bare: dict[str, Any],
+) -> None:
+    assert "site-packages" in probed_bare["file"], probed_bare["file"]
+    errors = probed_bare["import_errors"]
+    assert set(errors) == set(EXTRA_MODULES), "\n".join(errors.values())
+    for module, name in EXTRA_MODULES.items():
+        assert f"pip install 'pubsub-filter[{name}]'" in errors[module], errors[module]
+
+
+def test_a_bare_install_builds_the_embedded_backends_and_refuses_a_google_one_in_one_line(
+    probed_bare: dict[str, Any],
+) -> None:
+    assert probed_bare["built"]["embedded.yaml"] == {
+        "store": "SqliteStore",
+        "publisher": "OutboxPublisher",
+        "records": "SqliteSink",
+    }
+    refused = probed_bare["build_errors"]["google.yaml"].strip().splitlines()[-1]
+    assert refused == (
+        "pubsub_filter.core.ports.Failure: store.backend firestore needs the google-cloud-firestore client, "
+        "which is not installed: pip install 'pubsub-filter[firestore]'"
+    )
+
+
+def test_a_bare_install_checks_the_embedded_examples(bare: Path, tmp_path: Path) -> None:
+    for example in ("filter.yaml", "inprocess.yaml"):
+        proc = _command(bare, tmp_path, "check", str(ROOT / "examples" / example))
+        assert proc.returncode == 0, proc.stderr
+        assert proc.stdout.startswith(f"{ROOT / 'examples' / example}: ok"), proc.stdout
+
+
+def test_a_bare_install_serves_the_embedded_default(served_bare: Served) -> None:
+    _forwards_a_push_and_exits_0_on_sigterm(served_bare)
+
+
+@pytest.mark.parametrize(
+    ("config", "needs", "name"),
+    [
+        pytest.param(FIRESTORE_ONLY, "store.backend firestore needs the google-cloud-firestore client", "firestore"),
+        pytest.param(BIGQUERY_ONLY, "records.backend bigquery needs the google-cloud-bigquery client", "bigquery"),
+    ],
+    ids=["firestore", "bigquery"],
+)
+def test_a_bare_install_says_in_one_line_which_extra_a_google_backend_needs(
+    bare: Path, tmp_path: Path, config: str, needs: str, name: str
+) -> None:
+    """`check` refuses the config, and `serve` and `pull` refuse to start, before any credentials are looked for."""
+    path = tmp_path / "filter.yaml"
+    path.write_text(config, encoding="utf-8")
+    for command in (["check", str(path)], ["serve", "--config", str(path)], ["pull", "--config", str(path)]):
+        proc = _command(bare, tmp_path, *command)
+        assert proc.returncode == 1, (command, proc.stdout, proc.stderr)
+        assert proc.stderr == f"{path}: {needs}, which is not installed: pip install 'pubsub-filter[{name}]'\n", (
+            command,
+            proc.stderr,
+        )
+
+
+def test_a_bare_install_names_the_gcp_extra_for_the_cloud_run_example(bare: Path, tmp_path: Path) -> None:
+    example = ROOT / "examples" / "cloud-run.yaml"
+    proc = _command(bare, tmp_path, "check", str(example))
+    assert proc.returncode == 1, proc.stdout
+    assert proc.stderr == (
+        f"{example}: store.backend firestore and records.backend bigquery need the google-cloud-firestore and "
+        "google-cloud-bigquery clients, which are not installed: pip install 'pubsub-filter[gcp]'\n"
+    )
+
+
+def test_the_image_install_checks_the_cloud_run_example(installed: Path, tmp_path: Path) -> None:
+    example = ROOT / "examples" / "cloud-run.yaml"
+    proc = _command(installed, tmp_path, "check", str(example))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith(f"{example}: ok"), proc.stdout
+
+
 # --- the dependency lock and the Dockerfile's layers -----------------------------------------
 
 
@@ -384,17 +540,39 @@ def locked(lock: Path = LOCK) -> dict[str, Version]:
     return pins
 
 
-def runtime_dependencies() -> list[Requirement]:
+def _project() -> dict[str, Any]:
     with (ROOT / "pyproject.toml").open("rb") as f:
-        return [Requirement(d) for d in tomllib.load(f)["project"]["dependencies"]]
+        project: dict[str, Any] = tomllib.load(f)["project"]
+    return project
+
+
+def extra(name: str) -> list[Requirement]:
+    """What the extra `name` requires, its references to the project's other extras
+    (`pubsub-filter[firestore,bigquery]`) replaced by what those require."""
+    project = _project()
+    found: list[Requirement] = []
+    for line in project["optional-dependencies"][name]:
+        req = Requirement(line)
+        if canonicalize_name(req.name) == canonicalize_name(project["name"]):
+            found += [r for other in sorted(req.extras) for r in extra(other)]
+        else:
+            found.append(req)
+    return found
+
+
+def runtime_dependencies() -> list[Requirement]:
+    """What the image installs: pyproject.toml's dependencies and its gcp extra (requirements.lock pins both)."""
+    return [*(Requirement(d) for d in _project()["dependencies"]), *extra("gcp")]
 
 
 def test_the_lock_pins_every_runtime_dependency_within_pyprojects_specifiers() -> None:
     pins = locked()
-    missing = [str(r) for r in runtime_dependencies() if canonicalize_name(r.name) not in pins]
+    wanted = runtime_dependencies()
+    assert {"google-cloud-firestore", "google-cloud-bigquery"} <= {r.name for r in wanted}
+    missing = [str(r) for r in wanted if canonicalize_name(r.name) not in pins]
     outside = [
         f"{r.name}=={pins[canonicalize_name(r.name)]} is outside {r.specifier}"
-        for r in runtime_dependencies()
+        for r in wanted
         if canonicalize_name(r.name) in pins
         and not r.specifier.contains(pins[canonicalize_name(r.name)], prereleases=True)
     ]
@@ -433,6 +611,14 @@ def test_the_image_installs_the_locked_dependencies_in_a_layer_before_the_source
     assert "--no-deps" in lock_run, "the lock is complete: nothing else may be resolved"
     wheel_run = next(args for op, args in stage[copy_source:] if op == "RUN" and "pubsub_filter-" in args)
     assert "--no-deps" in wheel_run and "pip check" in wheel_run, wheel_run
+
+
+def test_the_image_adds_the_gcp_extra_from_the_locked_dependencies_alone() -> None:
+    (wheel_run,) = [args for op, args in _builder_stage() if op == "RUN" and "pubsub_filter-" in args]
+    installs = [cmd.strip() for cmd in wheel_run.split("&&") if "pip install" in cmd]
+    assert len(installs) == 2, installs
+    extra = installs[1]
+    assert '"pubsub-filter[gcp]==${VERSION}"' in extra and "--no-index" in extra, extra
 
 
 def test_the_build_context_lets_the_lock_in() -> None:

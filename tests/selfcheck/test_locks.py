@@ -8,21 +8,13 @@ both to pip as constraints, so a package released overnight changes nothing unti
 from __future__ import annotations
 
 import re
-import tomllib
 
-from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
-from tests.selfcheck.test_image_install import ROOT, locked, runtime_dependencies
+from tests.selfcheck.test_image_install import ROOT, extra, locked, runtime_dependencies
 
 TEST_LOCK = ROOT / "requirements-test.lock"
 MAKEFILE = (ROOT / "Makefile").read_text(encoding="utf-8")
-
-
-def extra(name: str) -> list[Requirement]:
-    with (ROOT / "pyproject.toml").open("rb") as f:
-        project = tomllib.load(f)["project"]
-    return [Requirement(d) for d in project["optional-dependencies"][name]]
 
 
 def test_the_test_lock_pins_the_runtime_and_the_test_and_chart_extras_within_their_specifiers() -> None:

@@ -26,6 +26,8 @@ from google.api_core.client_options import ClientOptions
 from google.auth.credentials import AnonymousCredentials
 from google.cloud import bigquery
 
+from .children import dying_with_parent
+
 PROJECT = "test-project"
 START_DEADLINE = 60.0  # seconds; it is normally ready in 2-4 s
 STOP_DEADLINE = 10.0
@@ -85,7 +87,9 @@ def start_bqemulator(log_path: Path, project: str = PROJECT) -> tuple[subprocess
     ]  # fmt: skip
     started = time.monotonic()
     with open(log_path, "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            dying_with_parent(cmd), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
     host = f"http://127.0.0.1:{rest}"
     deadline = started + START_DEADLINE
     wait = 0.02

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import ClassVar
 
+from .children import dying_with_parent
 from .net import free_port, free_ports
 
 PROJECT = "pubsub-filter-test"
@@ -175,7 +176,11 @@ class Emulator:
             log.write(f"--- start {self.starts + 1}: {' '.join(cmd)}\n".encode())
             log.flush()
             self._proc = subprocess.Popen(
-                cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+                dying_with_parent(cmd),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         self.starts += 1
         deadline = started + self.start_deadline

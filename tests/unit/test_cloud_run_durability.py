@@ -6,6 +6,7 @@ that fixes it; the examples meant for Cloud Run pass. Terraform's refusal: test_
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -163,7 +164,7 @@ def test_check_for_cloud_run_refuses_each_embedded_part_alone_with_its_fix(
     path = write(tmp_path, **{**CLOUD, part: {**EMBEDDED[part], "path": str(tmp_path / "file")}})
     assert main(["check", "--for", "cloud-run", str(path)]) == FAILED
     err = capsys.readouterr().err
-    assert err.startswith(f"{path}: {part}: ") and err.count("\n") == 1, err
+    assert re.match(rf"{re.escape(str(path))}:\d+:1: {part}: ", err) and err.count("\n") == 1, err  # at its section
     assert "on Cloud Run (check --for cloud-run)" in err and FIX[part] in err
 
 

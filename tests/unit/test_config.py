@@ -117,8 +117,11 @@ def test_empty_file_is_a_clear_error(tmp_path: Path) -> None:
     assert "empty" in problems(tmp_path, "")[0]
 
 
-def test_invalid_yaml_names_the_line(tmp_path: Path) -> None:
-    assert "line 2, column 1" in problems(tmp_path, "routes:\n\t- name: x\n")[0]
+def test_invalid_yaml_names_the_line_and_column(tmp_path: Path) -> None:
+    path = write(tmp_path, "routes:\n\t- name: x\n")
+    with pytest.raises(ConfigError) as exc:
+        load(path)
+    assert str(exc.value).startswith(f"{path}:2:1: not valid YAML: ")
 
 
 def test_missing_file_says_how_to_point_at_one(tmp_path: Path) -> None:
@@ -150,7 +153,7 @@ def test_check_command_prints_problems_and_exits_1(tmp_path: Path, capsys: pytes
     path = write(tmp_path, {"routes": [a_route(mode="loud")]})
     assert main(["check", str(path)]) == 1
     err = capsys.readouterr().err
-    assert f"{path}: route 'injury-report': mode" in err
+    assert f"{path}:5:9: route 'injury-report': mode" in err
 
 
 def test_a_route_forwards_a_message_without_its_key_unless_it_says_reject(tmp_path: Path) -> None:
@@ -166,7 +169,7 @@ def test_check_command_accepts_on_missing_key_and_refuses_a_value_it_does_not_kn
     bad = write(tmp_path, {"routes": [a_route(on_missing_key="retry")]})
     assert main(["check", str(bad)]) == 1
     err = capsys.readouterr().err
-    assert f"{bad}: route 'injury-report': on_missing_key: 'retry' is not one of forward, reject" in err
+    assert f"{bad}:6:19: route 'injury-report': on_missing_key: 'retry' is not one of forward, reject" in err
 
 
 def test_check_command_accepts_a_good_file(capsys: pytest.CaptureFixture[str]) -> None:

@@ -42,7 +42,7 @@ def test_check_reports_a_store_in_a_directory_that_does_not_exist(
     path = config(tmp_path, store={"path": str(tmp_path / "missing" / "state.db")})
     code, err = check(path, capsys)
     assert code == 1
-    assert err == f"{path}: store.path: cannot create {str(tmp_path / 'missing' / 'state.db')!r}: " + (
+    assert err == f"{path}:11:9: store.path: cannot create {str(tmp_path / 'missing' / 'state.db')!r}: " + (
         f"the directory {str(tmp_path / 'missing')!r} does not exist\n"
     )
 
@@ -78,10 +78,10 @@ def test_check_reports_every_unusable_file_at_once(tmp_path: Path, capsys: pytes
         publisher={"path": str(gone / "o.jsonl")},
     )
     code, err = check(path, capsys)
-    assert code == 1 and [line.split(": ")[1] for line in err.splitlines()[1:]] == [
-        "store.path",
-        "records.path",
+    assert code == 1 and [line.split(": ")[1] for line in err.splitlines()[1:]] == [  # in line order
         "publisher.path",
+        "records.path",
+        "store.path",
     ]
 
 

@@ -48,8 +48,9 @@ def test_check_refuses_a_lone_surrogate_in_a_file_on_its_line(tmp_path: Path, li
     path.write_text(f"routes:\n  - name: r\n    destination: phase3\n    key: [payload.k]\n{yaml}\n", encoding="utf-8")
     with pytest.raises(ConfigError) as caught:
         load(path)
-    (problem,) = caught.value.problems
-    assert problem.startswith(f"line {line}: '") and "lone surrogate" in problem
+    (problem,) = caught.value.found
+    assert problem.position is not None and problem.position.line == line
+    assert problem.text.startswith("'") and "lone surrogate" in problem.text
 
 
 def test_parse_refuses_a_lone_surrogate_at_its_key() -> None:

@@ -40,6 +40,7 @@ PROJECT = "my-project"
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 SECRET = "S3CRET-PAYLOAD-7f3a"  # in every payload sent; must never be logged
 TOKEN_MARK = "S3CRET-TOKEN"
+TRACE_FIELD = "logging.googleapis.com/trace"
 TIME = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
 FP = re.compile(r"^sha256:[0-9a-f]{64}$")
 LEVELS = {
@@ -176,7 +177,7 @@ async def every_decision(w: World) -> list[DecisionRecord]:
     await asyncio.sleep(0)
     newer = asyncio.ensure_future(w.send("coalesced", {"game_date": "d7", "v": 2}, publish_time=201.0))
     recs.append(await older)
-    w.engine.holding.release_all()
+    w.engine.decide_held()
     recs.append(await newer)
     return recs
 
@@ -404,6 +405,22 @@ async def test_push_requests_log_the_trace_and_never_the_payload_or_the_token(wo
         assert needle not in text, f"{needle[:20]!r}... reached the log"
     for line in lines:
         assert not {"payload", "data", "token", "authorization", "body"} & line.keys()
+
+
+async def test_a_push_requests_lifecycle_lines_carry_its_trace_and_no_other(world: World) -> None:
+    out = io.StringIO()
+    logsetup.configure(fmt="json", project=PROJECT, stream=out, cache=False)
+    transport = httpx.ASGITransport(app=create_app(world.engine))
+    async with httpx.AsyncClient(transport=transport, base_url="http://filter") as client:
+        for message_id, headers in (("t1", {"X-Cloud-Trace-Context": f"{TRACE}/1;o=1"}), ("t2", {})):
+            world.publisher.fail_next = 1  # the publish fails: its lease is released, a lifecycle line
+            body = make_envelope(json.dumps({"game_date": message_id}).encode(), message_id)
+            r = await client.post("/push/reports", content=body, headers=headers)
+            assert r.json()["decision"] == "failed"
+    traced, untraced = events_of(out, "lease_released")
+    assert traced[TRACE_FIELD] == f"projects/{PROJECT}/traces/{TRACE}"
+    assert TRACE_FIELD not in untraced  # the request before it left nothing behind
+    assert [d.get(TRACE_FIELD) for d in decisions_of(out)] == [traced[TRACE_FIELD], None]
 
 
 def test_scrub_drops_payload_and_credential_keys_whoever_logs_them() -> None:

@@ -9,7 +9,6 @@ The whole tree (each class in the module named, its standard base in brackets):
 
     FilterError
     ├── ConfigError                  core.config.schema: a config that does not validate
-    ├── DuplicateKeys                core.config.yamlfile: a key written twice in the YAML
     ├── PubsubNameError [ValueError] core.config.names: a topic or subscription id Pub/Sub refuses
     ├── PathError [ValueError]       core.paths: a field path that does not parse
     ├── PayloadError [ValueError]    core.compare.canonical: a payload the route cannot read

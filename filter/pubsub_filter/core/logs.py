@@ -71,6 +71,13 @@ class Logger:
         return getattr(self._target(), name)
 
 
+def trace_field(trace: str | None) -> dict[str, str]:
+    """The request's trace as a line's field (`trace=...`), none without one: a line about a
+    decision (a lease taken over, a heartbeat that failed) gets its trace passed, as its
+    decision line does, never from ambient context."""
+    return {"trace": trace} if trace else {}
+
+
 def get_logger(name: str) -> Any:
     """The logger for `name` (a `pubsub_filter.` name); see the module's doc for where it writes."""
     return Logger(name)

@@ -194,8 +194,8 @@ class Filter:
         return await self._process(route, msg, body, trace, self._caches(route, cache_result))
 
     def _caches(self, route: str, asked: bool | None) -> bool:
-        rules = self.engine.rules.get(route)
-        return asked if asked is not None else rules is not None and rules.route.cache_result
+        facts = self.engine.facts.routes.get(route)
+        return asked if asked is not None else facts is not None and facts.cache_result
 
     async def _process(
         self, route: str, message: Message, body: Callable[[Forward], Awaitable[T]], trace: str | None, cache: bool

@@ -104,8 +104,9 @@ def _refuse_unrunnable(f: Filter | SyncFilter, fn: Callable[..., Any]) -> None:
 
 def _known_route(engine: Engine, route: str) -> None:
     """A decorator for a route the config does not define would reject every message: refused now."""
-    if route not in engine.rules:
-        known = ", ".join(sorted(engine.rules)) or "none"
+    routes = engine.facts.routes
+    if route not in routes:
+        known = ", ".join(sorted(routes)) or "none"
         raise UnknownRouteError(f"unknown route {route!r}: the config defines {known}")
 
 

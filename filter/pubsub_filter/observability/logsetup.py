@@ -5,6 +5,10 @@ stdout JSON line into the LogEntry; the rest stays in `jsonPayload`. A decision 
 (`message` "decision"), a lifecycle event one line named by its `message` (`skip-rate --log`
 reads both back). `configure` may be called again: cached loggers follow (all but their
 level), because the processor list is edited in place and every line goes through `_OUT`.
+
+A line holds what its caller passed: the request's trace is a parameter of the lines that tell
+of a request (`pubsub_filter.core.logs.trace_field`), never ambient context. The one thing read
+from the context is OpenTelemetry's current span, so that a line joins its span in Cloud Trace.
 """
 
 from __future__ import annotations
@@ -20,7 +24,6 @@ from typing import Any, TextIO, cast
 import msgspec
 import structlog
 from opentelemetry.trace import get_current_span
-from structlog.contextvars import merge_contextvars
 from structlog.processors import format_exc_info
 
 from pubsub_filter.core.engine.decision_line import RECORD, WholeRecord
@@ -94,7 +97,7 @@ class _CloudJson(WholeRecord):
     def __call__(self, logger: Any, method: str, event: MutableMapping[str, Any]) -> str:
         if (rec := event.pop(RECORD, None)) is not None:
             event = {**rec.line_fields(), **event}
-        event = _scrub(logger, method, merge_contextvars(logger, method, event))
+        event = _scrub(logger, method, event)
         span = get_current_span()
         if span.is_recording():
             # so that Cloud Logging joins the line to its span in Cloud Trace
@@ -166,7 +169,6 @@ def configure(
         processors: list[structlog.types.Processor] = [_CloudJson(project, clock)]
     else:
         processors = [
-            merge_contextvars,
             _scrub,
             structlog.processors.TimeStamper(fmt="%H:%M:%S", utc=False),
             _console_time,

@@ -96,8 +96,9 @@ class PullWorker:
         self.engine = engine
         self.routes = list(routes)
         self.project = project
-        self.settings = settings or engine.config.pull
-        self.budget = engine.config.server.shutdown_budget
+        facts = engine.facts
+        self.settings = settings or facts.pull
+        self.budget = facts.shutdown_budget
         self.stopping: Stop | None = None  # begun at the first signal (else when the shutdown starts)
         self.subscriber: Any = subscriber if subscriber is not None else pubsub_v1.SubscriberClient()
         # closed at shutdown, after its threads ended: by default only a client made here
@@ -125,8 +126,7 @@ class PullWorker:
         self._late: dict[str, dict[str, list[str]]] = defaultdict(lambda: {"ack": [], "nack": []})
         self._late_lock = threading.Lock()
         self.ready = threading.Event()  # set once every stream is open (for in-process callers)
-        ack_deadline = engine.config.lease.ack_deadline
-        self.watchdog = Watchdog(self.paths, ack_deadline, self._probe)
+        self.watchdog = Watchdog(self.paths, facts.ack_deadline, self._probe)
         self.watch_every = watch_every if watch_every is not None else self.watchdog.quiet_after
         self.health: HealthServer | None = None
         if health_port is not None:
@@ -171,7 +171,8 @@ class PullWorker:
         if install_signals:
             for sig in (signal.SIGTERM, signal.SIGINT):
                 loop.add_signal_handler(sig, self._on_signal, sig)
-        flow = flow_control(self.settings, self.engine.config.lease)
+        facts = self.engine.facts
+        flow = flow_control(self.settings, facts.ack_deadline, facts.lease_duration)
         watch: asyncio.Task[None] | None = None
         consumers = ConsumerDeaths(self._consumer_died)
         consumers.attach()
@@ -201,7 +202,7 @@ class PullWorker:
                 "pulling",
                 routes=[r.name for r in self.routes],
                 subscriptions=sorted(self.paths.values()),
-                instance=self.engine.instance,
+                instance=facts.instance,
                 max_messages=flow.max_messages,
                 max_lease_duration_s=flow.max_lease_duration,
                 ack_extension_s=flow.max_duration_per_lease_extension,
@@ -231,7 +232,7 @@ class PullWorker:
             log.info("shutting_down", signal=signal.Signals(sig).name, in_flight=len(self.engine.under_way()))
             self.stopping = Stop.begin(self.budget)
             backstop.arm(self.stopping)
-            self.engine.holding.release_all()  # held messages (`coalesce`) are decided now, inside the drain
+            self.engine.decide_held()  # held messages (`coalesce`) are decided now, inside the drain
         self._stop.set()
 
     def _stream_done(self, route: str) -> Any:
@@ -341,7 +342,7 @@ class PullWorker:
             await self._shut_down()
         log.info(
             "stopped",
-            instance=self.engine.instance,
+            instance=self.engine.facts.instance,
             handled=self.handled,
             acked=self.acked,
             nacked=self.nacked,

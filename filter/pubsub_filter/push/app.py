@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import msgspec
-import structlog
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.routing import Route
@@ -22,7 +21,7 @@ from pubsub_filter.core.engine.answer import answer_for
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.engine.stopping import Stop
 from pubsub_filter.core.envelope import EnvelopeError
-from pubsub_filter.core.logs import get_logger
+from pubsub_filter.core.logs import get_logger, trace_field
 from pubsub_filter.core.model import Cause, DecisionRecord, Message
 from pubsub_filter.core.numerals import bounded_int, digits_of
 from pubsub_filter.push.admission import BytesInFlight, LoopLag, SenderDeadline
@@ -146,7 +145,7 @@ def _cancelled_answer() -> Answer:
     return _json({"decision": "failed", "reason": "cancelled by the shutdown; sent again"}, 503, _RETRY)
 
 
-async def _cancelled(engine: Engine, route: str) -> Answer:
+async def _cancelled(engine: Engine, route: str, trace: str | None) -> Answer:
     """The answer to a request cancelled by a shutdown that could not wait for it (uvicorn past
     its share of `server.shutdown_budget`): a nack, which Pub/Sub redelivers, rather than the plain 500 and
     traceback an exception would give. A cancel that reached the engine has released the
@@ -155,7 +154,7 @@ async def _cancelled(engine: Engine, route: str) -> Answer:
     if task is not None:
         task.uncancel()  # taken: what is left of the request is writing this answer
     engine.note("push_cancelled")
-    log.warning("push_cancelled", route=route)
+    log.warning("push_cancelled", route=route, **trace_field(trace))
     with contextlib.suppress(asyncio.CancelledError):  # one more cancel: answer all the same
         await engine.recorded()  # as every answer: once its decision's row is written
     return _cancelled_answer()
@@ -197,41 +196,43 @@ class _PushHandler:
         "max_body",
         "no_metadata",
         "read_headers",
+        "routes",
         "tracing",
     )
 
     def __init__(self, engine: Engine, authenticator: Any, body_timeout: float) -> None:
+        facts = engine.facts
         self.engine = engine
         self.authenticator = authenticator
-        self.max_body = engine.config.server.max_body
+        self.max_body = facts.max_body
         self.body_timeout = body_timeout
-        self.in_flight = BytesInFlight(engine.config.server.max_bytes_in_flight)
+        self.in_flight = BytesInFlight(facts.max_bytes_in_flight)
         tel = telemetry_of(engine)
         self.tracing = tel is not None and tel.tracing
         self.read_headers = _READ_HEADERS if authenticator is None else _READ_WITH_AUTH
+        self.routes = frozenset(facts.routes)  # any other is answered 404
         # routes whose subscription pushes the data without metadata: a body there is never an envelope
-        self.no_metadata = frozenset(r.name for r in engine.config.routes if r.push_format == "unwrapped_no_metadata")
+        self.no_metadata = frozenset(n for n, r in facts.routes.items() if r.push_format == "unwrapped_no_metadata")
 
     async def __call__(self, route: str, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = _headers(scope["headers"], self.read_headers)
         try:
-            answer = await self.answer(route, scope, receive)
+            answer = await self.answer(route, scope, receive, headers)
         except asyncio.CancelledError:
-            answer = await _cancelled(self.engine, route)
+            answer = await _cancelled(self.engine, route, trace_of(headers))
         await _send(send, answer)
 
-    async def answer(self, route: str, scope: Scope, receive: Receive) -> Answer:
+    async def answer(self, route: str, scope: Scope, receive: Receive, headers: dict[bytes, str]) -> Answer:
+        """`headers`: the request's few (`_headers`). The request's trace travels as a parameter
+        to every line that tells of it: the decision's and its lifecycle lines (`Engine.handle`)."""
         engine = self.engine
-        headers = _headers(scope["headers"], self.read_headers)
         if self.authenticator is not None:
             refused = await self._refused(route, headers.get(b"authorization"))
             if refused is not None:
                 return refused
-        trace = trace_of(headers)  # the log line's
+        trace = trace_of(headers)  # the log lines'
         parent = request_parent_of(headers) if self.tracing else None  # the decision's
-        if trace:
-            # Lifecycle lines (lease taken over, heartbeat failed...) then carry the request's trace too.
-            structlog.contextvars.bind_contextvars(trace=trace)
-        if route not in engine.rules:
+        if route not in self.routes:
             route = bounded_route_name(route)
             rec = await engine.reject(route, None, f"unknown route {route!r}", trace=trace, cause=Cause.UNKNOWN_ROUTE)
             return _json({"decision": "rejected", "reason": rec.reason}, 404)
@@ -296,7 +297,7 @@ class _PushHandler:
         if isinstance(exc, _Disconnected):
             # Nobody is left to answer, and no decision was taken: Pub/Sub sends it again.
             self.engine.note("client_disconnected")
-            log.info("push_client_disconnected", route=route)
+            log.info("push_client_disconnected", route=route, **trace_field(trace))
             return 499, (), b""
         if isinstance(exc, _TooLarge):
             rec = await self.engine.reject(route, None, f"body larger than {self.max_body} bytes", trace=trace)
@@ -341,7 +342,7 @@ def create_app(
     engine: Engine, authenticator: Any = None, lifespan: Any = None, body_timeout: float | None = None
 ) -> PushApp:
     # A client that sends part of a body and stalls would otherwise hold a request (and its memory) open for good.
-    body_timeout = engine.config.server.body_timeout if body_timeout is None else body_timeout
+    body_timeout = engine.facts.body_timeout if body_timeout is None else body_timeout
     push = _PushHandler(engine, authenticator, body_timeout)
     return PushApp(push, _probes(engine, push, lifespan))
 
@@ -350,9 +351,10 @@ def create_app(
 async def engine_lifespan(engine: Engine, stopping: Callable[[], Stop | None] = lambda: None) -> AsyncIterator[None]:
     """Close cleanly after uvicorn has drained in-flight requests on SIGTERM: within what is
     left of the stop `stopping()` gives (the one begun at the signal), else a budget from now."""
-    log.info("serving", routes=sorted(engine.rules), instance=engine.instance)
+    facts = engine.facts
+    log.info("serving", routes=sorted(facts.routes), instance=facts.instance)
     try:
         yield
     finally:
         await engine.close(stopping())
-        log.info("stopped", instance=engine.instance)
+        log.info("stopped", instance=facts.instance)

@@ -63,8 +63,6 @@ def _serve(cfg: Config, sock: socket.socket, host: str, port: int) -> int:
     # lifespan ends, long after it is assigned below (a closure reads the name when called)
     app = create_app(engine, authenticator, lifespan=lambda _app: engine_lifespan(engine, lambda: server.stop))
     # held requests (`coalesce`) are decided as the stop begins, not when their burst would end
-    server = Server(
-        server_config(app, cfg, host, port), budget=cfg.server.shutdown_budget, on_stop=engine.holding.release_all
-    )
+    server = Server(server_config(app, cfg, host, port), budget=cfg.server.shutdown_budget, on_stop=engine.decide_held)
     server.run(sockets=[sock])
     return 0

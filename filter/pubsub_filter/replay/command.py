@@ -10,13 +10,14 @@ import signal
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
 import google.cloud.pubsub_v1 as pubsub_v1
 from google.auth.exceptions import DefaultCredentialsError
 
 from pubsub_filter.core.config.names import PubsubNameError
 from pubsub_filter.core.config.schema import Config
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.ports import Publisher
 from pubsub_filter.google.shared import NO_CREDENTIALS, detect_project
 from pubsub_filter.observability.logsetup import configure
 from pubsub_filter.replay.deadletter import ReplayFailure
@@ -78,7 +79,7 @@ def run(args: argparse.Namespace, probe: Callable[[Config | None], None] = lambd
     return outcome(replayer)
 
 
-def _workers(opts: ReplayOptions, cfg: Config | None) -> tuple[Any, Any]:
+def _workers(opts: ReplayOptions, cfg: Config | None) -> tuple[Publisher | None, Engine | None]:
     """(publisher, engine): the one that does the run's work; neither for a dry run."""
     if opts.dry_run:
         return None, None
@@ -93,7 +94,7 @@ def _workers(opts: ReplayOptions, cfg: Config | None) -> tuple[Any, Any]:
     return PubsubPublisher(project=opts.project, timeout=timeout), None
 
 
-async def _until_stopped(replayer: Replayer, publisher: Any, engine: Any) -> None:
+async def _until_stopped(replayer: Replayer, publisher: Publisher | None, engine: Engine | None) -> None:
     """The run; the first signal stops taking new messages, the second cancels what is under way."""
     loop = asyncio.get_running_loop()
     work = asyncio.create_task(replayer.run())

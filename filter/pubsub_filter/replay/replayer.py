@@ -16,9 +16,10 @@ from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, sto
 
 from pubsub_filter.core.config.schema import Config
 from pubsub_filter.core.engine.answer import answer_for
-from pubsub_filter.core.errors import FilterError
+from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.errors import FilterError, FilterUsageError
 from pubsub_filter.core.logs import get_logger
-from pubsub_filter.core.ports import PublishFailed
+from pubsub_filter.core.ports import Publisher, PublishFailed
 from pubsub_filter.google.received import received_message
 from pubsub_filter.google.shared import TRANSIENT, acknowledge, modify_ack_deadline
 from pubsub_filter.replay.deadletter import DeadLetter, ReplayFailure
@@ -47,14 +48,15 @@ def _log_pull_retry(state: RetryCallState) -> None:
 
 
 class Replayer:
-    """One replay run. `publisher` (republish) or `engine` (through the filter) does the work."""
+    """One replay run. `publisher` (republish) or `engine` (through the filter) does the work;
+    the engine only through its face (`Engine.FACE`: `handle`), its routes from `config`."""
 
     def __init__(
         self,
         opts: ReplayOptions,
         subscriber: Any,
-        publisher: Any = None,
-        engine: Any = None,
+        publisher: Publisher | None = None,
+        engine: Engine | None = None,
         config: Config | None = None,
         out: IO[str] | None = None,
         err: IO[str] | None = None,
@@ -63,7 +65,7 @@ class Replayer:
         self.subscriber = subscriber
         self.publisher = publisher
         self.engine = engine
-        self.targets = Targets(opts, subscriber, config if config is not None else getattr(engine, "config", None))
+        self.targets = Targets(opts, subscriber, config)
         self.out = out or sys.stdout
         self.counts = Counts()
         self.progress = Progress(err or sys.stderr, self.counts, opts.dry_run, total=opts.max)
@@ -219,6 +221,8 @@ class Replayer:
 
     async def _republish(self, item: DeadLetter) -> None:
         target = await self.targets.topic(item)
+        if self.publisher is None:
+            raise FilterUsageError("a republishing replay needs a publisher")
         try:
             published = await self.publisher.publish(
                 target, item.data, item.replay_attributes(), item.ordering_key or None
@@ -232,6 +236,8 @@ class Replayer:
     async def _through_filter(self, item: DeadLetter) -> None:
         route = self.targets.route_for(item)
         msg = received_message(item, attributes=item.replay_attributes())
+        if self.engine is None:
+            raise FilterUsageError("a replay through the filter needs an engine")
         handled = await self.engine.handle(route, msg)
         rec = handled.record
         if not answer_for(rec).ack:

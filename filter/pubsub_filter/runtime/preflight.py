@@ -1,5 +1,7 @@
-"""Can the files the config names be opened, and are there credentials for the Google
-backends it uses? Asked by `check` (files) and before `serve` and `pull` start (both).
+"""Can the files the config names be opened, are the clients of the Google backends it picks
+installed (their extras), and are there credentials for them? Asked by `check` (files and
+clients) and before `serve` and `pull` start (all three); `replay --through-filter` asks
+for the clients (`clients`).
 
 The embedded backends open their files lazily or deep inside start-up: a missing
 directory showed up as a traceback, or (the outbox) as a 500 on the first forward.
@@ -17,13 +19,14 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
+from pubsub_filter.backends import extras
 from pubsub_filter.core.config.schema import Config, ConfigError
 from pubsub_filter.core.ports import Failure
 from pubsub_filter.runtime.operational import BIGQUERY, FIRESTORE, PUBSUB, Backend
 
 
 def problems(cfg: Config) -> list[str]:
-    found: list[str] = []
+    found = extras.missing(cfg)  # first: without its client a backend cannot start at all
     if cfg.store.backend == "sqlite":
         found += _sqlite("store.path", Path(cfg.store.path))
     if cfg.records.backend == "sqlite":
@@ -36,6 +39,13 @@ def problems(cfg: Config) -> list[str]:
 def check(cfg: Config, source: str) -> None:
     """Raise `ConfigError` naming each file that cannot be opened or created."""
     found = problems(cfg)
+    if found:
+        raise ConfigError(source, found)
+
+
+def clients(cfg: Config, source: str) -> None:
+    """Raise `ConfigError` (one line naming the install) when a backend `cfg` picks lacks its client."""
+    found = extras.missing(cfg)
     if found:
         raise ConfigError(source, found)
 

@@ -1,11 +1,13 @@
 """Config → engine: pick each backend named in the YAML. Google backends import lazily,
-so the embedded default starts without loading their client libraries."""
+so the embedded default starts without loading their client libraries, and without the
+Firestore and BigQuery clients installed at all (their extras: `backends.extras`)."""
 
 from __future__ import annotations
 
 import os
 import sqlite3
 
+from pubsub_filter.backends import extras
 from pubsub_filter.backends.records.batch import BatchingRecorder
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.core.config.schema import Config
@@ -29,6 +31,7 @@ def make_store(cfg: Config) -> StateStore:
         except StoreUnavailable as exc:  # at start this is the file, not an outage to ride out
             raise Failure(f"cannot open state file {s.path}: {exc.__cause__ or exc}") from exc
     else:
+        extras.require(extras.FIRESTORE_STORE)
         from pubsub_filter.backends.stores.firestore import FirestoreStore
 
         store = FirestoreStore(project=project_of(cfg, s.project), database=s.database, collection=s.collection)
@@ -57,6 +60,7 @@ def make_recorder(cfg: Config) -> DecisionRecorder:
             return InlineSqliteRecorder(SqliteSink(r.path), BatchingRecorder(SqliteSink(r.path), flush_interval=0.5))
         except sqlite3.Error as exc:
             raise Failure(f"cannot open records file {r.path}: {exc}") from exc
+    extras.require(extras.BIGQUERY_RECORDS)
     from pubsub_filter.backends.records.bigquery import bigquery_recorder
 
     return bigquery_recorder(r, project_of(cfg, r.project))
@@ -76,6 +80,7 @@ def make_reader(cfg: Config | None, log: str | None = None) -> RecordsReader:
         from pubsub_filter.backends.records.sqlite import SqliteReader
 
         return SqliteReader(r.path)
+    extras.require(extras.BIGQUERY_RECORDS)
     from pubsub_filter.backends.records.bigquery import bigquery_reader
     from pubsub_filter.runtime.operational import BIGQUERY, require
 
@@ -90,14 +95,16 @@ def make_engine(cfg: Config, telemetry: Telemetry | None = None) -> Engine:
         return Engine(cfg, store, publisher, make_recorder(cfg))
     from pubsub_filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
 
+    recorder = make_recorder(cfg)
     engine = Engine(
         cfg,
         InstrumentedStore(store, telemetry),
         InstrumentedPublisher(publisher, telemetry),
-        make_recorder(cfg),
+        recorder,
         telemetry=telemetry,
     )
-    telemetry.watch(engine.rules, lambda: engine.in_flight, engine.recorder.outcomes)
+    # what the metrics observe, handed over: the route names, the decisions under way, the records' outcomes
+    telemetry.watch(engine.facts.routes, lambda: engine.in_flight, recorder.outcomes)
     return engine
 
 

@@ -22,8 +22,14 @@ from google.api_core.client_options import ClientOptions
 from google.api_core.exceptions import NotFound
 from google.api_core.retry import Retry
 from google.auth.credentials import AnonymousCredentials
-from google.cloud import bigquery
-from google.cloud.bigquery.retry import DEFAULT_RETRY
+
+from pubsub_filter.backends import extras
+
+try:  # the `bigquery` extra: a bare install has no BigQuery client
+    from google.cloud import bigquery
+    from google.cloud.bigquery.retry import DEFAULT_RETRY
+except ImportError as exc:
+    raise extras.import_error(extras.BIGQUERY, exc) from exc
 
 from pubsub_filter.backends.records.batch import BatchingRecorder
 from pubsub_filter.backends.records.extra import encode_extra

@@ -37,9 +37,15 @@ from typing import Any, TypeVar
 import grpc
 from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exc
-from google.cloud import firestore
-from google.cloud.firestore_v1.services.firestore import async_client as gapic_client
-from google.cloud.firestore_v1.services.firestore.transports import grpc_asyncio
+
+from pubsub_filter.backends import extras
+
+try:  # the `firestore` extra: a bare install has no Firestore client
+    from google.cloud import firestore
+    from google.cloud.firestore_v1.services.firestore import async_client as gapic_client
+    from google.cloud.firestore_v1.services.firestore.transports import grpc_asyncio
+except ImportError as exc:
+    raise extras.import_error(extras.FIRESTORE, exc) from exc
 
 from pubsub_filter.backends.stores import TTL_FIELD
 from pubsub_filter.backends.stores.firestore_wire import Wire

@@ -24,8 +24,14 @@ from typing import Any
 import grpc
 from google.api_core import exceptions as gexc
 from google.api_core.gapic_v1 import routing_header
-from google.cloud.firestore_v1.types import common, document, firestore, write
 from google.protobuf import struct_pb2, timestamp_pb2
+
+from pubsub_filter.backends import extras
+
+try:  # the `firestore` extra: a bare install has no Firestore client
+    from google.cloud.firestore_v1.types import common, document, firestore, write
+except ImportError as exc:
+    raise extras.import_error(extras.FIRESTORE, exc) from exc
 
 Value = document.Value.pb()
 MapValue = document.MapValue.pb()

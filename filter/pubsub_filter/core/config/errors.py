@@ -12,7 +12,7 @@ import difflib
 import re
 import types
 from collections.abc import Iterable, Sequence
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, NamedTuple, Union, get_args, get_origin
 
 from pydantic import BaseModel
 
@@ -53,7 +53,7 @@ _BOUNDS = {
 
 def where(loc: Loc, raw: Any) -> str:
     """Turn pydantic's location into `route 'injury-report': key[1]`."""
-    parts = _plain_loc(loc)
+    parts = plain_loc(loc)
     if len(parts) >= 2 and parts[0] == "routes" and isinstance(parts[1], int):
         idx = parts[1]
         name = None
@@ -67,22 +67,32 @@ def where(loc: Loc, raw: Any) -> str:
     return _dotted(parts) or "(top level)"
 
 
-def describe(errors: Sequence[Any], raw: dict[str, Any], root: type[BaseModel]) -> list[str]:
+class Said(NamedTuple):
+    """One error in plain words (`WHERE: what is wrong`), and the path of what it is about as the
+    file writes it; `of_key` when it is about the key itself (an unknown key), not its value."""
+
+    loc: Loc
+    text: str
+    of_key: bool = False
+
+
+def describe(errors: Sequence[Any], raw: dict[str, Any], root: type[BaseModel]) -> list[Said]:
     """One `WHERE: what is wrong` line per error, in plain words."""
     corrected = _corrected_required(errors, root)
     found = []
     for err in errors:
         loc = tuple(err["loc"])
-        if err["type"] == "missing" and _plain_loc(loc) in corrected:
+        if err["type"] == "missing" and plain_loc(loc) in corrected:
             continue  # said once, by the misspelt key's "did you mean"
         found.append(_located(err, loc, raw, root))
     return found
 
 
-def _located(err: Any, loc: Loc, raw: dict[str, Any], root: type[BaseModel]) -> str:
+def _located(err: Any, loc: Loc, raw: dict[str, Any], root: type[BaseModel]) -> Said:
     if err["type"] == "union_tag_invalid":
-        return f"{where((*loc, 'backend'), raw)}: {_message(err, loc, raw, root)}"
-    return f"{where(loc, raw)}: {_message(err, loc, raw, root)}"
+        at = (*loc, "backend")
+        return Said(plain_loc(at), f"{where(at, raw)}: {_message(err, loc, raw, root)}")
+    return Said(plain_loc(loc), f"{where(loc, raw)}: {_message(err, loc, raw, root)}", err["type"] == "extra_forbidden")
 
 
 def _message(err: Any, loc: Loc, raw: dict[str, Any], root: type[BaseModel]) -> str:
@@ -150,7 +160,7 @@ def _home_of(key: str, root: type[BaseModel], here: type[BaseModel] | None) -> s
 
 def _backend_written(parent: Loc, raw: dict[str, Any]) -> tuple[str, bool] | None:
     """For a key of a backend section: the backend it was read as, and whether that is the default."""
-    if len(_plain_loc(parent)) != 1 or parent[0] not in _BACKEND_SECTIONS:
+    if len(plain_loc(parent)) != 1 or parent[0] not in _BACKEND_SECTIONS:
         return None
     written = raw.get(parent[0])
     backend = written.get("backend") if isinstance(written, dict) else None
@@ -161,14 +171,14 @@ def _backend_written(parent: Loc, raw: dict[str, Any]) -> tuple[str, bool] | Non
 
 def _corrected_required(errors: Sequence[Any], root: type[BaseModel]) -> set[Loc]:
     """The missing keys that an unknown key beside them is a misspelling of."""
-    missing = {_plain_loc(tuple(e["loc"])) for e in errors if e["type"] == "missing"}
+    missing = {plain_loc(tuple(e["loc"])) for e in errors if e["type"] == "missing"}
     corrected = set()
     for err in errors:
         if err["type"] != "extra_forbidden":
             continue
         loc = tuple(err["loc"])
         guess = _closest(str(loc[-1]), _keys(_model_at(root, loc[:-1])))
-        target = (*_plain_loc(loc[:-1]), guess)
+        target = (*plain_loc(loc[:-1]), guess)
         if guess and target in missing:
             corrected.add(target)
     return corrected
@@ -212,7 +222,7 @@ def _wrong_type(loc: Loc, value: Any, wanted: str) -> str:
 # --- the models behind a location ----------------------------------------------------
 
 
-def _plain_loc(loc: Loc) -> Loc:
+def plain_loc(loc: Loc) -> Loc:
     """The location as written in the file: without pydantic's validator steps and union tags."""
     parts = [p for p in loc if not (isinstance(p, str) and p in _VALIDATOR_STEPS)]
     if len(parts) >= 2 and parts[0] in _BACKEND_SECTIONS and isinstance(parts[1], str) and parts[1] in _TAGS:

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from pubsub_filter.core.config.coalesce import coalesce_rules
+from pubsub_filter.core.config.push_format import attribute_names_problem, raw_paths
 from pubsub_filter.core.config.sections import (
     STATE_TTL,
     LeaseConfig,
@@ -17,6 +18,7 @@ from pubsub_filter.core.config.sections import (
     SqliteRecordsConfig,
     SqliteStoreConfig,
     StoreErrors,
+    lease_out_of_order,
     loud_decisions_quieted,
 )
 from pubsub_filter.core.config.tolerance import tolerance_rules
@@ -106,6 +108,10 @@ def _route_rules(raw: dict[str, Any]) -> list[Problem]:
             if name in first:
                 found.append((("routes", i, "name"), f"route name {name!r} is used twice (routes[{first[name]}])"))
             first.setdefault(name, i)
+        push_format = route.get("push_format", "wrapped")
+        unreadable = attribute_names_problem(push_format, raw_paths(route)) if isinstance(push_format, str) else None
+        if unreadable:
+            found.append((("routes", i), unreadable))
         has_rows = route.get("rows") is not None
         row_key = route.get("row_key")
         scheme = route.get("scheme", "canonical")
@@ -136,7 +142,11 @@ def _timing_rules(raw: dict[str, Any]) -> list[Problem]:
     budget = _seconds(errors, "budget", defaults_errors.budget)
     timeout = _seconds(errors, "timeout", defaults_errors.timeout)
     ttl = _seconds(raw, "state_ttl", STATE_TTL)
+    heartbeat = _seconds(lease, "heartbeat", defaults_lease.heartbeat)
     found: list[Problem] = []
+    if duration is not None and ack is not None and heartbeat is not None:
+        out_of_order = lease_out_of_order(duration, ack, heartbeat)
+        found += [(("lease",), out_of_order)] if out_of_order else []
     if budget is not None and ack is not None and budget >= ack:
         found.append(
             (

@@ -11,6 +11,7 @@ Every section stays importable from here.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path as FsPath
 from typing import Annotated, Any, Literal
 
@@ -20,8 +21,10 @@ from pydantic import BeforeValidator, ConfigDict, Field, ValidationError, field_
 from pubsub_filter.core.config import yamlfile
 from pubsub_filter.core.config.amounts import parse_amount
 from pubsub_filter.core.config.coalesce import Coalesce
-from pubsub_filter.core.config.errors import describe, where
+from pubsub_filter.core.config.errors import describe, plain_loc, where
+from pubsub_filter.core.config.lines import NO_LINES, Lines, Located, Position, in_line_order
 from pubsub_filter.core.config.names import Kind, check_name
+from pubsub_filter.core.config.push_format import attribute_names_problem
 from pubsub_filter.core.config.rules import rules
 from pubsub_filter.core.config.sections import (
     STATE_TTL,
@@ -68,6 +71,7 @@ __all__ = [
     "StoreErrors",
     "TelemetryConfig",
     "load",
+    "load_located",
     "parse",
 ]
 
@@ -176,23 +180,10 @@ class Route(Strict):
 
     @model_validator(mode="after")
     def _header_attribute_names(self) -> Route:
-        # An unwrapped push carries the attributes as HTTP headers, whose names arrive lower-cased;
-        # without metadata it carries none at all.
-        paths = [*self.key, *(c.field for c in self.bypass)]
-        named = sorted({str(p) for p in paths if p.root == "attributes"})
-        if self.push_format == "unwrapped_no_metadata" and named:
-            raise ValueError(
-                f"push_format unwrapped_no_metadata: a push without metadata carries no attributes, "
-                f"so {', '.join(named)} is never found; use payload paths, or push_format unwrapped"
-            )
-        if self.push_format != "unwrapped":
-            return self
-        upper = sorted({str(p) for p in paths if p.root == "attributes" and p.parts[0] != p.parts[0].lower()})
-        if upper:
-            raise ValueError(
-                f"push_format unwrapped: attribute names arrive as HTTP headers, in lower case; "
-                f"write {', '.join(u.lower() for u in upper)} (not {', '.join(upper)})"
-            )
+        # the same words as the rule across keys (`push_format`), which parse says once
+        problem = attribute_names_problem(self.push_format, [*self.key, *(c.field for c in self.bypass)])
+        if problem:
+            raise ValueError(problem)
         return self
 
     @property
@@ -244,35 +235,52 @@ class Config(Strict):
 
 
 class ConfigError(FilterError):
-    """Every problem found in one config file, each naming the file, route and key."""
+    """Every problem found in one config file, each naming the file, route and key, and where the
+    file says it (`filter.yaml:14:11: ...`) when it comes from a file.
 
-    def __init__(self, source: str, problems: list[str]):
+    `problems` are their texts, `found` the same with their places, in line order."""
+
+    def __init__(self, source: str, problems: Sequence[str | Located]):
         self.source = source
-        self.problems = problems
-        super().__init__("\n".join(f"{source}: {p}" for p in problems))
+        self.found = tuple(in_line_order([p if isinstance(p, Located) else Located(p) for p in problems]))
+        self.problems = [p.text for p in self.found]
+        super().__init__("\n".join(self.said()))
+
+    def said(self) -> list[str]:
+        """One line per problem: `SOURCE:LINE:COLUMN: text`, or `SOURCE: text` where it has no place."""
+        return [p.said(self.source) for p in self.found]
 
 
-def parse(raw: Any, source: str = "<config>") -> Config:
-    """Validate a decoded config: every problem at once, field errors and rules across keys alike."""
+def parse(raw: Any, source: str = "<config>", lines: Lines = NO_LINES, *, also: Sequence[Located] = ()) -> Config:
+    """Validate a decoded config: every problem at once, field errors and rules across keys alike,
+    each placed by `lines` (a file's, from `yamlfile`; none for a config built in code), with
+    `also` (what its file got wrong as YAML) among them."""
+    found = list(also)
     if raw is None:
-        raise ConfigError(source, ["the file is empty: it needs at least a routes list"])
+        raise ConfigError(source, [*found, Located("the file is empty: it needs at least a routes list")])
     if not isinstance(raw, dict):
-        raise ConfigError(source, ["the top level must be a mapping with a routes list"])
-    problems: list[str] = []
+        raise ConfigError(source, [*found, Located("the top level must be a mapping with a routes list", lines.of(()))])
     config = None
     try:
         config = Config.model_validate(raw)
     except ValidationError as exc:
-        problems += describe(exc.errors(), raw, Config)
+        found += [
+            Located(said.text, lines.of(said.loc, key=said.of_key)) for said in describe(exc.errors(), raw, Config)
+        ]
     # Rules across keys run on whatever is readable, so they show up together with the field errors.
-    problems += [f"{where(loc, raw)}: {msg}" for loc, msg in rules(raw)]
-    if problems or config is None:
-        raise ConfigError(source, problems)
+    found += [Located(f"{where(loc, raw)}: {msg}", lines.of(plain_loc(loc))) for loc, msg in rules(raw)]
+    if found or config is None:
+        raise ConfigError(source, found)
     return config
 
 
 def load(path: str | os.PathLike[str] | None = None) -> Config:
     """Load and validate a config file (default: $PUBSUB_FILTER_CONFIG, then ./filter.yaml)."""
+    return load_located(path)[0]
+
+
+def load_located(path: str | os.PathLike[str] | None = None) -> tuple[Config, Lines]:
+    """`load`, and where the file says each thing: for problems found later (`check`'s files)."""
     src = str(path or os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG)
     try:
         text = FsPath(src).read_text(encoding="utf-8")
@@ -281,11 +289,11 @@ def load(path: str | os.PathLike[str] | None = None) -> Config:
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError(src, [f"cannot read it: {exc}"]) from None
     try:
-        raw = yamlfile.load(text)
-    except yamlfile.DuplicateKeys as exc:
-        raise ConfigError(src, exc.problems) from None
+        document = yamlfile.read(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        raise ConfigError(src, [f"{where}not valid YAML: {getattr(exc, 'problem', exc)}"]) from None
-    return parse(raw, src)
+        at = Position(mark.line + 1, mark.column + 1) if mark else None
+        raise ConfigError(src, [Located(f"not valid YAML: {getattr(exc, 'problem', exc)}", at)]) from None
+    if not document.readable:
+        raise ConfigError(src, list(document.problems))
+    return parse(document.data, src, document.lines, also=document.problems), document.lines

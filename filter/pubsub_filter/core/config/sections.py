@@ -121,12 +121,22 @@ class LeaseConfig(Strict):
 
     @model_validator(mode="after")
     def _ordered(self) -> LeaseConfig:
-        if not self.duration > self.ack_deadline > self.heartbeat:
-            raise ValueError(
-                f"need duration > ack_deadline > heartbeat, got duration={self.duration:g}s, "
-                f"ack_deadline={self.ack_deadline:g}s, heartbeat={self.heartbeat:g}s"
-            )
+        problem = lease_out_of_order(self.duration, self.ack_deadline, self.heartbeat)
+        if problem:
+            raise ValueError(problem)
         return self
+
+
+def lease_out_of_order(duration: float, ack_deadline: float, heartbeat: float) -> str | None:
+    """Why a lease's timings do not nest; None when they do. The model checks it, and so does a
+    rule across keys (`rules`) with the same words, so that a broken lease key beside them hides
+    it not (`schema.parse` says it once)."""
+    if duration > ack_deadline > heartbeat:
+        return None
+    return (
+        f"need duration > ack_deadline > heartbeat, got duration={duration:g}s, "
+        f"ack_deadline={ack_deadline:g}s, heartbeat={heartbeat:g}s"
+    )
 
 
 class StoreErrors(Strict):

@@ -14,6 +14,10 @@ The engine knows nothing of HTTP, Firestore or Pub/Sub: it talks to the interfac
 `ports`. Push, pull and replay are thin surfaces that call `Engine.handle`. A forward sends
 through one port, `ports.Sender`: the destination's publisher (`Publishing`), or the sender
 the caller passes (the in-process API's: the caller's body in place of the publish).
+
+A surface (push, pull, replay, in-process, the wiring and the probes) calls the engine only
+through its face, `Engine.FACE`; everything else on it is the engine's own
+(`tests/unit/test_engine_face.py` holds every module outside `core.engine` to that).
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from pubsub_filter.core.config.schema import Config, Route
 from pubsub_filter.core.engine import closing
 from pubsub_filter.core.engine.cancels import despite_one_cancel, to_the_end
 from pubsub_filter.core.engine.coalescing import DECIDE, REPLACED, Holding, decided_already
+from pubsub_filter.core.engine.facts import Facts
 from pubsub_filter.core.engine.failed_open import FailedOpen
 from pubsub_filter.core.engine.handled import (
     CANCELLED,
@@ -60,7 +65,7 @@ from pubsub_filter.core.engine.sending import Publishing, send
 from pubsub_filter.core.engine.stopping import CLAIMS, Stop
 from pubsub_filter.core.engine.transitions import claimed, forwarded
 from pubsub_filter.core.errors import FilterUsageError
-from pubsub_filter.core.logs import get_logger
+from pubsub_filter.core.logs import get_logger, trace_field
 from pubsub_filter.core.model import Cause, Decision, DecisionRecord, KeyState, Lease, Message
 from pubsub_filter.core.ports import (
     SYSTEM_CLOCK,
@@ -85,6 +90,42 @@ CLAIM_ATTEMPTS = 3
 
 
 class Engine:
+    """Decides messages for the surfaces, through one small face (`FACE`):
+
+    - `handle`: decide a message and act on it; `reject` and `turned_away`: record one the
+      surface did not understand or did not take in; `recorded`: wait for the records made so far;
+    - `health`, `problems`, `in_flight`: what the probes say of it; `under_way` and
+      `deciding_here`: the decisions under way, which a surface's stop waits on;
+    - `note`: count a surface's event (a push cancelled, refused, overloaded, a client gone);
+    - `decide_held`: decide now what `coalesce` routes hold (a stop has begun); `close`: the stop;
+    - `facts`: the read-only facts a surface needs (`facts.Facts`: the server's limits, the
+      lease's ack deadline, the pull settings, the instance, the routes and their push formats);
+    - `telemetry`: what it reports to, which the probes serve (`/metrics`) and push reads
+      (whether spans are on).
+
+    The rest (its config, rules, store, publisher, recorder, counters) is its own.
+    """
+
+    #: The names a module outside `core.engine` may use on an engine.
+    FACE = frozenset(
+        (
+            "handle",
+            "reject",
+            "turned_away",
+            "recorded",
+            "health",
+            "problems",
+            "in_flight",
+            "under_way",
+            "deciding_here",
+            "note",
+            "decide_held",
+            "close",
+            "facts",
+            "telemetry",
+        )
+    )
+
     def __init__(
         self,
         config: Config,
@@ -106,6 +147,7 @@ class Engine:
         self.sleep = sleep
         self.instance = instance or uuid.uuid4().hex[:12]
         self.rules = {r.name: RouteRules(r) for r in config.routes}
+        self.facts = Facts.of(config, self.instance)  # what a surface may know of this engine
         self.random = random.Random()
         self.in_flight = 0
         #: events for the health output (`/healthz`'s `counts`): the heartbeat's, the surface's
@@ -139,13 +181,18 @@ class Engine:
         store and the last telemetry batches. Each step runs even when one before it failed or
         ran out of time; a step past its share is given up (logged as `close_step_cut`)."""
         stop = stop or Stop.begin(self.config.server.shutdown_budget)
-        self.holding.release_all()  # what is held is decided now, inside the stop (`coalescing`)
+        self.decide_held()
         cut = asyncio.get_running_loop().call_later(stop.left(CLAIMS), self.claims_cut.set)
         try:
             await closing.close(self.deciding, self.publisher, self.recorder, self.store, self.telemetry, stop)
         finally:
             cut.cancel()
             self.lane.close()
+
+    def decide_held(self) -> None:
+        """Decide now every message `coalesce` routes hold, not when its burst would end: a stop
+        has begun (the first signal, or `close`), so what is held is decided inside it."""
+        self.holding.release_all()
 
     def note(self, event: str) -> None:
         """Count a surface's event for the health output (`/healthz`'s `counts`): a push cancelled,
@@ -244,9 +291,9 @@ class Engine:
         self.in_flight += 1
         try:
             if len(msg.data) < self.off_loop_bytes:
-                done = await self._decide_and_act(rules, msg, sender, traced, None)
+                done = await self._decide_and_act(rules, msg, sender, traced, None, trace)
             else:
-                done = await self._off_loop(rules, msg, sender, traced)
+                done = await self._off_loop(rules, msg, sender, traced, trace)
         except PayloadError as exc:
             done = Done(Decision.REJECTED, str(exc))
         except asyncio.CancelledError:
@@ -257,7 +304,7 @@ class Engine:
         except Exception as exc:
             # A bug of ours (or of a library's) met on this message: a recorded `failed`, retried
             # and in time dead-lettered, never an answer nothing recorded or counted.
-            log.exception("decision_raised", route=route_name, message_id=msg.message_id)
+            log.exception("decision_raised", route=route_name, message_id=msg.message_id, **trace_field(trace))
             done = Done(Decision.FAILED, f"internal error: {type(exc).__name__}: {exc}", cause=Cause.INTERNAL)
         finally:
             self.in_flight -= 1
@@ -280,15 +327,17 @@ class Engine:
         await self.recorded()
         return rec
 
-    async def _off_loop(self, rules: RouteRules, msg: Message, sender: Sender, traced: Traced) -> Done:
+    async def _off_loop(
+        self, rules: RouteRules, msg: Message, sender: Sender, traced: Traced, trace: str | None
+    ) -> Done:
         """A large message: its CPU steps on the lane's thread (`pubsub_filter.core.engine.offload`), and one
         such decision at a time (its peak memory once), but for the in-process caller's own work,
         which never waits behind another caller's."""
         try:
             if sender is not self.publishing:
-                return await self._decide_and_act(rules, msg, sender, traced, self.lane)
+                return await self._decide_and_act(rules, msg, sender, traced, self.lane, trace)
             async with self.lane.slot:
-                return await self._decide_and_act(rules, msg, sender, traced, self.lane)
+                return await self._decide_and_act(rules, msg, sender, traced, self.lane, trace)
         finally:
             self.lane.forget()  # its payload freed on the lane's thread, not the loop
 
@@ -303,9 +352,10 @@ class Engine:
         return rec
 
     async def _decide_and_act(
-        self, rules: RouteRules, msg: Message, sender: Sender, traced: Traced, lane: Lane | None
+        self, rules: RouteRules, msg: Message, sender: Sender, traced: Traced, lane: Lane | None, trace: str | None
     ) -> Done:
-        """With `lane` (a large message), the CPU steps (extract, decide) run on its thread."""
+        """With `lane` (a large message), the CPU steps (extract, decide) run on its thread.
+        `trace`: the request's, which the decision's lifecycle lines carry (`Delivery.trace`)."""
         route = rules.route
         if not rules.accepts_subscription(msg.subscription):
             raise PayloadError(f"pushed from subscription {msg.subscription!r}, route expects {route.subscription!r}")
@@ -319,9 +369,9 @@ class Engine:
                 payload, fp, message_fp, raw, typed = await lane.run(rules.extract, msg)
             key = rules.key_of(payload, msg.attributes)
         except MissingField as exc:
-            return await self._keyless(rules, msg, sender, exc, traced, lane)
+            return await self._keyless(rules, msg, sender, exc, traced, lane, trace)
         bypass = rules.bypassed(payload, msg.attributes)
-        d = Delivery(route, msg, key, fp, message_fp, raw, None, traced)
+        d = Delivery(route, msg, key, fp, message_fp, raw, None, traced, trace)
         if route.coalesce is not None and not bypass and (early := await self._coalesce(d, route.coalesce, sender)):
             return early  # superseded by a newer message of its burst (`pubsub_filter.core.engine.coalescing`)
         # 2. look
@@ -426,9 +476,10 @@ class Engine:
                 previous_holder=state.lease.holder,
                 previous_fence=state.lease.fence,
                 expired_for_s=round(now - state.lease.expires_at, 3),
+                **trace_field(d.trace),
             )
         else:
-            log.debug("lease_acquired", route=route, key=key, fence=lease.fence)
+            log.debug("lease_acquired", route=route, key=key, fence=lease.fence, **trace_field(d.trace))
         return Claimed(held, lease.fence)
 
     async def _publish_and_commit(self, d: Delivery, sender: Sender, decided: Decided, claim: Claimed) -> Acted:
@@ -444,7 +495,9 @@ class Engine:
     async def _publish_and_commit_now(self, d: Delivery, sender: Sender, decided: Decided, claim: Claimed) -> Acted:
         route, key, msg, held = d.route, d.key, d.msg, claim.held
         lease = self.config.lease
-        heartbeat = Heartbeat(self.store, route.name, key, held, lease, self.clock, self.sleep, d.traced, self.counts)
+        heartbeat = Heartbeat(
+            self.store, route.name, key, held, lease, self.clock, self.sleep, d.traced, self.counts, d.trace
+        )
         out = Outgoing(
             decided.out.data,
             {**decided.out.attributes, **fence_attributes(key, held.fence)},
@@ -472,10 +525,17 @@ class Engine:
         except Exception as exc:  # whatever the store raised: the publish landed, so this is an ack
             # Published but not recorded: the lease expires and the next copy of this
             # content is forwarded once more. Never nack here: that would publish twice now.
-            log.error("commit_failed", route=route.name, key=key, fence=held.fence, error=_describe(exc))
+            log.error(
+                "commit_failed",
+                route=route.name,
+                key=key,
+                fence=held.fence,
+                error=_describe(exc),
+                **trace_field(d.trace),
+            )
             return replace(sent, committed=False)
         if not committed:
-            log.warning("commit_refused", route=route.name, key=key, fence=held.fence)
+            log.warning("commit_refused", route=route.name, key=key, fence=held.fence, **trace_field(d.trace))
             return replace(sent, committed=False)
         return sent
 
@@ -513,7 +573,9 @@ class Engine:
         try:
             current = await self.store.read(d.route.name, d.key)
         except Exception as exc:  # the lease then lapses by itself; the nack still goes out
-            log.error("lease_release_failed", route=d.route.name, key=d.key, error=_describe(exc))
+            log.error(
+                "lease_release_failed", route=d.route.name, key=d.key, error=_describe(exc), **trace_field(d.trace)
+            )
             return
         if current is not None and current.lease is not None and current.lease.holder == holder:
             await self._release_now(d, current)
@@ -523,9 +585,12 @@ class Engine:
         try:
             await self.store.release(d.route.name, d.key, held)
         except Exception as exc:  # the lease then lapses by itself; the nack still goes out
-            log.error("lease_release_failed", route=d.route.name, key=d.key, fence=fence, error=_describe(exc))
+            error = _describe(exc)
+            log.error(
+                "lease_release_failed", route=d.route.name, key=d.key, fence=fence, error=error, **trace_field(d.trace)
+            )
             return
-        log.info("lease_released", route=d.route.name, key=d.key, fence=fence)
+        log.info("lease_released", route=d.route.name, key=d.key, fence=fence, **trace_field(d.trace))
 
     def _publish(self, d: Delivery, sender: Sender, out: Outgoing | None = None) -> Awaitable[str | Worked]:
         """Send what a forward sends through `sender`: its id where it went (and a result to keep)."""
@@ -549,7 +614,14 @@ class Engine:
 
     async def _store_down(self, d: Delivery, sender: Sender, exc: StoreUnavailable) -> Done:
         route = d.route
-        log.error("store_unavailable", route=route.name, key=d.key, error=str(exc), policy=route.on_store_error)
+        log.error(
+            "store_unavailable",
+            route=route.name,
+            key=d.key,
+            error=str(exc),
+            policy=route.on_store_error,
+            **trace_field(d.trace),
+        )
         reason = f"store unavailable: {exc}"
         if route.on_store_error == "retry":
             return Done(Decision.FAILED, reason, d, cause=Cause.STORE)
@@ -559,12 +631,19 @@ class Engine:
         return done
 
     async def _keyless(
-        self, rules: RouteRules, msg: Message, sender: Sender, missing: MissingField, traced: Traced, lane: Lane | None
+        self,
+        rules: RouteRules,
+        msg: Message,
+        sender: Sender,
+        missing: MissingField,
+        traced: Traced,
+        lane: Lane | None,
+        trace: str | None,
     ) -> Done:
         """No key, so no state to decide on: forwarded without a lease, or rejected (`core.compare.keyless`)."""
         k = keyless(rules, msg.data, missing) if lane is None else await lane.run(keyless, rules, msg.data, missing)
         message_fp = message_fingerprint(msg.data, msg.attributes)
-        d = Delivery(rules.route, msg, "", k.fingerprint, message_fp, k.raw, k.missing, traced)
+        d = Delivery(rules.route, msg, "", k.fingerprint, message_fp, k.raw, k.missing, traced, trace)
         return await self._forward_unleased(d, sender, Decision.FAIL_OPEN, k.reason)
 
     def _every_flag(self, route_name: str) -> Mapping[str, str]:

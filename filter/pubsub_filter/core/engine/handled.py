@@ -26,6 +26,7 @@ class Delivery(msgspec.Struct, frozen=True):
     raw: bool  # the payload is not JSON
     missing: str | None = None  # the path that could not be read: no key, nothing stored (`keyless`)
     traced: Traced = UNTRACED  # the decision's trace: the send's span, the heartbeat's events on it
+    trace: str | None = None  # the request's trace name (`Engine.handle`'s): its lifecycle lines carry it
 
 
 class Acted(msgspec.Struct, frozen=True):

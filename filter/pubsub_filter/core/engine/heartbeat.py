@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from types import TracebackType
 
 from pubsub_filter.core.config.schema import LeaseConfig
-from pubsub_filter.core.logs import get_logger
+from pubsub_filter.core.logs import get_logger, trace_field
 from pubsub_filter.core.model import KeyState
 from pubsub_filter.core.ports import UNTRACED, Clock, StateStore, StoreUnavailable, Traced
 
@@ -34,6 +34,7 @@ class Heartbeat:
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
     traced: Traced = UNTRACED  # the decision's: each beat is an event on its publish's span
     counts: Counter[str] = field(default_factory=Counter)  # the engine's (`Engine.counts`)
+    trace: str | None = None  # the request's trace name: each line of the beat's carries it
     extended: int = field(default=0, init=False)
     failures: int = field(default=0, init=False)
     lost: bool = field(default=False, init=False)
@@ -74,14 +75,21 @@ class Heartbeat:
                 self.counts["heartbeat_failed"] += 1
                 self.traced.heartbeat("heartbeat failed", error=f"{type(exc).__name__}: {exc}")
                 error = str(exc) if isinstance(exc, StoreUnavailable) else f"{type(exc).__name__}: {exc}"
-                log.warning("heartbeat_failed", route=self.route, key=self.key, fence=fence, error=error)
+                log.warning(
+                    "heartbeat_failed",
+                    route=self.route,
+                    key=self.key,
+                    fence=fence,
+                    error=error,
+                    **trace_field(self.trace),
+                )
                 continue
             self.traced.heartbeat("lease extended" if extended is not None else "lease lost")
             if extended is None:
                 self.lost = True
                 self.counts["lease_lost"] += 1
-                log.warning("lease_lost", route=self.route, key=self.key, fence=fence)
+                log.warning("lease_lost", route=self.route, key=self.key, fence=fence, **trace_field(self.trace))
                 return
             self.held = extended
             self.extended += 1
-            log.debug("lease_extended", route=self.route, key=self.key, fence=fence)
+            log.debug("lease_extended", route=self.route, key=self.key, fence=fence, **trace_field(self.trace))

@@ -20,6 +20,16 @@ so a full collection inside one held the GIL, and the loop, for 110-140 ms. What
 holds no reference cycle (decoded JSON, digests), so nothing waits for a collection to be
 freed; the collector runs again as the step ends.
 
+Why the interpreter switches threads more often while a step runs: the loop's thread gives the
+GIL up on every wait for the network and must take it back for each socket that is ready. A
+thread that wants the GIL back from a busy one waits `sys.getswitchinterval()` (5 ms) for it,
+so with 16 bodies arriving the loop waited 5 ms a socket, every turn, and `/healthz` took
+515-545 ms during a burst of 68,000-row pushes though no single call held the loop or the GIL
+for more than 50 ms (measured from a thread inside the process). At `STEP_SWITCH_INTERVAL`
+(0.5 ms) the same bursts answered `/healthz` within 77-110 ms on a machine loaded by 4. The
+interval is the interpreter's, so a step sets it and puts back what it found when it ends,
+as it does with the collector: between large messages everything runs as before.
+
 Why one at a time (`Lane.slot`, held for the whole decision of such a message): a decoded
 payload and its row digests are many times its bytes (+190 MiB for 68,000 rows), so two
 decoded at once is twice the peak. Held one after another, a burst costs its bodies while they
@@ -37,6 +47,8 @@ import asyncio
 import contextvars
 import functools
 import gc
+import sys
+import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
@@ -46,6 +58,8 @@ T = TypeVar("T")
 #: Data from this size on is decided on the lane. 256 KiB of rows of ~120 bytes (2,000 rows) take
 #: about 30 ms to decide on the loop; the thread's hand-over costs about 0.1 ms a step.
 OFF_LOOP_BYTES = 256 * 1024
+#: The interpreter's thread switch interval while a step runs (the module's docstring says why).
+STEP_SWITCH_INTERVAL = 0.0005
 
 
 class Lane:
@@ -63,7 +77,7 @@ class Lane:
         self.slot = asyncio.Semaphore(1)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """`fn(*args)` on the lane's thread, in the caller's context (its log lines keep the trace)."""
+        """`fn(*args)` on the lane's thread, in the caller's context (its OpenTelemetry span stays the current one)."""
         if self._executor is None:
             self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pubsub-filter-large")
         call = functools.partial(contextvars.copy_context().run, self._step, fn, *args)
@@ -89,12 +103,42 @@ class Lane:
             self._executor = None
 
 
+class _StepSettings:
+    """The collector off and the short switch interval while any lane's step runs, put back as
+    the last one ends. Both are the interpreter's, not a lane's: two engines in one process
+    (the in-process API, tests) have two lanes whose steps overlap, and each putting back what
+    it found would leave the collector off or the interval short for good. Hence one count for
+    the process, under a lock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running = 0
+        self._found: tuple[bool, float] = (True, 0.005)
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._running == 0:
+                self._found = (gc.isenabled(), sys.getswitchinterval())
+                gc.disable()
+                sys.setswitchinterval(min(self._found[1], STEP_SWITCH_INTERVAL))
+            self._running += 1
+
+    def __exit__(self, *_: object) -> None:
+        with self._lock:
+            self._running -= 1
+            if self._running == 0:
+                enabled, interval = self._found
+                sys.setswitchinterval(interval)
+                if enabled:
+                    gc.enable()
+
+
+#: The interpreter's settings are one per process, so is what keeps them (`_StepSettings`).
+_STEP_SETTINGS = _StepSettings()
+
+
 def _uncollected(fn: Callable[..., T], *args: Any) -> T:
-    """`fn(*args)` with the garbage collector off (the module's docstring says why)."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    """`fn(*args)` with the garbage collector off and the GIL handed over every
+    `STEP_SWITCH_INTERVAL` (the module's docstring says why), both put back as the last step ends."""
+    with _STEP_SETTINGS:
         return fn(*args)
-    finally:
-        if enabled:
-            gc.enable()
