@@ -297,8 +297,8 @@ def filter_config(tmp_path: Path, project: str, subscription: str, destination: 
 def decide_now(config_path: Path, host: str, admin: PubsubAdmin, sub: str, ids: list[str]) -> list[str]:
     """A working instance decides `ids` as they arrive on `sub` (engine from the config, as pull would);
     anything else it nacks (that part of the route is still failing)."""
-    from pubsub_filter.backends.pubsub_message import received_message
     from pubsub_filter.core.config.schema import load
+    from pubsub_filter.google.received import received_message
     from pubsub_filter.runtime.wiring import make_engine
 
     path = admin.subscription_path(sub)

@@ -169,7 +169,8 @@ def test_an_sqlite_file_that_cannot_be_opened_at_start_is_one_line_naming_the_fi
 ) -> None:
     # what `check` cannot foresee (the file changed since): the engine's start says which file, in one line
     from pubsub_filter.core.config.schema import parse
-    from pubsub_filter.runtime.operational import Failure, describe
+    from pubsub_filter.core.ports import Failure
+    from pubsub_filter.runtime.operational import describe
     from pubsub_filter.runtime.wiring import make_engine
 
     cfg = parse(yaml.safe_load(config(tmp_path, **{section: {"path": str(tmp_path)}}).read_text()))

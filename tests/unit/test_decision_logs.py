@@ -23,7 +23,6 @@ import yaml
 from opentelemetry.sdk.metrics import MeterProvider
 from prometheus_client.parser import text_string_to_metric_families
 
-from pubsub_filter.backends import gcp
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.cli import main
@@ -32,6 +31,7 @@ from pubsub_filter.core.config.sections import Quieting
 from pubsub_filter.core.engine.decision_line import in_sample, level_of
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.envelope import make_envelope
+from pubsub_filter.google.shared import PROJECT_ENVS
 from pubsub_filter.observability import logsetup
 from pubsub_filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
 from pubsub_filter.observability.telemetry import PrometheusText, Telemetry
@@ -54,7 +54,7 @@ def config(**decision_logs: Any) -> Config:
 
 
 def lines_at(level: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
-    for name in ("LOG_FORMAT", "LOG_LEVEL", "K_SERVICE", *gcp.PROJECT_ENVS):
+    for name in ("LOG_FORMAT", "LOG_LEVEL", "K_SERVICE", *PROJECT_ENVS):
         monkeypatch.delenv(name, raising=False)
     saved, stream = structlog.get_config(), logsetup._OUT.stream
     out = io.StringIO()

@@ -118,7 +118,7 @@ def assert_paths_agree(route: Route, data: bytes) -> None:
     fast = scheme.fast(data) if scheme.fast is not None else None
     event("fast path taken" if fast is not None else "fast path declined or absent")
     if fast is not None:
-        payload, value = fast
+        payload, value, _ = fast
         assert value == expected, "the fast path's fingerprint is not the generic path's"
         assert generic_payload is not NOT_JSON
         read = {p.parts[0] for p in (*route.key, *(b.field for b in route.bypass)) if p.root == "payload"}

@@ -1,11 +1,11 @@
-"""`pubsub_filter.backends.gcp.pubsub_path`: the one way an id or a full path becomes a Pub/Sub resource path."""
+"""`pubsub_filter.google.shared.pubsub_path`: the one way an id or a full path becomes a Pub/Sub resource path."""
 
 from __future__ import annotations
 
 import pytest
 
-from pubsub_filter.backends.gcp import pubsub_path
 from pubsub_filter.core.config.schema import ConfigError, parse
+from pubsub_filter.google.shared import pubsub_path
 
 
 def test_an_id_becomes_a_path_in_the_project() -> None:

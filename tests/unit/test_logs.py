@@ -21,7 +21,6 @@ import httpx
 import pytest
 import structlog
 
-from pubsub_filter.backends import gcp
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
@@ -29,6 +28,7 @@ from pubsub_filter.core.engine.heartbeat import Heartbeat
 from pubsub_filter.core.envelope import make_envelope
 from pubsub_filter.core.model import Decision, DecisionRecord, KeyState, Lease, Message
 from pubsub_filter.core.ports import StoreUnavailable
+from pubsub_filter.google.shared import PROJECT_ENVS, detect_project
 from pubsub_filter.observability import logsetup
 from pubsub_filter.push.app import create_app
 from pubsub_filter.push.auth import PushAuthenticator
@@ -83,7 +83,7 @@ class TTY(io.StringIO):
 
 @pytest.fixture(autouse=True)
 def restore_structlog(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    for name in ("LOG_FORMAT", "LOG_LEVEL", "K_SERVICE", *gcp.PROJECT_ENVS):
+    for name in ("LOG_FORMAT", "LOG_LEVEL", "K_SERVICE", *PROJECT_ENVS):
         monkeypatch.delenv(name, raising=False)
     saved = structlog.get_config()
     stream = logsetup._OUT.stream
@@ -310,7 +310,7 @@ async def test_trace_is_the_full_resource_name_when_the_project_is_known(world: 
 async def test_trace_project_comes_from_the_environment(world: World, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("GOOGLE_CLOUD_PROJECT", "env-project")
     out = io.StringIO()
-    logsetup.configure(fmt="json", stream=out, cache=False, find_project=gcp.detect_project)  # as the commands do
+    logsetup.configure(fmt="json", stream=out, cache=False, find_project=detect_project)  # as the commands do
     await world.send("reports", {"game_date": "d1"}, trace=TRACE)
     assert decisions_of(out)[0]["logging.googleapis.com/trace"] == f"projects/env-project/traces/{TRACE}"
 

@@ -10,9 +10,9 @@ from google.api_core.datetime_helpers import DatetimeWithNanoseconds
 from google.cloud.pubsub_v1 import types
 from google.protobuf.timestamp_pb2 import Timestamp
 
-from pubsub_filter.backends.pubsub_message import epoch, received_message
 from pubsub_filter.core.envelope import ATTR_ORIGINAL_TIME
 from pubsub_filter.core.errors import FilterTypeError
+from pubsub_filter.google.received import epoch, received_message
 
 SECONDS, NANOS = 1_780_000_000, 123_456_789
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import random
 from typing import Any
 
 import pytest
@@ -20,6 +21,8 @@ from pubsub_filter.core.compare import rows
 from pubsub_filter.core.compare.partial import partial
 from pubsub_filter.core.compare.routes import Kept, RouteRules
 from pubsub_filter.core.config.schema import Route, parse
+from pubsub_filter.core.engine.judge import decide
+from pubsub_filter.core.model import Decision, Message
 
 FIELDS = ["id", "a", "b", "c"]
 VALUES = st.one_of(
@@ -153,16 +156,32 @@ def test_rows_kept_from_the_fingerprint_digest_as_a_fresh_decode_does(
 ) -> None:
     fast, generic = rules_pair(r)
     data, other_data = (json.dumps({"k": 1, "rows": report}).encode() for report in (one, other))
-    fast.scheme(data)  # the fingerprint decodes (and sorts) the rows first, as a forward does
-    assert fast.row_digests(data) == generic.row_digests(data)
-    assert fast.row_digests(other_data) == generic.row_digests(other_data), "rows of other bytes are not reused"
+    _, _, typed = fast.scheme.with_rows(data)  # the fingerprint decodes (and sorts) the rows first, as a forward does
+    assert fast.row_digests(data, None, typed) == generic.row_digests(data)
+    assert fast.row_digests(other_data) == generic.row_digests(other_data)
+
+
+def test_a_forward_digests_the_rows_its_fingerprint_decoded_and_decodes_none_again() -> None:
+    fast, generic = rules_pair(route(include=["id", "a"]))
+    decodes: list[bytes] = []
+    typed_rows = fast.scheme.typed_rows
+    assert typed_rows is not None
+    fast.scheme = dataclasses.replace(fast.scheme, typed_rows=lambda data: decodes.append(data) or typed_rows(data))
+    msg = Message(json.dumps({"k": 1, "rows": [{"id": 2, "a": 1}, {"id": 1, "a": 2}]}).encode(), {}, "m1")
+    payload, fp, _, _, typed = fast.extract(msg)  # the engine's step 1: the rows come with the fingerprint
+    assert typed is not None
+    decided = decide(fast, msg, fp, None, 0.0, False, random.Random(0), payload, typed)
+    assert decided.verdict.decision is Decision.FORWARDED and decodes == []
+    again = decide(fast, msg, fp, None, 0.0, False, random.Random(0), payload)  # without them: decoded here
+    assert decodes == [msg.data] and again.out == decided.out
+    assert decided.out.rows == rows.encode(generic.row_digests(msg.data) or {})
 
 
 def test_rows_kept_from_the_fingerprint_keep_their_arrival_order() -> None:
     fast, _ = rules_pair(route(include=["id", "a"]))
     data = json.dumps({"k": 1, "rows": [{"id": 3}, {"id": 1}, {"id": 2}]}).encode()
-    fast.scheme(data)
-    assert list(fast.row_digests(data) or {}) == ["[3]", "[1]", "[2]"]
+    _, _, typed = fast.scheme.with_rows(data)
+    assert typed is not None and list(fast.row_digests(data, None, typed) or {}) == ["[3]", "[1]", "[2]"]
 
 
 @settings(max_examples=300, deadline=None)
@@ -180,14 +199,13 @@ def test_a_partial_payload_cut_from_raw_rows_is_byte_identical(
         "tail": None,
     }
     data = json.dumps(document).encode()
-    if seen:
-        fast.scheme(data)  # the rows the fingerprint decoded, as on a forward
+    typed = fast.scheme.with_rows(data)[2] if seen else None  # the rows the fingerprint decoded, as on a forward
     before = rows.decode(rows.encode(generic.row_digests(json.dumps({"k": 1, "rows": old}).encode()) or {}))
     digests = generic.row_digests(data)
     if before is None or digests is None:
         return
     diff = rows.diff(before, digests)
-    assert partial(fast, data, diff) == partial(generic, data, diff)
+    assert partial(fast, data, diff, typed) == partial(generic, data, diff)
 
 
 @settings(max_examples=300, deadline=None)
@@ -221,7 +239,7 @@ def test_digests_through_the_memo_of_another_document_equal_digests_without_it(
 def _forwarded(rules: RouteRules, data: bytes) -> None:
     """Digest `data` and keep its rows' memo, as a forward's commit does (`RouteRules.remember`)."""
     digests = rules.row_digests(data)
-    assert isinstance(digests, rows.Compared)
+    assert isinstance(digests, rows.ComparedDigests)
     rules.remember(Kept(seen=digests.seen))
 
 
@@ -274,9 +292,8 @@ def test_row_state_written_back_by_the_fast_path_is_byte_identical_to_the_state_
     new = _edited(old, edits)  # a few rows changed, gained or lost a field; the rest as stored
     before = rows.decode(rows.encode(generic.row_digests(json.dumps({"k": 1, "rows": old}).encode()) or {}))
     data = json.dumps({"k": 1, "rows": new}).encode()
-    if seen:
-        fast.scheme(data)
-    assert rows.encode(fast.row_digests(data, before) or {}) == rows.encode(generic.row_digests(data) or {})
+    typed = fast.scheme.with_rows(data)[2] if seen else None  # the rows the fingerprint decoded, as on a forward
+    assert rows.encode(fast.row_digests(data, before, typed) or {}) == rows.encode(generic.row_digests(data) or {})
 
 
 @pytest.mark.parametrize(
@@ -296,6 +313,6 @@ def test_kept_rows_are_written_back_as_read_while_the_stored_layout_holds(new: l
         old[0] = {"id": 1, "a": 1}  # so that the first row is no proof of the layout either
     before = rows.decode(rows.encode(generic.row_digests(json.dumps({"k": 1, "rows": old}).encode()) or {}))
     digests = fast.row_digests(json.dumps({"k": 1, "rows": new}).encode(), before)
-    assert isinstance(digests, rows.Compared)
+    assert isinstance(digests, rows.ComparedDigests)
     assert (digests.as_stored() is not None) is same_layout
     assert rows.encode(digests) == rows.encode(generic.row_digests(json.dumps({"k": 1, "rows": new}).encode()) or {})

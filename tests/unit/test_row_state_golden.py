@@ -32,8 +32,10 @@ def forward(case: dict[str, Any], seen_by_fingerprint: bool) -> Any:
     data = case["message"].encode()
     expected = case["expected"]
     fp = expected["fingerprint"]
+    typed = None
     if seen_by_fingerprint:
-        assert rules.scheme(data)[1] == fp  # as a forward does: the fingerprint decodes the rows first
+        _, seen, typed = rules.scheme.with_rows(data)  # as a forward does: the fingerprint decodes the rows first
+        assert seen == fp and typed is not None
     state = KeyState(
         fingerprint=expected["stored_fingerprint"],
         forwarded_at=10.0,
@@ -41,8 +43,9 @@ def forward(case: dict[str, Any], seen_by_fingerprint: bool) -> Any:
         publish_time=1.0,
         rows=case["stored_rows"].encode(),
     )
-    # a row-mode route reads its rows (`typed_rows`), not the decoded payload: none is given
-    return decide(rules, Message(data, {}, "m2", publish_time=2.0), fp, state, 20.0, False, random.Random(0), None)
+    # a row-mode route reads its rows (the fingerprint's, or `typed_rows`), not the decoded payload: none is given
+    msg = Message(data, {}, "m2", publish_time=2.0)
+    return decide(rules, msg, fp, state, 20.0, False, random.Random(0), None, typed)
 
 
 @pytest.mark.parametrize("seen_by_fingerprint", [True, False], ids=["rows-kept", "rows-decoded"])

@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 from structlog.testing import capture_logs
 
-from pubsub_filter.backends import gcp
 from pubsub_filter.core.config.schema import Config, parse
+from pubsub_filter.google.shared import detect_project
 from pubsub_filter.runtime import startup
 
 ROUTES = [{"name": name, "destination": "phase3", "key": ["payload.k"]} for name in ("a", "b")]
@@ -40,7 +40,7 @@ async def test_logging_is_set_up_for_the_project_before_the_line_that_names_what
         engine = startup.start(cfg, cfg.routes[1:], surface="pull")
     try:
         # the config's project, else the environment's or the metadata server's (Cloud Run sets no variable)
-        assert configured == [{"project": "proj", "find_project": gcp.detect_project}]
+        assert configured == [{"project": "proj", "find_project": detect_project}]
         lines = [line for line in logs if line["event"] == "config_loaded"]
         assert lines == [
             {

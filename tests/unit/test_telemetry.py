@@ -36,7 +36,6 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, Sa
 from opentelemetry.trace import INVALID_SPAN, SpanKind, StatusCode
 from prometheus_client.parser import text_string_to_metric_families
 
-from pubsub_filter.backends import gcp
 from pubsub_filter.backends.records.batch import BatchingRecorder
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.backends.stores.sqlite import SqliteStore
@@ -44,13 +43,13 @@ from pubsub_filter.core.config.schema import parse
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.envelope import make_envelope, parse_envelope
 from pubsub_filter.core.model import Decision, DecisionRecord, KeyState, Message
-from pubsub_filter.core.ports import UNTRACED, StoreUnavailable
+from pubsub_filter.core.ports import UNTRACED, Failure, StoreUnavailable
+from pubsub_filter.google.shared import PROJECT_ENVS
 from pubsub_filter.observability import logsetup
 from pubsub_filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
 from pubsub_filter.observability.telemetry import NO_TELEMETRY, PrometheusText, Telemetry
 from pubsub_filter.push.app import create_app
 from pubsub_filter.push.trace_headers import request_parent_of
-from pubsub_filter.runtime.operational import Failure
 from pubsub_filter.runtime.otel import drops_unsampled_parents, from_config, sampler
 from tests.support.clock import ManualClock, ManualSleep
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
@@ -852,7 +851,7 @@ async def test_an_unsampled_parent_on_one_message_changes_nothing_for_the_next(r
 
 @pytest.fixture
 def log_lines(monkeypatch: pytest.MonkeyPatch) -> Iterator[io.StringIO]:
-    for name in ("LOG_FORMAT", "LOG_LEVEL", "K_SERVICE", *gcp.PROJECT_ENVS):
+    for name in ("LOG_FORMAT", "LOG_LEVEL", "K_SERVICE", *PROJECT_ENVS):
         monkeypatch.delenv(name, raising=False)
     saved, stream = structlog.get_config(), logsetup._OUT.stream
     out = io.StringIO()

@@ -52,8 +52,8 @@ async def forwarded_state(tmp_path: Path, rows: list[dict[str, Any]]) -> tuple[E
 
 
 def decided(rules: RouteRules, state: KeyState, data: bytes) -> Decided:
-    payload, fp = rules.scheme(data)  # as the engine does: the fingerprint first, then the decision
-    return decide(rules, Message(data, {}, "m2"), fp, state, 1.0, False, random.Random(0), payload)
+    payload, fp, typed = rules.scheme.with_rows(data)  # as the engine does: the fingerprint first, then the decision
+    return decide(rules, Message(data, {}, "m2"), fp, state, 1.0, False, random.Random(0), payload, typed)
 
 
 @pytest.mark.parametrize(

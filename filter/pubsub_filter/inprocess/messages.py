@@ -21,10 +21,10 @@ from typing import Any
 
 import msgspec
 
-from pubsub_filter.backends.pubsub_message import received_message
 from pubsub_filter.core.envelope import parse_envelope
 from pubsub_filter.core.errors import FilterTypeError
 from pubsub_filter.core.model import Message
+from pubsub_filter.google.received import received_message
 
 _ENVELOPE_KEYS = frozenset({"message", "subscription", "deliveryAttempt"})
 _RAW = (bytes, bytearray, memoryview, str, Mapping, list, tuple)

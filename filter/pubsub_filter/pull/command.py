@@ -10,10 +10,10 @@ from collections.abc import Sequence
 import google.cloud.pubsub_v1 as pubsub_v1
 from google.auth.exceptions import DefaultCredentialsError
 
-from pubsub_filter.backends.gcp import NO_CREDENTIALS, resolve_project
 from pubsub_filter.core.config.schema import Config, Route
 from pubsub_filter.core.errors import FilterError
 from pubsub_filter.core.logs import get_logger
+from pubsub_filter.google.shared import NO_CREDENTIALS, resolve_project
 from pubsub_filter.pull.worker import PullWorker
 from pubsub_filter.runtime.startup import start
 from pubsub_filter.runtime.wiring import project_of

@@ -1,6 +1,6 @@
 """The client library's side of a pull: its flow control, as the engine's leases want it.
 
-Its messages become the engine's with `pubsub_filter.backends.pubsub_message.received_message`."""
+Its messages become the engine's with `pubsub_filter.google.received.received_message`."""
 
 from __future__ import annotations
 

@@ -27,7 +27,7 @@ import uvicorn
 from starlette.applications import Starlette
 
 from pubsub_filter.core.logs import get_logger
-from pubsub_filter.runtime.operational import Failure
+from pubsub_filter.core.ports import Failure
 from pubsub_filter.runtime.probes import probe_routes
 from pubsub_filter.runtime.server import Server
 

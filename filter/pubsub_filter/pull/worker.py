@@ -46,18 +46,18 @@ from typing import Any
 
 import google.cloud.pubsub_v1 as pubsub_v1
 
-from pubsub_filter.backends.gcp import (
-    acknowledge,
-    describe_error,
-    modify_ack_deadline,
-    pubsub_path,
-)
-from pubsub_filter.backends.pubsub_message import received_message
 from pubsub_filter.core.config.schema import PullConfig, Route
 from pubsub_filter.core.engine.answer import answer_for
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.engine.stopping import CLOSE, DRAIN, RECORDS, RELEASE, Stop
 from pubsub_filter.core.logs import get_logger
+from pubsub_filter.google.received import received_message
+from pubsub_filter.google.shared import (
+    acknowledge,
+    describe_error,
+    modify_ack_deadline,
+    pubsub_path,
+)
 from pubsub_filter.pull.flow import flow_control
 from pubsub_filter.pull.health import ConsumerDeaths, HealthServer, Watchdog, health_app, stream_failures
 from pubsub_filter.pull.noise import shutdown_noise_filtered

@@ -9,8 +9,8 @@ import uvicorn
 
 from pubsub_filter.core.config.schema import Config
 from pubsub_filter.core.engine.stopping import DRAIN
+from pubsub_filter.core.ports import Failure
 from pubsub_filter.push.app import create_app, engine_lifespan
-from pubsub_filter.runtime.operational import Failure
 from pubsub_filter.runtime.server import Server
 from pubsub_filter.runtime.startup import start
 

@@ -14,11 +14,11 @@ from collections.abc import Callable
 import google.cloud.pubsub_v1 as pubsub_v1
 from google.auth.exceptions import DefaultCredentialsError
 
-from pubsub_filter.backends.gcp import NO_CREDENTIALS, detect_project
 from pubsub_filter.core.config.names import PubsubNameError
 from pubsub_filter.core.config.schema import Config
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.ports import Publisher
+from pubsub_filter.google.shared import NO_CREDENTIALS, detect_project
 from pubsub_filter.observability.logsetup import configure
 from pubsub_filter.replay.deadletter import ReplayFailure
 from pubsub_filter.replay.options import ReplayOptionError, ReplayOptions, config_of, options_from

@@ -11,12 +11,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pubsub_filter.backends.gcp import pubsub_path, timestamp
 from pubsub_filter.core.envelope import ATTR_ORIGINAL_TIME
 from pubsub_filter.core.errors import FilterError
 from pubsub_filter.core.numerals import bounded_int
 from pubsub_filter.core.pubsub_limits import MAX_ATTRIBUTES
 from pubsub_filter.core.times import format_time, parse_time
+from pubsub_filter.google.shared import pubsub_path, timestamp
 
 ATTR_ORIGINAL_ID = "filter_replay_original_message_id"
 ATTR_COUNT = "filter_replay_count"

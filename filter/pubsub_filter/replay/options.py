@@ -11,11 +11,11 @@ import re
 import time
 from dataclasses import dataclass, field
 
-from pubsub_filter.backends.gcp import pubsub_path, resolve_project
 from pubsub_filter.core import times
 from pubsub_filter.core.compare.conditions import parse_where
 from pubsub_filter.core.config.schema import CONFIG_ENV, DEFAULT_CONFIG, Config, ConfigError, Route, load
 from pubsub_filter.core.errors import FilterError
+from pubsub_filter.google.shared import pubsub_path, resolve_project
 from pubsub_filter.replay.selection import Selection, Where
 
 #: Messages per Pull request.

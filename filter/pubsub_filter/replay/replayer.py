@@ -14,14 +14,14 @@ from typing import IO, Any
 from google.api_core import exceptions as gexc
 from tenacity import AsyncRetrying, RetryCallState, retry_if_exception_type, stop_after_attempt, wait_incrementing
 
-from pubsub_filter.backends.gcp import TRANSIENT, acknowledge, modify_ack_deadline
-from pubsub_filter.backends.pubsub_message import received_message
 from pubsub_filter.core.config.schema import Config
 from pubsub_filter.core.engine.answer import answer_for
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.errors import FilterError, FilterUsageError
 from pubsub_filter.core.logs import get_logger
 from pubsub_filter.core.ports import Publisher, PublishFailed
+from pubsub_filter.google.received import received_message
+from pubsub_filter.google.shared import TRANSIENT, acknowledge, modify_ack_deadline
 from pubsub_filter.replay.deadletter import DeadLetter, ReplayFailure
 from pubsub_filter.replay.options import ReplayOptions
 from pubsub_filter.replay.progress import Counts, Progress

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from pubsub_filter.core.ports import Failure
 
-__all__ = ["BIGQUERY", "FIRESTORE", "PUBSUB", "Backend", "Failure", "describe", "require"]
+__all__ = ["BIGQUERY", "FIRESTORE", "PUBSUB", "Backend", "describe", "require"]
 
 #: how long a backend has to accept a connection before a command gives up on it
 PROBE_DEADLINE = 3.0
@@ -91,9 +91,9 @@ def describe(exc: BaseException) -> str | None:
     from google.api_core.exceptions import GoogleAPICallError, RetryError
     from google.auth.exceptions import DefaultCredentialsError
 
-    from pubsub_filter.backends.gcp import NO_CREDENTIALS  # the line pull, replay and provision already print
     from pubsub_filter.core.compare.fingerprint import PayloadError
     from pubsub_filter.core.ports import StoreUnavailable
+    from pubsub_filter.google.shared import NO_CREDENTIALS  # the line pull, replay and provision already print
 
     if isinstance(exc, Failure):
         text = str(exc)

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from pubsub_filter.backends import extras
 from pubsub_filter.core.config.schema import Config, ConfigError
-from pubsub_filter.runtime.operational import BIGQUERY, FIRESTORE, PUBSUB, Backend, Failure
+from pubsub_filter.core.ports import Failure
+from pubsub_filter.runtime.operational import BIGQUERY, FIRESTORE, PUBSUB, Backend
 
 
 def problems(cfg: Config) -> list[str]:
@@ -104,7 +105,7 @@ def credentials(backends: list[Backend]) -> None:
     needing = [b for b in backends if not os.environ.get(b.emulator_env)]
     if not needing or _found_credentials():
         return
-    from pubsub_filter.backends.gcp import NO_CREDENTIALS_HOW
+    from pubsub_filter.google.shared import NO_CREDENTIALS_HOW
 
     emulators = " or ".join(f"{b.emulator_env} for the {b.name} emulator" for b in needing)
     line = f"no Google credentials: {NO_CREDENTIALS_HOW}, or set {emulators}"
@@ -117,7 +118,7 @@ def credentials(backends: list[Backend]) -> None:
 def _found_credentials() -> bool:
     from google.auth.exceptions import DefaultCredentialsError
 
-    from pubsub_filter.backends.gcp import quiet_default_credentials
+    from pubsub_filter.google.shared import quiet_default_credentials
 
     try:
         quiet_default_credentials()

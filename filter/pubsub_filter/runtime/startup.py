@@ -9,10 +9,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from pubsub_filter.backends.gcp import detect_project
 from pubsub_filter.core.config.schema import Config, Route
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.logs import get_logger
+from pubsub_filter.google.shared import detect_project
 from pubsub_filter.observability.logsetup import configure
 from pubsub_filter.runtime import durability
 from pubsub_filter.runtime.wiring import make_engine, make_telemetry

@@ -73,7 +73,7 @@ async def explain(cfg: Config, route: Route, msg: Message) -> dict[str, Any]:
     rules = RouteRules(route)
     attributes = msg.attributes
     try:
-        payload, fp, message_fp, raw = rules.extract(msg)  # the engine's own step 1
+        payload, fp, message_fp, raw, typed = rules.extract(msg)  # the engine's own step 1
         key = rules.key_of(payload, attributes)
     except MissingField as exc:
         return _keyless(rules, msg, exc)
@@ -81,7 +81,8 @@ async def explain(cfg: Config, route: Route, msg: Message) -> dict[str, Any]:
     now = time.time()
     # The engine audits a sample of suppressions; explain shows what the audit would find for
     # this message, whatever the route's rate (a route with no audit has nothing to compare).
-    decided = decide(rules, msg, fp, state, now, rules.bypassed(payload, attributes), _AlwaysSampled(), payload)
+    bypass = rules.bypassed(payload, attributes)
+    decided = decide(rules, msg, fp, state, now, bypass, _AlwaysSampled(), payload, typed)
     result: dict[str, Any] = {
         "route": route.name,
         "key": key,

@@ -46,10 +46,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
-from pubsub_filter.backends.gcp import NO_CREDENTIALS, pubsub_path, resolve_project
 from pubsub_filter.core.config.names import PubsubNameError
 from pubsub_filter.core.config.schema import Config
 from pubsub_filter.core.errors import FilterError
+from pubsub_filter.google.shared import NO_CREDENTIALS, pubsub_path, resolve_project
 from pubsub_filter.tools.subscriptions import (
     DEFAULT_NAME,
     DLQ_ACK_DEADLINE_S,

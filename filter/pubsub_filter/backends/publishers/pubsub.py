@@ -32,12 +32,12 @@ from tenacity import (
     wait_random,
 )
 
-from pubsub_filter.backends.gcp import TRANSIENT, describe_error, pubsub_path, resolve_project
 from pubsub_filter.backends.publishers.pubsub_wire import PublishWire, request
 from pubsub_filter.backends.publishers.turns import Turns
 from pubsub_filter.core.logs import get_logger
 from pubsub_filter.core.ports import PublishFailed, Unpublishable
 from pubsub_filter.core.pubsub_limits import PUBLISH_REQUEST_LIMIT
+from pubsub_filter.google.shared import TRANSIENT, describe_error, pubsub_path, resolve_project
 
 log = get_logger("pubsub_filter.publisher")
 

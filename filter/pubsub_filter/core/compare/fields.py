@@ -51,8 +51,8 @@ _crc32 = zlib.crc32
 _MISSING = "-" * 8
 
 
-class _Stored(msgspec.Struct, array_like=True, omit_defaults=True):
-    """The row state's layout (`pubsub_filter.core.compare.rows._Stored`), with the clock values after it:
+class _StoredFieldState(msgspec.Struct, array_like=True, omit_defaults=True):
+    """The row state's layout (`pubsub_filter.core.compare.rows._StoredRowState`), with the clock values after it:
     a reader of the row layout reads this too (trailing elements are ignored)."""
 
     fields: list[str]
@@ -60,7 +60,7 @@ class _Stored(msgspec.Struct, array_like=True, omit_defaults=True):
     clocks: dict[str, float | str] = {}
 
 
-_decode = msgspec.json.Decoder(_Stored).decode
+_decode = msgspec.json.Decoder(_StoredFieldState).decode
 
 
 class Before:
@@ -90,7 +90,7 @@ class Before:
     def by_name(self) -> dict[str, int]:
         """The checksums by name (what a suppression looks its excluded fields up in): built on
         the first suppression that asks, then kept with this state (a route keeps each stored
-        state decoded, `RouteRules.fields_before`)."""
+        state decoded, `routes.Reading.fields_state`)."""
         if self._by_name is None:
             crcs = self.crcs
             if crcs is not None:
@@ -160,7 +160,7 @@ class Now:
     def blob(self, fingerprint: str) -> bytes | None:
         """What a forward stores; None past the state limit (`rows.MAX_STORED_BYTES`, the row
         state's: one limit on the stored state, whatever it holds; ~60,000 fields of 6 characters)."""
-        blob = _encode_stored(_Stored(self.names, {PAYLOAD: (fingerprint[-16:], self.packed)}, self.clocks))
+        blob = _encode_stored(_StoredFieldState(self.names, {PAYLOAD: (fingerprint[-16:], self.packed)}, self.clocks))
         return blob if len(blob) <= rows.MAX_STORED_BYTES else None
 
     def stored(self, values: dict[str, Any] | None = None) -> Before:

@@ -105,17 +105,18 @@ class Scheme:
     """A route's payload fingerprint: how to decode, then how to hash the decoded value.
 
     `fast`, when set, is tried first: it returns the same (payload, fingerprint) as the
-    generic decode + digest, or None when it cannot vouch for that, and then the generic
-    path runs. Its payload may hold only the top-level fields the route's key and bypass
-    paths read (see `typed_canonical`).
+    generic decode + digest, with the rows it hashed, or None when it cannot vouch for that,
+    and then the generic path runs. Its payload may hold only the top-level fields the
+    route's key and bypass paths read (see `typed_canonical`).
     """
 
     name: str
     decode: Callable[[bytes], Any]
     digest: Callable[[Any], str]
-    fast: Callable[[bytes], tuple[Any, str] | None] | None = None
+    fast: Callable[[bytes], tuple[Any, str, TypedRows | None] | None] | None = None
     #: The rows the fast path hashes, decoded its way, or None when it would not vouch for
-    #: them: what `pubsub_filter.core.compare.rows` digests on a forward.
+    #: them: what `pubsub_filter.core.compare.rows` digests on a forward when the rows
+    #: `with_rows` gave are not at hand.
     typed_rows: Callable[[bytes], TypedRows | None] | None = None
     #: The payload as the decision reads it when the fingerprint is over the raw bytes
     #: (`readable`); None: the same as `decode`.
@@ -133,6 +134,13 @@ class Scheme:
 
     def __call__(self, data: bytes) -> tuple[Any, str]:
         """(decoded payload or NOT_JSON, fingerprint) for raw message data."""
+        payload, fp, _ = self.with_rows(data)
+        return payload, fp
+
+    def with_rows(self, data: bytes) -> tuple[Any, str, TypedRows | None]:
+        """`__call__`'s (payload, fingerprint), and the rows the fast path decoded to hash them
+        (what a forward's row digests read: `RouteRules.extract`); None off the fast path, or
+        on a route without a row key."""
         try:
             if self.fast is not None:
                 done = self.fast(data)
@@ -144,9 +152,9 @@ class Scheme:
                     # JSON with a number beyond double range: by value unless the route counts it
                     wide = self.wide(data)
                     if wide is not NOT_JSON and (value := self.by_value(wide)) is not None:
-                        return wide, value
-                return payload, raw_fingerprint(data)
-            return payload, self.digest(payload)
+                        return wide, value, None
+                return payload, raw_fingerprint(data), None
+            return payload, self.digest(payload), None
         except RecursionError:
             # Decoded just under the depth limit, then too deep to sort, str() or encode.
             raise PayloadError("the payload is nested too deeply to fingerprint") from None

@@ -20,7 +20,7 @@ from pubsub_filter.core.compare.canonical import (
 )
 from pubsub_filter.core.config.schema import Route
 
-_Fast = Callable[[bytes], tuple[Any, str] | None]
+_Fast = Callable[[bytes], tuple[Any, str, TypedRows | None] | None]
 _TypedRowsOf = Callable[[bytes], TypedRows | None]
 
 
@@ -55,7 +55,9 @@ def typed_canonical(route: Route) -> tuple[_Fast, _TypedRowsOf] | None:
     `fingerprint._by_value`, the same fingerprint.)
 
     The payload returned holds only the top-level fields the route's key and bypass paths
-    read: they are the only readers of the payload (`RouteRules.key_of`, `bypassed`).
+    read: they are the only readers of the payload (`RouteRules.key_of`, `bypassed`). With it
+    come the rows it hashed (`TypedRows`), for a forward's row digests to read rather than
+    decode the document again (`RouteRules.extract` hands them on).
     """
     shape = _shape(route)
     if shape is None:
@@ -116,21 +118,22 @@ def _fast_paths(
     row_get: tuple[tuple[str, str], ...],
     top_get: tuple[tuple[str, str], ...],
 ) -> tuple[_Fast, _TypedRowsOf]:
-    """`fast` (the payload the key reads, and the fingerprint) and `typed_rows` (the same rows
-    for the row digests), over the structs `_decoder` makes. Closures, not methods: `fast` is
-    on every message's path, and a closure's variables are read for less than attributes."""
+    """`fast` (the payload the key reads, the fingerprint, and the rows it hashed) and
+    `typed_rows` (the same rows, decoded afresh, for a caller without `fast`'s), over the
+    structs `_decoder` makes. Closures, not methods: `fast` is on every message's path, and a
+    closure's variables are read for less than attributes."""
     key_of = attrgetter(*key_attrs) if key_attrs else None
     ordered = ordered_rows(
         key_of,
         (lambda r: (getattr(r, key_attrs[0]),)) if len(key_attrs) == 1 else key_of,  # type: ignore[arg-type]
         encode_declared,
     )
-    # The last message's rows in arrival order, for `typed_rows` on the same bytes: a forward
-    # on a route with row state digests the rows the fingerprint just decoded, instead of
-    # decoding the document again. One entry, replaced as a whole (safe across threads); a
-    # miss only costs the decode. Kept only where row state can be asked for (a row key).
-    last: tuple[bytes, list[Any], bytes] | None = None
-    remember = bool(key_attrs)
+    # The rows in arrival order go with the fingerprint: a forward on a route with row state
+    # digests the rows the fingerprint just decoded, instead of decoding the document again.
+    # Only where row state can be asked for (a row key).
+    with_rows = bool(key_attrs)
+    as_dict = _as_dict(row_get)
+    key_json, keys = _key_readers(key_attrs)
 
     def decode_top(data: bytes) -> Any:
         """The typed document, or None where the generic path must decide (not UTF-8, not this shape)."""
@@ -141,8 +144,7 @@ def _fast_paths(
         except DECODE_ERRORS:
             return None
 
-    def fast(data: bytes) -> tuple[Any, str] | None:
-        nonlocal last
+    def fast(data: bytes) -> tuple[Any, str, TypedRows | None] | None:
         top = decode_top(data)
         if top is None:
             return None
@@ -150,22 +152,18 @@ def _fast_paths(
         if rows is msgspec.UNSET:
             return None
         payload = {name: v for name, attr in top_get if (v := getattr(top, attr)) is not msgspec.UNSET}
-        arrival = list(rows) if remember else rows
+        if not with_rows:
+            return payload, hex_fingerprint(ordered(rows)), None
+        arrival = list(rows)  # `ordered` sorts `rows` in place
         canonical = ordered(rows)
-        if remember:
-            last = (data, arrival, canonical)
-        return payload, hex_fingerprint(canonical)
-
-    as_dict = _as_dict(row_get)
-    key_json, keys = _key_readers(key_attrs)
+        return (
+            payload,
+            hex_fingerprint(canonical),
+            TypedRows(arrival, key_json, encode_declared, as_dict, keys, canonical),
+        )
 
     def typed_rows(data: bytes) -> TypedRows | None:
         # Exactly the rows `fast` hashes: the same checks, the same decode.
-        nonlocal last
-        seen = last
-        if seen is not None and seen[0] is data:
-            last = None  # freed with the forward that used it, not by the next message
-            return TypedRows(seen[1], key_json, encode_declared, as_dict, keys, seen[2])
         top = decode_top(data)
         if top is None or top.rows is msgspec.UNSET:
             return None

@@ -83,17 +83,24 @@ def change_of(stored: str, now: Selection) -> Change | None:
     return None if old is None or old.text == now.text else Change(old, now)
 
 
-class Looks(dict[tuple[str, bytes, bytes], Look]):
+#: A look's memo key: (the old selection, the stored state, the message data).
+LookKey = tuple[str, bytes, bytes]
+
+
+class Looks(dict[LookKey, Look]):
     """Looks already taken, by (old selection, stored state, message data): a function of those
     alone, so a repeat of the same content against the same state (the usual message between a
     deploy and the key's next forward) costs two hashes, not a checksum per field and row. At
-    most `MAX_LOOKS` entries or `MAX_LOOKS_BYTES` of keys, oldest out first."""
+    most `MAX_LOOKS` entries or `MAX_LOOKS_BYTES` of keys, oldest out first. Filled after a
+    decision, from the look it took (`RouteRules.keep_read`), never by `judge.decide`."""
 
     def __init__(self) -> None:
         super().__init__()
         self.size = 0
 
-    def keep(self, key: tuple[str, bytes, bytes], look: Look) -> None:
+    def keep(self, key: LookKey, look: Look) -> None:
+        if key in self:
+            return
         self.size += len(key[1]) + len(key[2])
         while self and (len(self) >= MAX_LOOKS or self.size > MAX_LOOKS_BYTES):
             old = next(iter(self))
@@ -106,19 +113,24 @@ MAX_LOOKS = 256
 MAX_LOOKS_BYTES = 8 * 1024 * 1024
 
 
-def look(change: Change, route_rows: bool, state: KeyState, data: bytes, payload: Any, rules: Any) -> Look:
+def look_key(change: Change, state: KeyState, data: bytes) -> LookKey:
+    """The memo key of the look at `state` for `data` (`Looks`)."""
+    return (change.old.text, state.rows or b"", data)
+
+
+def look(
+    change: Change,
+    route_rows: bool,
+    state: KeyState,
+    data: bytes,
+    payload: Any,
+    rules: Any,
+    fields_state: Callable[[], fields.Before | None],
+) -> Look:
     """Compare the message (`data`, `payload` as the fingerprint decoded it) with the forward
-    that stored `state`, on the fields the new selection compares. `rules`: the route's `RouteRules`
-    (its `looks` keep the looks taken)."""
-    key = (change.old.text, state.rows or b"", data)
-    found: Look | None = rules.looks.get(key)
-    if found is None:
-        found = _look(change, route_rows, state, data, payload, rules)
-        rules.looks.keep(key, found)
-    return found
-
-
-def _look(change: Change, route_rows: bool, state: KeyState, data: bytes, payload: Any, rules: Any) -> Look:
+    that stored `state`, on the fields the new selection compares. `rules`: the route's
+    `RouteRules`; `fields_state`: the stored field state, decoded (`routes.Reading`). The
+    caller looks in the route's `Looks` first (`look_key`), and keeps what this returns."""
     if change.key_changed:
         return Look(change)
     if change.scheme_changed or change.new.scheme != "canonical":
@@ -127,13 +139,13 @@ def _look(change: Change, route_rows: bool, state: KeyState, data: bytes, payloa
         return Look(change, why="rows or row_key changed: the stored rows are other rows")
     if route_rows:
         return _rows(change, state, data, rules)
-    return _whole(change, state, payload, rules)
+    return _whole(change, payload, fields_state)
 
 
-def _whole(change: Change, state: KeyState, payload: Any, rules: Any) -> Look:
+def _whole(change: Change, payload: Any, fields_state: Callable[[], fields.Before | None]) -> Look:
     if type(payload) is not dict:
         return Look(change, why="the payload is not a JSON object")
-    before = rules.fields_before(state.rows)
+    before = fields_state()
     if before is None:
         return Look(change, why="the last forward kept no field checksums")
     was_by_name = before.by_name()

@@ -62,6 +62,85 @@ class Kept:
     forwarded: forwarded_rows.ForwardedRows | None = None  # the forward's rows, for the second look
 
 
+_UNREAD: Any = object()
+
+
+@dataclass(frozen=True, slots=True)
+class Read:
+    """What one decision decoded that its route's memo did not hold, for the caller to keep
+    once it is decided (`RouteRules.keep_read`): `decide` is pure, and writes no cache."""
+
+    blob: bytes | None = None  # the stored row or field state (`KeyState.rows`) it decoded
+    fields_state: fields.Before | None = None  # `blob` decoded as a whole payload's field state
+    reference: Reference | None = None  # the tolerance reference at the end of `blob` (None: it holds none)
+    reference_read: bool = False  # `reference` was decoded
+    look: tuple[reselect.LookKey, reselect.Look] | None = None  # a look at state another selection stored
+
+
+class Reading:
+    """The stored row or field state (`KeyState.rows`) as one decision reads it: each part
+    decoded at most once, found in the route's memo when it holds it (every decision of the
+    route reads the memo; none writes it). What was decoded anew leaves with the decision
+    (`taken`), for the caller to keep: a key's messages between two forwards all read the same
+    bytes, and across processes (another instance wrote the state) decoding it is the cost.
+
+    Local to one decision (`judge.decide` makes one), so its own memo is never shared."""
+
+    __slots__ = ("_fields", "_reference", "_rules", "blob")
+
+    def __init__(self, rules: RouteRules, blob: bytes | None):
+        self.blob = blob
+        self._rules = rules
+        self._fields: Any = _UNREAD
+        self._reference: Any = _UNREAD
+
+    def fields_state(self) -> fields.Before | None:
+        """The stored field state (a whole-payload route's checksums per field)."""
+        found = self._fields
+        if found is _UNREAD:
+            blob = self.blob
+            if not blob:
+                return None
+            found = self._rules._befores.get(blob)
+            self._fields = found = _Fresh(fields.decode(blob)) if found is None else found
+        return found.value if type(found) is _Fresh else found  # type: ignore[no-any-return]
+
+    def reference(self) -> Reference | None:
+        """The tolerance reference the last forward stored after its row or field state."""
+        found = self._reference
+        if found is _UNREAD:
+            blob = self.blob
+            if not blob:
+                return None
+            found = self._rules._references.get(blob, _UNREAD)
+            self._reference = found = _Fresh(read(blob)) if found is _UNREAD else found
+        return found.value if type(found) is _Fresh else found  # type: ignore[no-any-return]
+
+    def taken(self, look: tuple[reselect.LookKey, reselect.Look] | None = None) -> Read | None:
+        """What this reading decoded anew (and `look`, a look taken anew), or None: nothing to keep."""
+        befores, reference = self._fields, self._reference
+        if befores is _UNREAD and reference is _UNREAD and look is None:
+            return None  # the usual decision: neither part read
+        fresh_fields = type(befores) is _Fresh and befores.value is not None
+        fresh_reference = type(reference) is _Fresh
+        if not (fresh_fields or fresh_reference or look is not None):
+            return None
+        return Read(
+            self.blob,
+            befores.value if fresh_fields else None,
+            reference.value if fresh_reference else None,
+            fresh_reference,
+            look,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Fresh:
+    """A part `Reading` decoded itself (not found in the route's memo)."""
+
+    value: Any
+
+
 class RouteRules:
     """A route compiled once: how to key, fingerprint and bypass its messages."""
 
@@ -121,32 +200,23 @@ class RouteRules:
         """The rows of the forward that stored `blob`, when this process committed it (`remember`)."""
         return self._forwarded.get(blob) if blob else None
 
-    def reference_of(self, blob: bytes | None) -> Reference | None:
-        """The reference the last forward stored with its row state, decoded once per stored value."""
-        if not blob:
-            return None
-        if blob in self._references:
-            return self._references[blob]  # type: ignore[no-any-return]
-        reference = read(blob)
-        self.keep_reference(blob, reference)
-        return reference
+    def keep_read(self, read: Read | None) -> None:
+        """Keep what a decision decoded (`Decided.read`), after it: the next decisions of the
+        route that read the same stored bytes (a key's messages between two forwards, or a
+        repeat against the state another selection stored) decode nothing."""
+        if read is None:
+            return
+        if read.blob:
+            if read.fields_state is not None:
+                self.keep_fields_state(read.blob, read.fields_state)
+            if read.reference_read:
+                self.keep_reference(read.blob, read.reference)
+        if read.look is not None:
+            self.looks.keep(*read.look)
 
     def keep_reference(self, blob: bytes, reference: Reference | None) -> None:
         """Keep `reference` as what `blob` holds: a forward keeps what it stores (`keep_fields_state`)."""
         self._references.keep(blob, reference)
-
-    def fields_before(self, blob: bytes | None) -> fields.Before | None:
-        """The stored field state, decoded once per stored value: a key's suppressions between
-        two forwards all read the same blob."""
-        if not blob:
-            return None
-        seen: fields.Before | None = self._befores.get(blob)
-        if seen is None:
-            seen = fields.decode(blob)
-            if seen is None:
-                return None
-            self.keep_fields_state(blob, seen)
-        return seen
 
     def keep_fields_state(self, blob: bytes, before: fields.Before) -> None:
         """Keep `before` as what `blob` decodes to. A forward keeps the state it stores: the
@@ -155,7 +225,8 @@ class RouteRules:
         self._befores.keep(blob, before)
 
     def typed_rows(self, data: bytes) -> TypedRows | None:
-        """The rows as the fingerprint's fast path decodes them (included fields only), if it vouches for them."""
+        """The rows as the fingerprint's fast path decodes them (included fields only), if it
+        vouches for them: decoded again, for a caller that does not hold `extract`'s."""
         if not self.tracks_rows or self.scheme.typed_rows is None:
             return None
         return self.scheme.typed_rows(data)
@@ -179,16 +250,17 @@ class RouteRules:
         found = self.route.rows.resolve(payload, {})
         return rows.digest_rows(self.route, found, before) if isinstance(found, list) else None
 
-    def extract(self, msg: Message) -> tuple[Any, str, str, bool]:
+    def extract(self, msg: Message) -> tuple[Any, str, str, bool, TypedRows | None]:
         """Step 1 of a decision (the engine's, `explain`'s): the payload as the route reads it, its
-        fingerprint, the message's, and whether the payload was fingerprinted over its bytes (raw).
-        A raw payload is still read when it is JSON (a number beyond double range), so its key,
-        rows and fields count."""
-        payload, fp = self.scheme(msg.data)
+        fingerprint, the message's, whether the payload was fingerprinted over its bytes (raw),
+        and the rows the fingerprint decoded (`Scheme.with_rows`: `judge.decide` digests them on
+        a forward). A raw payload is still read when it is JSON (a number beyond double range),
+        so its key, rows and fields count."""
+        payload, fp, typed = self.scheme.with_rows(msg.data)
         raw = payload is NOT_JSON
         if raw:
             payload = self.scheme.readable(msg.data)
-        return payload, fp, message_fingerprint(msg.data, msg.attributes), raw
+        return payload, fp, message_fingerprint(msg.data, msg.attributes), raw, typed
 
     def key_of(self, payload: Any, attributes: Mapping[str, str]) -> str:
         parts = []

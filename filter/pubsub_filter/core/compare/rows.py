@@ -53,14 +53,14 @@ _MISSING_FIELD = "-" * 8
 _hexdigest = methodcaller("hexdigest")
 
 
-class _Stored(msgspec.Struct, array_like=True):
+class _StoredRowState(msgspec.Struct, array_like=True):
     """Columnar on disk: field names once, then per row its fingerprint and fixed-width checksums."""
 
     fields: list[str]
     rows: dict[str, tuple[str, str]]
 
 
-_decode_blob = msgspec.json.Decoder(_Stored).decode
+_decode_blob = msgspec.json.Decoder(_StoredRowState).decode
 
 
 class Packed(Mapping[str, str]):
@@ -174,7 +174,7 @@ def digest_typed(typed: TypedRows, before: Before | None = None, memo: Memo | No
     """`digest_rows` for rows the fingerprint's fast path decoded: the same digests, without
     building a dict per row (only new and changed rows are read field by field), and with
     `memo`, without a SHA-256 for rows the previous document had (read only: the digests carry
-    the memo of these rows, `Compared.seen`, for the forward's commit to keep).
+    the memo of these rows, `ComparedDigests.seen`, for the forward's commit to keep).
 
     None when two rows share a key: `digest_rows` digests those together.
 
@@ -193,7 +193,7 @@ def digest_typed(typed: TypedRows, before: Before | None = None, memo: Memo | No
         else cast(list[tuple[str, str]], known)
     )
     stored: Mapping[str, tuple[str, Any]] = before.raw if type(before) is Stored else (before or {})
-    out = Compared(before)
+    out = ComparedDigests(before)
     out.seen = dict(zip(contents, pairs, strict=True))
     raw, added, changed = out.raw, out.added, out.changed
     for (key, fp), row in zip(pairs, found, strict=True):
@@ -206,7 +206,7 @@ def digest_typed(typed: TypedRows, before: Before | None = None, memo: Memo | No
     return out if len(raw) == len(found) else None
 
 
-class Compared(Mapping[str, tuple[str, Mapping[str, str]]]):
+class ComparedDigests(Mapping[str, tuple[str, Mapping[str, str]]]):
     """Digests that were compared with `against` as they were computed, row by row: the rows
     found `added` and `changed`, in order, so that `diff` against the same state need not
     look every row up again. An unchanged row is held as it was read (`raw`: its stored
@@ -236,7 +236,7 @@ class Compared(Mapping[str, tuple[str, Mapping[str, str]]]):
     def __len__(self) -> int:
         return len(self.raw)
 
-    def as_stored(self) -> _Stored | None:
+    def as_stored(self) -> _StoredRowState | None:
         """What `encode` writes, when the stored layout holds: the rows read as they were
         stored, only the added and changed ones packed. None when the layout changes (a row
         brings a field the layout lacks, or no kept row shows that every field is present)."""
@@ -253,7 +253,7 @@ class Compared(Mapping[str, tuple[str, Mapping[str, str]]]):
         for k in fresh:
             fp, fields = kept[k]
             kept[k] = (fp, "".join(fields.get(n, _MISSING_FIELD) for n in layout))
-        return _Stored(list(layout), kept)
+        return _StoredRowState(list(layout), kept)
 
 
 class Unkept(dict[str, tuple[str, Mapping[str, str]]]):
@@ -287,7 +287,7 @@ def encode(digests: RowDigests) -> bytes | None:
     """The row state to store, None over `MAX_STORED_BYTES`."""
     if type(digests) is Unkept:
         return None
-    if type(digests) is Compared:
+    if type(digests) is ComparedDigests:
         stored = digests.as_stored()
         if stored is None:  # the layout changes: every row is packed again
             names = digests.names
@@ -298,7 +298,7 @@ def encode(digests: RowDigests) -> bytes | None:
     return blob if len(blob) <= MAX_STORED_BYTES else None
 
 
-def _packed(digests: RowDigests) -> _Stored:
+def _packed(digests: RowDigests) -> _StoredRowState:
     present: set[str] = set()
     complete: list[tuple[str, ...]] = []  # layouts of stored rows that have every field (no `-`): one, usually
     for _, fields in digests.values():
@@ -315,7 +315,7 @@ def _packed(digests: RowDigests) -> _Stored:
         return "".join(fields.get(n, _MISSING_FIELD) for n in names)
 
     packed = Packed
-    return _Stored(
+    return _StoredRowState(
         names,
         {
             # read in this very layout: written back unchanged
@@ -388,7 +388,7 @@ class RowDiff:
 def diff(old: Before, new: RowDigests) -> RowDiff:
     d = RowDiff(total=len(new))
     fingerprints = old.raw if type(old) is Stored else old  # read the stored rows only where they changed
-    if type(new) is Compared and new.against is old:
+    if type(new) is ComparedDigests and new.against is old:
         d.added, d.changed = list(new.added), list(new.changed)
     else:
         for key, (fp, _) in new.items():

@@ -55,7 +55,7 @@ class Reference(msgspec.Struct, array_like=True, frozen=True):
 
 
 class _Tail(msgspec.Struct, array_like=True):
-    """The row state blob (`rows._Stored`, `fields._Stored`), read only for the reference after it."""
+    """The row state blob (`rows._StoredRowState`, `fields._StoredFieldState`), read only for the reference after it."""
 
     fields: msgspec.Raw
     rows: msgspec.Raw
@@ -86,7 +86,7 @@ def attach(blob: bytes, reference: Reference, elements: int, limit: int) -> byte
 
 
 @dataclass(frozen=True, slots=True)
-class Compared:
+class ComparedToReference:
     """One row against its reference: whether everything but the tolerance fields is the same,
     the tolerance fields that moved within their amount (and by how much), and those that did not."""
 
@@ -116,7 +116,7 @@ class Tolerance:
         values = {f: _value(row[f]) for f in self.names if f in row}
         return hashlib.sha256(encode_sorted(self._rest(row))).hexdigest()[:16], values
 
-    def compare(self, old: Entry, new: Entry) -> Compared:
+    def compare(self, old: Entry, new: Entry) -> ComparedToReference:
         was, now = old[1], new[1]
         moves: dict[str, int | float] = {}
         beyond: list[str] = []
@@ -134,7 +134,7 @@ class Tolerance:
                 beyond.append(f)
             else:
                 moves[f] = move if isinstance(move, int) else _shown(move)
-        return Compared(old[0] == new[0], moves, frozenset(beyond))
+        return ComparedToReference(old[0] == new[0], moves, frozenset(beyond))
 
     def flags(self, changed: Iterable[str]) -> dict[str, str]:
         """The attributes a forward carries for the listed fields in `changed`."""

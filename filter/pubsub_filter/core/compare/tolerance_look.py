@@ -14,7 +14,7 @@ from typing import Any
 
 from pubsub_filter.core.compare import fields, forwarded_rows, rows
 from pubsub_filter.core.compare.fingerprint import NOT_JSON, TypedRows
-from pubsub_filter.core.compare.routes import RouteRules
+from pubsub_filter.core.compare.routes import Reading, RouteRules
 from pubsub_filter.core.compare.tolerance import Entry, Reference, Tolerance, attach, largest
 from pubsub_filter.core.model import KeyState
 
@@ -35,16 +35,27 @@ class Look:
 
     moves: Moves | None
     digests: rows.RowDigests | None = None
-    typed: TypedRows | None = None  # the rows it decoded (the fingerprint's, taken once: `typed_rows`)
+    typed: TypedRows | None = None  # the rows it read (the fingerprint's, or decoded once: `typed_rows`)
 
 
 _NOTHING = Look(None)
 
 
-def within(rules: RouteRules, tol: Tolerance, data: bytes, state: KeyState, payload: Any) -> Look:
+def within(
+    rules: RouteRules,
+    tol: Tolerance,
+    data: bytes,
+    state: KeyState,
+    reading: Reading,
+    payload: Any,
+    typed: TypedRows | None,
+) -> Look:
     """The largest move per tolerance field when `data` differs from the last forward only by
-    moves within tolerance; no moves when it differs otherwise, or there is no reference to tell."""
-    reference = rules.reference_of(state.rows)
+    moves within tolerance; no moves when it differs otherwise, or there is no reference to tell.
+
+    `reading`: `state`'s row or field state as the decision reads it; `typed`: the rows the
+    fingerprint decoded (`Scheme.read`), None to decode them here when needed."""
+    reference = reading.reference()
     if reference is None:
         return _NOTHING
     if not rules.tracks_rows:
@@ -53,7 +64,8 @@ def within(rules: RouteRules, tol: Tolerance, data: bytes, state: KeyState, payl
             return _NOTHING
         compared = tol.compare(old, tol.entry(payload))
         return Look(compared.moves if compared.within else None)
-    typed = rules.typed_rows(data)
+    if typed is None:
+        typed = rules.typed_rows(data)
     forwarded = rules.forwarded_rows(state.rows)
     if forwarded is not None and typed is not None:
         moved = forwarded_rows.moved(forwarded, typed)
@@ -101,7 +113,7 @@ def rows_by_key(
 ) -> dict[str, dict[str, Any]] | None:
     """The rows `wanted` (all: None), by row key; None when a row is not
     an object or two rows share a key (then no row has a reference of its own)."""
-    if typed is not None and type(digests) is rows.Compared and len(digests) == len(typed.rows):
+    if typed is not None and type(digests) is rows.ComparedDigests and len(digests) == len(typed.rows):
         # the typed digests are keyed in row order, one per row (`rules.row_digests`)
         by_key = dict(zip(digests, typed.rows, strict=True))
         keys = wanted if wanted is not None else list(by_key)
@@ -141,11 +153,12 @@ def whole_forward(
     blob: bytes | None,
     elements: int,
     payload: dict[str, Any],
-    state: KeyState | None,
+    stored: Reading | None,
     known: bool,
     changed_all: list[str] | None,
 ) -> ForwardPlan:
-    """A whole-payload forward: the payload's reference, and the flags (all, unless `known`)."""
+    """A whole-payload forward: the payload's reference, and the flags (all, unless `known`).
+    `stored`: the key's stored state as the decision reads it, None for a new key."""
     entry = tol.entry(payload)
     kept = Reference({fields.PAYLOAD: entry})
     # no field state (past the state limit): the reference alone, which is small, so that the
@@ -155,9 +168,9 @@ def whole_forward(
     unkept = None if new_blob is not None else _TOO_LARGE
     # kept or not, the state is stored: without a reference, the next change is forwarded
     new_blob = new_blob or blob
-    if not known or state is None:
+    if not known or stored is None:
         return ForwardPlan(new_blob, dict(tol.every_flag), unkept=unkept, reference=reference)
-    before = rules.reference_of(state.rows)
+    before = stored.reference()
     old = before.rows.get(fields.PAYLOAD) if before is not None else None
     if changed_all is None:
         # no field checksums to say what changed: the reference still says whether anything but
@@ -181,7 +194,7 @@ def rows_forward(
     digests: rows.RowDigests,
     typed: TypedRows | None,
     payload: Any,
-    state: KeyState | None,
+    stored: Reading | None,
     diff: rows.RowDiff | None,
     known: bool,
     partial: bool = False,
@@ -190,8 +203,9 @@ def rows_forward(
     on `rows_mode: changed` it is not sent), and the flags: a field changed in any row beyond
     its tolerance, every field when a row came or went (or nothing says what changed).
 
+    `stored`: the key's stored state as the decision reads it, None for a new key.
     `partial`: only the rows that changed beyond tolerance are sent (`rows_mode: changed`)."""
-    reference = rules.reference_of(state.rows) if state is not None and diff is not None else None
+    reference = stored.reference() if stored is not None and diff is not None else None
     if blob is None:
         # the row state passed the state limit (`rows.encode`): no reference can ride on it. With
         # no reference kept before either, nothing was held back from the last forward: the

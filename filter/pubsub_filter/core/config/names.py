@@ -1,7 +1,7 @@
 """Pub/Sub's rules for topic and subscription names, checked in one place.
 
 The config checks a route's `subscription` and `destination` with them when it loads, and
-`pubsub_filter.backends.gcp.pubsub_path` with them when a command line or an attribute names a
+`pubsub_filter.google.shared.pubsub_path` with them when a command line or an attribute names a
 resource, so a name is either refused by both with the same words or accepted by both.
 """
 

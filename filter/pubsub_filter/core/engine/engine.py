@@ -364,9 +364,9 @@ class Engine:
         # 1. extract
         try:
             if lane is None:
-                payload, fp, message_fp, raw = rules.extract(msg)
+                payload, fp, message_fp, raw, typed = rules.extract(msg)
             else:
-                payload, fp, message_fp, raw = await lane.run(rules.extract, msg)
+                payload, fp, message_fp, raw, typed = await lane.run(rules.extract, msg)
             key = rules.key_of(payload, msg.attributes)
         except MissingField as exc:
             return await self._keyless(rules, msg, sender, exc, traced, lane, trace)
@@ -383,10 +383,11 @@ class Engine:
             now = self.clock.now()
             # 3. decide: each look at the state is decided afresh, and only the last one is recorded
             decided = (
-                decide(rules, msg, fp, state, now, bypass, self.random, payload)
+                decide(rules, msg, fp, state, now, bypass, self.random, payload, typed)
                 if lane is None
-                else await lane.run(decide, rules, msg, fp, state, now, bypass, self.random, payload)
+                else await lane.run(decide, rules, msg, fp, state, now, bypass, self.random, payload, typed)
             )
+            rules.keep_read(decided.read)  # what it decoded of the stored state, for the next decisions
             verdict = decided.verdict
             # 4. act
             if verdict.decision is not Decision.FORWARDED:

@@ -1,12 +1,13 @@
 """The decision, in one place: `decide` says what to do with one message given the stored state.
 
 Pure: the same inputs (message, fingerprint, state, time, the audit's draw) always give the
-same answer, and nothing here reads or writes a store, or the route's caches: what a forward
-leaves for the route's next decisions (its state decoded, the row memo, its rows) travels in
-`Decided.kept`, and the engine hands it to `RouteRules.remember` once the commit landed. (The
-decoders read through, `reference_of` and `fields_before`, memoise functions of the stored
-bytes alone.) The engine calls `decide` once per look at the state, `explain` calls it to
-say why; read it top to bottom:
+same answer, and nothing here reads or writes a store, or writes the route's caches (it reads
+them: each holds a function of the stored bytes alone). What a forward leaves for the route's
+next decisions (its state decoded, the row memo, its rows) travels in `Decided.kept`, and the
+engine hands it to `RouteRules.remember` once the commit landed; what a decision decoded of
+the stored state, or a look at state another selection stored, travels in `Decided.read`, and
+the engine hands it to `RouteRules.keep_read` once decided. The engine calls `decide` once per
+look at the state, `explain` calls it to say why; read it top to bottom:
 
 1. state past its expiry is forgotten (a late TTL never decides);
 2. `judge`, the table: new, redelivered, in flight, bypassed, unchanged, stale, changed; a
@@ -31,8 +32,9 @@ import msgspec
 
 from pubsub_filter.core.attributes import CHANGED_PREFIX
 from pubsub_filter.core.compare import fields, forwarded_rows, reselect, rows, tolerance_look
+from pubsub_filter.core.compare.fingerprint import TypedRows
 from pubsub_filter.core.compare.partial import partial
-from pubsub_filter.core.compare.routes import Kept, RouteRules
+from pubsub_filter.core.compare.routes import Kept, Read, Reading, RouteRules
 from pubsub_filter.core.compare.tolerance import WITHIN, largest
 from pubsub_filter.core.config.schema import Route
 from pubsub_filter.core.model import UNKNOWN, Decision, KeyState, Message
@@ -72,13 +74,16 @@ class Decided(msgspec.Struct, frozen=True):
     details for the record (which rows and fields changed). One per look at the state.
 
     `kept`: what a forward leaves for the route's next decisions, for the engine to hand to
-    `RouteRules.remember` once the forward's commit landed (never before: `decide` writes nothing)."""
+    `RouteRules.remember` once the forward's commit landed (never before: `decide` writes nothing).
+    `read`: what this decision decoded that the route's memo did not hold, for the engine to
+    hand to `RouteRules.keep_read` (whatever was decided)."""
 
     verdict: Verdict
     state: KeyState | None
     out: Outgoing
     details: Mapping[str, Any] = msgspec.field(default_factory=dict)
     kept: Kept | None = None
+    read: Read | None = None
 
     @property
     def previous_fingerprint(self) -> str | None:
@@ -94,18 +99,23 @@ def decide(
     bypass: bool,
     rng: random.Random,
     payload: Any,
+    typed: TypedRows | None = None,
 ) -> Decided:
     """The whole decision for `msg` (payload fingerprint `fp`) against `state`, the stored state for its key.
 
     `payload`: what the fingerprint decoded from `msg.data` (`rules.scheme`): the field changes
-    are read from it, never from a second decode."""
+    are read from it, never from a second decode. `typed`: the rows the fingerprint's fast path
+    decoded (`RouteRules.extract`), digested on a forward rather than decoded again; None: the
+    rows are decoded here if a forward digests them."""
     if state is not None and state.expired(now):
         state = state.forgotten()
+    stored = Reading(rules, state.rows if state is not None else None)
     # the last forward was judged under another selection: compared field by field (`reselect`)
     again = None
     if state is not None and state.selection is not None and state.selection != rules.selection_text:
-        again = _reselected(rules, msg, fp, state, now, payload)
+        again = _reselected(rules, msg, fp, state, stored, now, payload)
     verdict = judge(rules.route, msg, fp, state if again is None else again[1], now, bypass)
+    taken = again[2] if again is not None else None
     details: dict[str, Any] = {}
     # the destination holds the last forward, and this is other content: a tolerance may
     # still call it unchanged, and a forward flags only the fields that changed
@@ -115,7 +125,7 @@ def decide(
         known = known and compared.why is None and compared.change.fingerprints_comparable
         verdict = _reason_under(compared, verdict, rules.route.new_fields == "adopt")
         details.update(compared.details())
-    look = _within_tolerance(rules, msg, state, payload) if known else None
+    look = _within_tolerance(rules, msg, state, stored, payload, typed) if known else None
     moves = look.moves if look is not None else None
     if moves is not None:
         verdict = Verdict(Decision.SUPPRESSED, WITHIN)
@@ -126,26 +136,33 @@ def decide(
     if verdict.decision is Decision.SUPPRESSED and moves is None and _noise_only(rules, msg, state, rng):
         verdict = Verdict(Decision.NOISE_ONLY, "unchanged, but fields outside the selection changed")
     elif verdict.decision is Decision.FORWARDED:
-        out, found, kept = _what_to_send(rules, msg, fp, state, payload, known, look)
+        out, found, kept = _what_to_send(rules, msg, fp, state, stored, payload, known, look, typed)
         out = msgspec.structs.replace(out, selection=rules.selection_text)
-        return Decided(verdict, state, out, {**details, **found}, kept)
+        return Decided(verdict, state, out, {**details, **found}, kept, stored.taken(taken))
     if verdict.decision in _HELD_BACK and rules.tracks_fields and rules.selects is not None:
-        _excluded_changed(rules, msg, state, details, payload)
-    return Decided(verdict, state, Outgoing(msg.data, {}), details)
+        _excluded_changed(rules, stored, details, payload)
+    return Decided(verdict, state, Outgoing(msg.data, {}), details, read=stored.taken(taken))
 
 
 def _reselected(
-    rules: RouteRules, msg: Message, fp: str, state: KeyState, now: float, payload: Any
-) -> tuple[reselect.Look, KeyState] | None:
-    """The look at a last forward made under another selection, and the state as the table
-    judges it (`reselect.as_judged`)."""
+    rules: RouteRules, msg: Message, fp: str, state: KeyState, stored: Reading, now: float, payload: Any
+) -> tuple[reselect.Look, KeyState, tuple[reselect.LookKey, reselect.Look] | None] | None:
+    """The look at a last forward made under another selection, the state as the table judges
+    it (`reselect.as_judged`), and the look with its memo key when it was taken anew (for
+    `Decided.read`: the route's `looks` are the caller's to fill)."""
     change = reselect.change_of(state.selection or "", rules.selection)
     if change is None:
         return None
     if change.fingerprints_comparable:
-        return reselect.Look(change), state  # a tolerance changes no fingerprint: compared as stored
-    look = reselect.look(change, rules.tracks_rows, state, msg.data, payload, rules)
-    return look, reselect.as_judged(look, state, fp, now, _settled(state), rules.route.new_fields == "adopt")
+        return reselect.Look(change), state, None  # a tolerance changes no fingerprint: compared as stored
+    key = reselect.look_key(change, state, msg.data)
+    look = rules.looks.get(key)
+    taken = None
+    if look is None:
+        look = reselect.look(change, rules.tracks_rows, state, msg.data, payload, rules, stored.fields_state)
+        taken = key, look
+    adopt = rules.route.new_fields == "adopt"
+    return look, reselect.as_judged(look, state, fp, now, _settled(state), adopt), taken
 
 
 def _reason_under(look: reselect.Look, verdict: Verdict, adopt: bool) -> Verdict:
@@ -210,13 +227,13 @@ def _in_window(route: Route, state: KeyState, now: float) -> bool:
 
 
 def _within_tolerance(
-    rules: RouteRules, msg: Message, state: KeyState | None, payload: Any
+    rules: RouteRules, msg: Message, state: KeyState | None, stored: Reading, payload: Any, typed: TypedRows | None
 ) -> tolerance_look.Look | None:
     """The moves, when the change is only moves within the route's tolerance (`core.compare.tolerance`)."""
     tol = rules.tolerance
     if tol is None or not tol.amounts or state is None:
         return None
-    return tolerance_look.within(rules, tol, msg.data, state, payload)
+    return tolerance_look.within(rules, tol, msg.data, state, stored, payload, typed)
 
 
 def _id_reused(state: KeyState, message_id: str, fp: str) -> bool:
@@ -248,11 +265,9 @@ def _noise_only(rules: RouteRules, msg: Message, state: KeyState | None, rng: ra
 _HELD_BACK = (Decision.SUPPRESSED, Decision.NOISE_ONLY)
 
 
-def _excluded_changed(
-    rules: RouteRules, msg: Message, state: KeyState | None, details: dict[str, Any], payload: Any
-) -> None:
+def _excluded_changed(rules: RouteRules, stored: Reading, details: dict[str, Any], payload: Any) -> None:
     """Which fields outside the selection changed since the last forward, for `tune`."""
-    before = rules.fields_before(state.rows) if state is not None else None
+    before = stored.fields_state()
     if before is None or rules.selects is None:
         return
     if type(payload) is dict:
@@ -261,7 +276,14 @@ def _excluded_changed(
 
 
 def _fields_forwarded(
-    rules: RouteRules, msg: Message, fp: str, state: KeyState | None, full: str | None, payload: Any, known: bool
+    rules: RouteRules,
+    msg: Message,
+    fp: str,
+    state: KeyState | None,
+    stored: Reading,
+    full: str | None,
+    payload: Any,
+    known: bool,
 ) -> tuple[Outgoing, dict[str, Any], Kept | None]:
     """A whole-payload forward stores its field checksums and records which selected fields changed."""
     details: dict[str, Any] = {}
@@ -269,14 +291,21 @@ def _fields_forwarded(
         return Outgoing(msg.data, _every_flag(rules), None, full), details, None
     selects = rules.selects
     new_key = state is None or (state.fingerprint is None and state.forwarded_at is None)
-    before = None if state is None else rules.fields_before(state.rows)
+    before = stored.fields_state()
     now = fields.Now(payload, selects, before)
     field_state = now.blob(fp)
     out = Outgoing(msg.data, {}, field_state, full)
     reference = None
     if (tol := rules.tolerance) is not None:
         sent = tolerance_look.whole_forward(
-            rules, tol, field_state, 3 if now.clocks else 2, payload, state, known and not new_key, now.changed_all
+            rules,
+            tol,
+            field_state,
+            3 if now.clocks else 2,
+            payload,
+            None if state is None else stored,
+            known and not new_key,
+            now.changed_all,
         )
         out, reference = Outgoing(msg.data, sent.flags, sent.blob, full), sent.reference
         _tolerance_details(tol.listed, sent, details)
@@ -345,20 +374,25 @@ def _what_to_send(
     msg: Message,
     fp: str,
     state: KeyState | None,
+    stored: Reading,
     payload: Any,
     known: bool = False,
     look: tolerance_look.Look | None = None,
+    typed: TypedRows | None = None,
 ) -> tuple[Outgoing, dict[str, Any], Kept | None]:
     """What a forward commits (full fingerprint, row digests) and sends (all rows, or the changed
     ones), the details for its record, and what its commit leaves for the route's next decisions."""
     full = rules.full_scheme(msg.data)[1] if rules.full_scheme is not None else None
     if rules.tracks_fields:
-        return _fields_forwarded(rules, msg, fp, state, full, payload, known)
+        return _fields_forwarded(rules, msg, fp, state, stored, full, payload, known)
     before = rows.decode(state.rows) if state is not None and rules.tracks_rows else None
     if before is not None and fields.PAYLOAD in before.raw:
         before = None  # the field state of a whole-payload route (its config changed): no rows to compare
     # decoded once (usually kept from the fingerprint, or by the tolerance's second look) for both uses
-    typed = look.typed if look is not None and look.typed is not None else rules.typed_rows(msg.data)
+    if look is not None and look.typed is not None:
+        typed = look.typed
+    elif typed is None:
+        typed = rules.typed_rows(msg.data)
     digests: rows.RowDigests | None
     if look is not None and look.digests is not None and before is not None:
         digests = look.digests  # the tolerance's second look digested the rows against this very state: not again
@@ -378,13 +412,22 @@ def _what_to_send(
     reference = forwarded = None
     if (tol := rules.tolerance) is not None:
         sent = tolerance_look.rows_forward(
-            rules, tol, kept, digests, typed, payload, state, diff, known and before is not None, partial_send
+            rules,
+            tol,
+            kept,
+            digests,
+            typed,
+            payload,
+            None if state is None else stored,
+            diff,
+            known and before is not None,
+            partial_send,
         )
         kept, attributes, within_rows, reference = sent.blob, sent.flags, sent.within_rows, sent.reference
         _tolerance_details(tol.listed, sent, details)
         if reference is not None and tol.amounts and typed is not None:
             forwarded = forwarded_rows.kept(typed, len(digests) == len(typed.rows))
-    seen = digests.seen if type(digests) is rows.Compared else None
+    seen = digests.seen if type(digests) is rows.ComparedDigests else None
     leaves = Kept(kept, reference, seen=seen, forwarded=forwarded)
     if diff is None:
         return Outgoing(msg.data, attributes, kept, full), details, leaves

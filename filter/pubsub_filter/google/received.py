@@ -11,10 +11,10 @@ import datetime
 from collections.abc import Mapping
 from typing import Any
 
-from pubsub_filter.backends.gcp import timestamp
 from pubsub_filter.core.envelope import effective_publish_time
 from pubsub_filter.core.errors import FilterTypeError
 from pubsub_filter.core.model import Message
+from pubsub_filter.google.shared import timestamp
 
 
 def received_message(
@@ -43,7 +43,7 @@ def received_message(
 
 def epoch(value: Any) -> float | None:
     """A publish time as a client gives it (a datetime, nanoseconds kept; a protobuf Timestamp;
-    epoch seconds) → epoch seconds, as `pubsub_filter.backends.gcp.timestamp` computes them: the same
+    epoch seconds) → epoch seconds, as `pubsub_filter.google.shared.timestamp` computes them: the same
     message, the same float. None, or an unset Timestamp, is no publish time."""
     if value is None or isinstance(value, float | int):
         return None if value is None else float(value)
