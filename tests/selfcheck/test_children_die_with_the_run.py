@@ -23,6 +23,13 @@ sys.stdin.read()
 """
 
 
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except FileNotFoundError:
+        return ""
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
@@ -43,7 +50,12 @@ def test_a_child_started_by_the_run_ends_when_the_run_is_killed() -> None:
     assert parent.stdout is not None
     child = int(parent.stdout.readline())
     try:
-        assert _alive(child)
+        # The signal is asked for by `setpriv` before it becomes the command: wait until it has
+        # (a kill before that is a race no emulator runs: each lives for minutes)
+        deadline = time.monotonic() + 10
+        while _name(child) == "setpriv" and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling the kernel's process table: nothing to wait on
+        assert _alive(child) and _name(child) != "setpriv"
         parent.send_signal(signal.SIGKILL)  # no teardown runs
         parent.wait(timeout=10)
         deadline = time.monotonic() + 10
