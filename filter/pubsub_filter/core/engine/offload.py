@@ -26,7 +26,7 @@ thread that wants the GIL back from a busy one waits `sys.getswitchinterval()` (
 so with 16 bodies arriving the loop waited 5 ms a socket, every turn, and `/healthz` took
 515-545 ms during a burst of 68,000-row pushes though no single call held the loop or the GIL
 for more than 50 ms (measured from a thread inside the process). At `STEP_SWITCH_INTERVAL`
-(0.5 ms) the same bursts answered `/healthz` within 77-110 ms on a machine loaded by 4. The
+(0.5 ms) the same bursts answered `/healthz` within 64-139 ms on a quiet machine. The
 interval is the interpreter's, so a step sets it and puts back what it found when it ends,
 as it does with the collector: between large messages everything runs as before.
 
