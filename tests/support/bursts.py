@@ -165,7 +165,10 @@ class HealthProbe:
     def __enter__(self) -> HealthProbe:
         self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
-        assert self.proc.stdout.readline() == "ready\n"
+        if self.proc.stdout.readline() != "ready\n":  # it failed to start: stop it, say so
+            self.proc.kill()
+            self.proc.communicate(timeout=60)
+            raise AssertionError(f"the health probe did not start (exit {self.proc.returncode})")
         return self
 
     def __exit__(self, *exc: object) -> None:
