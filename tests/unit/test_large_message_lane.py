@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from pubsub_filter.core.engine.offload import STEP_SWITCH_INTERVAL, Lane
+from pubsub_filter.core.engine.offload import STEP_SWITCH_INTERVAL, ThreadLane as Lane
 
 
 def _settings() -> tuple[bool, float]:

@@ -11,6 +11,7 @@ from typing import Any
 
 from pubsub_filter.core.config.schema import Config, Route
 from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.engine.lane_process import ProcessLane
 from pubsub_filter.core.logs import get_logger
 from pubsub_filter.google.shared import detect_project
 from pubsub_filter.observability.logsetup import configure
@@ -31,7 +32,9 @@ def start(cfg: Config, routes: Sequence[Route] | None = None, **line: Any) -> En
     loss = durability.loss_line(cfg)
     if loss is not None:
         log.error("embedded_backends_on_cloud_run", **loss)
-    engine = make_engine(cfg, make_telemetry(cfg))
+    # large messages decided in a process of their own: the loop's process keeps its GIL for the
+    # requests, the health probe and the bodies still arriving (`core.engine.lane_process`)
+    engine = make_engine(cfg, make_telemetry(cfg), ProcessLane(cfg.routes))
     log.info(
         "config_loaded",
         routes=[r.name for r in (cfg.routes if routes is None else routes)],

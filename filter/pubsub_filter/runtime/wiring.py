@@ -12,6 +12,7 @@ from pubsub_filter.backends.records.batch import BatchingRecorder
 from pubsub_filter.backends.stores.guard import GuardedStore
 from pubsub_filter.core.config.schema import Config
 from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.engine.offload import Lane
 from pubsub_filter.core.ports import DecisionRecorder, Failure, Publisher, RecordsReader, StateStore, StoreUnavailable
 from pubsub_filter.observability.telemetry import Telemetry
 
@@ -88,11 +89,12 @@ def make_reader(cfg: Config | None, log: str | None = None) -> RecordsReader:
     return bigquery_reader(r, project_of(cfg, r.project))
 
 
-def make_engine(cfg: Config, telemetry: Telemetry | None = None) -> Engine:
-    """With `telemetry`, the store and publisher are measured and traced and the engine reports to it."""
+def make_engine(cfg: Config, telemetry: Telemetry | None = None, lane: Lane | None = None) -> Engine:
+    """With `telemetry`, the store and publisher are measured and traced and the engine reports to
+    it. `lane`: where large messages are decided (by default a thread: `core.engine.offload`)."""
     store, publisher = make_store(cfg), make_publisher(cfg)
     if telemetry is None:
-        return Engine(cfg, store, publisher, make_recorder(cfg))
+        return Engine(cfg, store, publisher, make_recorder(cfg), lane=lane)
     from pubsub_filter.observability.instrumented import InstrumentedPublisher, InstrumentedStore
 
     recorder = make_recorder(cfg)
@@ -102,6 +104,7 @@ def make_engine(cfg: Config, telemetry: Telemetry | None = None) -> Engine:
         InstrumentedPublisher(publisher, telemetry),
         recorder,
         telemetry=telemetry,
+        lane=lane,
     )
     # what the metrics observe, handed over: the route names, the decisions under way, the records' outcomes
     telemetry.watch(engine.facts.routes, lambda: engine.in_flight, recorder.outcomes)

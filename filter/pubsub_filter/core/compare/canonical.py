@@ -35,6 +35,11 @@ class MissingField(PayloadError):
         super().__init__(problem)
         self.path = path
 
+    def __reduce__(self) -> tuple[type[MissingField], tuple[str, str]]:
+        # pickled across to the large-message process and back (`pubsub_filter.core.engine.lane_process`):
+        # the default would call `MissingField(problem)` alone
+        return MissingField, (self.path, str(self))
+
 
 class NotJson:
     """Marker for a payload that is not JSON (fingerprinted over its raw bytes)."""

@@ -35,7 +35,7 @@ from msgspec.structs import replace
 from pubsub_filter.core.attributes import fence_attributes
 from pubsub_filter.core.compare.canonical import MissingField
 from pubsub_filter.core.compare.fingerprint import PayloadError, message_fingerprint
-from pubsub_filter.core.compare.keyless import keyless
+from pubsub_filter.core.compare.keyless import Keyless, keyless
 from pubsub_filter.core.compare.routes import RouteRules
 from pubsub_filter.core.config.coalesce import Coalesce
 from pubsub_filter.core.config.schema import Config, Route
@@ -59,7 +59,7 @@ from pubsub_filter.core.engine.handled import (
 )
 from pubsub_filter.core.engine.heartbeat import Heartbeat
 from pubsub_filter.core.engine.judge import Decided, Outgoing, Verdict, decide
-from pubsub_filter.core.engine.offload import OFF_LOOP_BYTES, Lane
+from pubsub_filter.core.engine.offload import OFF_LOOP_BYTES, Extracted, Lane, ThreadLane
 from pubsub_filter.core.engine.record import log_decision, record_of
 from pubsub_filter.core.engine.sending import Publishing, send
 from pubsub_filter.core.engine.stopping import CLAIMS, Stop
@@ -136,6 +136,7 @@ class Engine:
         instance: str | None = None,
         telemetry: DecisionObserver | None = None,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,  # the heartbeat's: a test's own clock
+        lane: Lane | None = None,  # where large messages' CPU steps run: by default a thread (`offload`)
     ):
         self.config = config
         self.store = store
@@ -161,8 +162,9 @@ class Engine:
         self.deciding = closing.Deciding()
         self.telemetry = telemetry or UNOBSERVED  # telemetry: metrics and the decision's span
         self.holding = Holding(self.clock, sleep)  # the bursts held on `coalesce` routes
-        # large messages: decided on a thread of their own, one at a time (`pubsub_filter.core.engine.offload`)
-        self.lane = Lane()
+        # large messages: decided on a thread or in a process of their own, one at a time
+        # (`pubsub_filter.core.engine.offload`); the engine closes the lane it is given
+        self.lane: Lane = lane if lane is not None else ThreadLane()
         self.off_loop_bytes = OFF_LOOP_BYTES
         # a store whose calls never suspend (SQLite) cannot be cancelled inside one: its claim
         # needs no task of its own (`_claim`)
@@ -291,7 +293,7 @@ class Engine:
         self.in_flight += 1
         try:
             if len(msg.data) < self.off_loop_bytes:
-                done = await self._decide_and_act(rules, msg, sender, traced, None, trace)
+                done = await self._decide_and_act(rules, msg, sender, traced, trace)
             else:
                 done = await self._off_loop(rules, msg, sender, traced, trace)
         except PayloadError as exc:
@@ -330,16 +332,24 @@ class Engine:
     async def _off_loop(
         self, rules: RouteRules, msg: Message, sender: Sender, traced: Traced, trace: str | None
     ) -> Done:
-        """A large message: its CPU steps on the lane's thread (`pubsub_filter.core.engine.offload`), and one
-        such decision at a time (its peak memory once), but for the in-process caller's own work,
-        which never waits behind another caller's."""
+        """A large message: its CPU steps on the lane (`pubsub_filter.core.engine.offload`), which
+        keeps the payload they decode (the loop never holds it) until the decision is done; and
+        one such decision at a time (its peak memory once), but for the in-process caller's own
+        work, which never waits behind another caller's."""
+        if sender is not self.publishing:
+            return await self._extracted_on_lane(rules, msg, sender, traced, trace)
+        async with self.lane.slot:
+            return await self._extracted_on_lane(rules, msg, sender, traced, trace)
+
+    async def _extracted_on_lane(
+        self, rules: RouteRules, msg: Message, sender: Sender, traced: Traced, trace: str | None
+    ) -> Done:
+        self._admissible(rules, msg, sender)  # before the CPU: a message refused is refused at once
+        x = await self.lane.extract(rules, msg)
         try:
-            if sender is not self.publishing:
-                return await self._decide_and_act(rules, msg, sender, traced, self.lane, trace)
-            async with self.lane.slot:
-                return await self._decide_and_act(rules, msg, sender, traced, self.lane, trace)
+            return await self._decide_and_act(rules, msg, sender, traced, trace, x)
         finally:
-            self.lane.forget()  # its payload freed on the lane's thread, not the loop
+            self.lane.forget(x)
 
     async def turned_away(
         self, route_name: str, reason: str, *, trace: str | None = None, message_id: str | None = None
@@ -351,26 +361,45 @@ class Engine:
         await self.recorded()
         return rec
 
-    async def _decide_and_act(
-        self, rules: RouteRules, msg: Message, sender: Sender, traced: Traced, lane: Lane | None, trace: str | None
-    ) -> Done:
-        """With `lane` (a large message), the CPU steps (extract, decide) run on its thread.
-        `trace`: the request's, which the decision's lifecycle lines carry (`Delivery.trace`)."""
+    @staticmethod
+    def _admissible(rules: RouteRules, msg: Message, sender: Sender) -> None:
+        """Raises `PayloadError` for a message refused whatever it holds (the same on every delivery)."""
         route = rules.route
         if not rules.accepts_subscription(msg.subscription):
             raise PayloadError(f"pushed from subscription {msg.subscription!r}, route expects {route.subscription!r}")
         if sender.attribute_limits and (unforwardable := rules.unforwardable(msg.attributes)) is not None:
-            raise PayloadError(unforwardable)  # the same on every delivery: rejected, not a failing publish
+            raise PayloadError(unforwardable)  # rejected, not a failing publish
+
+    async def _decide_and_act(
+        self,
+        rules: RouteRules,
+        msg: Message,
+        sender: Sender,
+        traced: Traced,
+        trace: str | None,
+        x: Extracted | None = None,
+    ) -> Done:
+        """`x`: a large message's step 1, taken on the lane, where step 3 runs too (`_off_loop`).
+        `trace`: the request's, which the decision's lifecycle lines carry (`Delivery.trace`)."""
+        route = rules.route
+        self._admissible(rules, msg, sender)
         # 1. extract
-        try:
-            if lane is None:
+        payload: Any = None
+        typed = None
+        if x is None:
+            try:
                 payload, fp, message_fp, raw, typed = rules.extract(msg)
-            else:
-                payload, fp, message_fp, raw, typed = await lane.run(rules.extract, msg)
-            key = rules.key_of(payload, msg.attributes)
-        except MissingField as exc:
-            return await self._keyless(rules, msg, sender, exc, traced, lane, trace)
-        bypass = rules.bypassed(payload, msg.attributes)
+                key = rules.key_of(payload, msg.attributes)
+            except MissingField as exc:
+                return await self._keyless(rules, msg, sender, exc, traced, trace)
+            bypass = rules.bypassed(payload, msg.attributes)
+        else:
+            if x.key is None:
+                assert x.missing is not None
+                if route.on_missing_key == "reject":
+                    raise x.missing
+                return await self._forward_keyless(rules, msg, sender, await self.lane.keyless(x, msg), traced, trace)
+            fp, message_fp, raw, key, bypass = x.fp, x.message_fp, x.raw, x.key, x.bypass
         d = Delivery(route, msg, key, fp, message_fp, raw, None, traced, trace)
         if route.coalesce is not None and not bypass and (early := await self._coalesce(d, route.coalesce, sender)):
             return early  # superseded by a newer message of its burst (`pubsub_filter.core.engine.coalescing`)
@@ -384,8 +413,8 @@ class Engine:
             # 3. decide: each look at the state is decided afresh, and only the last one is recorded
             decided = (
                 decide(rules, msg, fp, state, now, bypass, self.random, payload, typed)
-                if lane is None
-                else await lane.run(decide, rules, msg, fp, state, now, bypass, self.random, payload, typed)
+                if x is None
+                else await self.lane.decide(x, msg, state, now, bypass, self.random)
             )
             rules.keep_read(decided.read)  # what it decoded of the stored state, for the next decisions
             verdict = decided.verdict
@@ -407,7 +436,10 @@ class Engine:
             if acted.failure is not None:
                 return Done(not_sent(acted), acted.failure, d, decided, acted)
             if acted.committed:
-                rules.remember(decided.kept)  # what the forward stored, decoded, for the route's next decisions
+                # what the forward stored, decoded, for the route's next decisions (the lane's, for a large one)
+                rules.remember(decided.kept)
+                if x is not None:
+                    self.lane.remember(x, decided)
             return Done(Decision.FORWARDED, verdict.reason, d, decided, acted)
         return Done(Decision.CONTENDED, f"lost the claim race {CLAIM_ATTEMPTS} times", d, decided)
 
@@ -637,11 +669,14 @@ class Engine:
         sender: Sender,
         missing: MissingField,
         traced: Traced,
-        lane: Lane | None,
         trace: str | None,
     ) -> Done:
         """No key, so no state to decide on: forwarded without a lease, or rejected (`core.compare.keyless`)."""
-        k = keyless(rules, msg.data, missing) if lane is None else await lane.run(keyless, rules, msg.data, missing)
+        return await self._forward_keyless(rules, msg, sender, keyless(rules, msg.data, missing), traced, trace)
+
+    async def _forward_keyless(
+        self, rules: RouteRules, msg: Message, sender: Sender, k: Keyless, traced: Traced, trace: str | None
+    ) -> Done:
         message_fp = message_fingerprint(msg.data, msg.attributes)
         d = Delivery(rules.route, msg, "", k.fingerprint, message_fp, k.raw, k.missing, traced, trace)
         return await self._forward_unleased(d, sender, Decision.FAIL_OPEN, k.reason)

@@ -47,11 +47,21 @@ import asyncio
 import contextvars
 import functools
 import gc
+import itertools
+import random
 import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from pubsub_filter.core.compare.canonical import MissingField
+from pubsub_filter.core.compare.fingerprint import TypedRows
+from pubsub_filter.core.compare.keyless import Keyless, keyless
+from pubsub_filter.core.compare.routes import Kept, RouteRules
+from pubsub_filter.core.engine.judge import Decided, decide
+from pubsub_filter.core.model import KeyState, Message
 
 T = TypeVar("T")
 
@@ -62,19 +72,122 @@ OFF_LOOP_BYTES = 256 * 1024
 STEP_SWITCH_INTERVAL = 0.0005
 
 
-class Lane:
+@dataclass(frozen=True, slots=True)
+class Extracted:
+    """What the loop learns of a large message's first step (extract): small, whichever lane ran
+    it. The payload and its rows stay where the step ran, under `ticket`, for its next steps."""
+
+    ticket: int
+    fp: str
+    message_fp: str
+    raw: bool
+    key: str | None  # None: `missing` says why it cannot be read
+    missing: MissingField | None
+    bypass: bool
+
+
+@dataclass(slots=True)
+class Held:
+    """What one large message's steps keep between them, where they run: the decoded payload
+    (many times the message's bytes) never crosses to the loop."""
+
+    rules: RouteRules
+    msg: Message
+    payload: Any
+    typed: TypedRows | None
+    missing: MissingField | None
+    kept: Kept | None = None  # the last decision's, for `remember` once its commit landed
+
+
+def extract_step(rules: RouteRules, msg: Message, ticket: int) -> tuple[Extracted, Held]:
+    """Step 1 of a decision (`RouteRules.extract`, the key, the bypass rules), for a lane."""
+    payload, fp, message_fp, raw, typed = rules.extract(msg)
+    try:
+        key: str | None = rules.key_of(payload, msg.attributes)
+        missing = None
+    except MissingField as exc:
+        key, missing = None, exc
+    bypass = key is not None and rules.bypassed(payload, msg.attributes)
+    return Extracted(ticket, fp, message_fp, raw, key, missing, bypass), Held(rules, msg, payload, typed, missing)
+
+
+def decide_step(held: Held, fp: str, state: KeyState | None, now: float, bypass: bool, rng: random.Random) -> Decided:
+    """Step 3 (`judge.decide`) on what step 1 kept."""
+    return decide(held.rules, held.msg, fp, state, now, bypass, rng, held.payload, held.typed)
+
+
+class Lane(Protocol):
+    """Where a large message's CPU steps run (`Engine.handle`), and the slot that makes such
+    decisions take turns. `ThreadLane`: a thread of this process (the in-process API's);
+    `pubsub_filter.core.engine.lane_process.ProcessLane`: a process of its own (`serve`, `pull`)."""
+
+    slot: asyncio.Semaphore
+
+    async def extract(self, rules: RouteRules, msg: Message) -> Extracted: ...
+
+    async def decide(
+        self, x: Extracted, msg: Message, state: KeyState | None, now: float, bypass: bool, rng: random.Random
+    ) -> Decided:
+        """`judge.decide` on what `extract` kept; what it decoded is kept by the lane (`Decided.read`)."""
+        ...
+
+    async def keyless(self, x: Extracted, msg: Message) -> Keyless:
+        """`keyless.keyless` for a message `extract` found no key in (raises `x.missing` on a reject)."""
+        ...
+
+    def remember(self, x: Extracted, decided: Decided) -> None:
+        """The forward `decided` committed: its route's next decisions start from what it stored."""
+        ...
+
+    def forget(self, x: Extracted) -> None:
+        """Free what `extract` kept (the decision let go of it)."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class ThreadLane:
     """One worker thread for the CPU steps of large decisions, and the slot that makes them take turns.
 
-    The thread also keeps every step's result until `forget`, called once the decision let go
-    of them: the decoded payload is then freed there, not on the loop (68,000 rows: 25-40 ms of
-    deallocation)."""
+    What a step keeps (`Held`) is touched on the thread only, and freed there (`forget`): the
+    decoded payload is then freed there, not on the loop (68,000 rows: 25-40 ms of deallocation).
+    So is every step's result, kept until the next `forget`."""
 
-    __slots__ = ("_executor", "_kept", "slot")
+    __slots__ = ("_executor", "_held", "_kept", "_tickets", "slot")
 
     def __init__(self) -> None:
         self._executor: ThreadPoolExecutor | None = None
+        self._held: dict[int, Held] = {}  # touched on the lane's thread only
         self._kept: list[Any] = []  # touched on the lane's thread only
+        self._tickets = itertools.count()
         self.slot = asyncio.Semaphore(1)
+
+    async def extract(self, rules: RouteRules, msg: Message) -> Extracted:
+        return await self.run(self._extract, rules, msg, next(self._tickets))
+
+    def _extract(self, rules: RouteRules, msg: Message, ticket: int) -> Extracted:
+        x, self._held[ticket] = extract_step(rules, msg, ticket)
+        return x
+
+    async def decide(
+        self, x: Extracted, msg: Message, state: KeyState | None, now: float, bypass: bool, rng: random.Random
+    ) -> Decided:
+        # what it decoded (`Decided.read`) is kept by the engine, on the loop: the thread reads the same `RouteRules`
+        return await self.run(self._decide, x, state, now, bypass, rng)
+
+    def _decide(self, x: Extracted, state: KeyState | None, now: float, bypass: bool, rng: random.Random) -> Decided:
+        return decide_step(self._held[x.ticket], x.fp, state, now, bypass, rng)
+
+    async def keyless(self, x: Extracted, msg: Message) -> Keyless:
+        return await self.run(self._keyless, x)
+
+    def _keyless(self, x: Extracted) -> Keyless:
+        held = self._held[x.ticket]
+        assert held.missing is not None
+        return keyless(held.rules, held.msg.data, held.missing)
+
+    def remember(self, x: Extracted, decided: Decided) -> None:
+        """Nothing: the engine hands `decided.kept` to the loop's `RouteRules`, which this thread reads."""
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """`fn(*args)` on the lane's thread, in the caller's context (its OpenTelemetry span stays the current one)."""
@@ -84,16 +197,16 @@ class Lane:
         return await asyncio.get_running_loop().run_in_executor(self._executor, call)
 
     def _step(self, fn: Callable[..., T], *args: Any) -> T:
-        result = _uncollected(fn, *args)
+        result = uncollected(fn, *args)
         self._kept.append(result)
         return result
 
-    def forget(self) -> None:
-        """Free the last step's result on the lane's thread (call once the decision let go of it)."""
+    def forget(self, x: Extracted) -> None:
         if self._executor is not None:
-            self._executor.submit(self._drop)
+            self._executor.submit(self._drop, x.ticket)
 
-    def _drop(self) -> None:
+    def _drop(self, ticket: int) -> None:
+        self._held.pop(ticket, None)
         self._kept.clear()
 
     def close(self) -> None:
@@ -137,7 +250,7 @@ class _StepSettings:
 _STEP_SETTINGS = _StepSettings()
 
 
-def _uncollected(fn: Callable[..., T], *args: Any) -> T:
+def uncollected(fn: Callable[..., T], *args: Any) -> T:
     """`fn(*args)` with the garbage collector off and the GIL handed over every
     `STEP_SWITCH_INTERVAL` (the module's docstring says why), both put back as the last step ends."""
     with _STEP_SETTINGS:
