@@ -178,8 +178,25 @@ class HealthProbe:
             self.took = json.loads(out.splitlines()[-1])
 
 
-def peak_rss_mib(pid: int) -> float:
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process under it (the server's large-message process among them)."""
+    found, todo = [], [pid]
+    while todo:
+        here = todo.pop()
+        found.append(here)
+        for task in Path(f"/proc/{here}/task").iterdir():
+            todo.extend(int(c) for c in (task / "children").read_text().split())
+    return found
+
+
+def status_kib(pid: int, field: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1]) / 1024
-    raise LookupError("VmHWM")
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise LookupError(field)
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The peak resident memory of `pid` and the processes under it, each at its own peak: what
+    the instance's memory limit must hold at most (their peaks may not coincide)."""
+    return sum(status_kib(p, "VmHWM") for p in process_tree(pid)) / 1024

@@ -345,11 +345,12 @@ class Engine:
         self, rules: RouteRules, msg: Message, sender: Sender, traced: Traced, trace: str | None
     ) -> Done:
         self._admissible(rules, msg, sender)  # before the CPU: a message refused is refused at once
-        x = await self.lane.extract(rules, msg)
+        ticket = self.lane.ticket()
         try:
+            x = await self.lane.extract(rules, msg, ticket)
             return await self._decide_and_act(rules, msg, sender, traced, trace, x)
         finally:
-            self.lane.forget(x)
+            self.lane.forget(ticket)  # what the lane kept, freed there (also after a cancel mid-extract)
 
     async def turned_away(
         self, route_name: str, reason: str, *, trace: str | None = None, message_id: str | None = None

@@ -105,8 +105,11 @@ class ProcessLane:
         self._tickets = itertools.count()
         self.closed = False
 
-    async def extract(self, rules: RouteRules, msg: Message) -> Extracted:
-        x: Extracted = await self._call(("extract", next(self._tickets), rules.route.name, msg))
+    def ticket(self) -> int:
+        return next(self._tickets)
+
+    async def extract(self, rules: RouteRules, msg: Message, ticket: int) -> Extracted:
+        x: Extracted = await self._call(("extract", ticket, rules.route.name, msg))
         return x
 
     async def decide(
@@ -124,8 +127,18 @@ class ProcessLane:
     def remember(self, x: Extracted, decided: Decided) -> None:
         self._post(("remember", x.ticket))
 
-    def forget(self, x: Extracted) -> None:
-        self._post(("forget", x.ticket))
+    def forget(self, ticket: int) -> None:
+        self._post(("forget", ticket))  # after the extract: one thread drives the pipe, in order
+
+    async def holding(self) -> int:
+        held: int = await self._call(("holding",))
+        return held
+
+    @property
+    def pid(self) -> int | None:
+        """The large-message process's, while it runs (it starts at the first large message)."""
+        child = self._child
+        return child.proc.pid if child is not None else None
 
     async def _call(self, request: tuple[Any, ...]) -> Any:
         if self.closed:

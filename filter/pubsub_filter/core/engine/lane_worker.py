@@ -32,6 +32,10 @@ from pubsub_filter.core.engine.offload import Extracted, Held, decide_step, extr
 from pubsub_filter.core.model import KeyState, Message
 
 
+#: What the engine may ask for.
+_STEPS = frozenset({"extract", "decide", "keyless", "remember", "forget", "holding"})
+
+
 class Steps:
     """The steps, on this process's own compiled routes and what each message's steps keep."""
 
@@ -43,6 +47,8 @@ class Steps:
         """("ok", value) or ("raised", the exception, which pickles)."""
         op, *args = request
         try:
+            if op not in _STEPS:
+                raise LookupError(f"no step {op!r}")
             return "ok", uncollected(getattr(self, op), *args)
         except Exception as exc:
             return "raised", _portable(exc)
@@ -76,6 +82,9 @@ class Steps:
 
     def forget(self, ticket: int) -> None:
         self.held.pop(ticket, None)
+
+    def holding(self) -> int:
+        return len(self.held)
 
     def _held(self, ticket: int) -> Held:
         held = self.held.get(ticket)

@@ -123,7 +123,12 @@ class Lane(Protocol):
 
     slot: asyncio.Semaphore
 
-    async def extract(self, rules: RouteRules, msg: Message) -> Extracted: ...
+    def ticket(self) -> int:
+        """A new message's ticket, taken before its `extract`: `forget(ticket)` frees what the
+        extract kept, even when its caller was cancelled while the step ran."""
+        ...
+
+    async def extract(self, rules: RouteRules, msg: Message, ticket: int) -> Extracted: ...
 
     async def decide(
         self, x: Extracted, msg: Message, state: KeyState | None, now: float, bypass: bool, rng: random.Random
@@ -139,8 +144,12 @@ class Lane(Protocol):
         """The forward `decided` committed: its route's next decisions start from what it stored."""
         ...
 
-    def forget(self, x: Extracted) -> None:
-        """Free what `extract` kept (the decision let go of it)."""
+    def forget(self, ticket: int) -> None:
+        """Free what `extract` kept (the decision let go of it, or was cancelled before it ended)."""
+        ...
+
+    async def holding(self) -> int:
+        """How many messages' payloads the lane keeps: one a decision under way, none once all are done."""
         ...
 
     def close(self) -> None: ...
@@ -162,8 +171,11 @@ class ThreadLane:
         self._tickets = itertools.count()
         self.slot = asyncio.Semaphore(1)
 
-    async def extract(self, rules: RouteRules, msg: Message) -> Extracted:
-        return await self.run(self._extract, rules, msg, next(self._tickets))
+    def ticket(self) -> int:
+        return next(self._tickets)
+
+    async def extract(self, rules: RouteRules, msg: Message, ticket: int) -> Extracted:
+        return await self.run(self._extract, rules, msg, ticket)
 
     def _extract(self, rules: RouteRules, msg: Message, ticket: int) -> Extracted:
         x, self._held[ticket] = extract_step(rules, msg, ticket)
@@ -201,9 +213,12 @@ class ThreadLane:
         self._kept.append(result)
         return result
 
-    def forget(self, x: Extracted) -> None:
+    def forget(self, ticket: int) -> None:
         if self._executor is not None:
-            self._executor.submit(self._drop, x.ticket)
+            self._executor.submit(self._drop, ticket)  # after the extract: one thread, steps in order
+
+    async def holding(self) -> int:
+        return await self.run(len, self._held)
 
     def _drop(self, ticket: int) -> None:
         self._held.pop(ticket, None)
