@@ -9,6 +9,10 @@ requests only) in total and per request, and the longest `/healthz` answer while
 outside).
 
     .venv/bin/python bench/large_push.py [--size 9990000] [--rows 38000] [--together 1,4] [--kinds raw,escaped,rows]
+        [--tree DIR]
+
+`--tree DIR` runs each server a second time on the `filter` package in DIR (an earlier commit's,
+from `git worktree add DIR COMMIT`): before and after in one run.
 
 Kinds: `raw` (random bytes, a route keyed on an attribute), `escaped` (0xFF bytes, whose base64
 is all `/`, written `\\/` as the emulator writes it: the largest push), `rows` (a JSON payload of
@@ -129,7 +133,7 @@ def probe(port: int, stop: threading.Event, worst: list[float]) -> None:
     conn.close()
 
 
-def run(kind: str, together: int, args: argparse.Namespace, workdir: Path) -> list[str]:
+def run(kind: str, together: int, args: argparse.Namespace, workdir: Path, tree: str | None = None) -> list[str]:
     route = "rows" if kind in ("rows", "small-rows") else "raw"
     if kind == "rows":
         data = rows_payload(args.rows)
@@ -138,9 +142,11 @@ def run(kind: str, together: int, args: argparse.Namespace, workdir: Path) -> li
     else:
         data = os.urandom(args.size) if kind == "raw" else b"\xff" * args.size
     bodies = [body_of(kind, data, f"{kind}-{i}") for i in range(together)]
-    (workdir / f"{kind}-{together}").mkdir()
-    config = write_config(workdir / f"{kind}-{together}" / "filter.yaml", CONFIG)
-    with ServeProcess(config, config.parent / "serve.log", env={"LOG_LEVEL": "warning"}) as serve:
+    here = workdir / f"{kind}-{together}-{'tree' if tree else 'this'}"
+    here.mkdir()
+    config = write_config(here / "filter.yaml", CONFIG)
+    env = {"LOG_LEVEL": "warning"} | ({"PYTHONPATH": str(Path(tree) / "filter")} if tree else {})
+    with ServeProcess(config, config.parent / "serve.log", env=env) as serve:
         assert serve.proc is not None
         pid, port = serve.proc.pid, serve.port
         # one large message first, so that the large-message process runs before the idle reading
@@ -166,7 +172,7 @@ def run(kind: str, together: int, args: argparse.Namespace, workdir: Path) -> li
         grown = (tree_kib(pid, "VmHWM") - idle) / 1024
     assert statuses.count(200) == together and set(statuses) <= {200, 429}, f"{kind}: answers {statuses}"
     return [
-        kind,
+        kind if tree is None else f"{kind} (--tree)",
         str(together),
         f"{statuses.count(429)} x 429",
         f"{len(bodies[0]) / 1e6:.1f} MB",
@@ -185,6 +191,7 @@ def main() -> None:
     parser.add_argument("--together", default="1,4", help="pushes at once, comma-separated")
     parser.add_argument("--small-rows", type=int, default=68_000, help="rows of the small-rows payload (8.5 MB)")
     parser.add_argument("--kinds", default="raw,escaped,rows,small-rows")
+    parser.add_argument("--tree", help="also run the servers on the `filter` package in DIR (an earlier commit's)")
     harness.add_smoke(parser)
     args = parser.parse_args()
     harness.smoke(args, size=100_000, rows=200, small_rows=200, together="1")
@@ -193,7 +200,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="large-push-") as tmp:
         for kind in args.kinds.split(","):
             for together in (int(n) for n in args.together.split(",")):
-                rows.append(run(kind, together, args, Path(tmp)))
+                for tree in (None, args.tree) if args.tree else (None,):
+                    rows.append(run(kind, together, args, Path(tmp), tree))
     head = ["kind", "at once", "answers", "body", "wall", "idle RSS", "peak growth", "per push", "longest /healthz"]
     print(harness.markdown_table(head, rows))
 

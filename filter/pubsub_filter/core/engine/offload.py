@@ -4,7 +4,16 @@ Decoding and fingerprinting a large payload, and digesting its rows on a forward
 about a second for 68,000 rows of 8 MB. On the event loop that second is a second in which
 no other request is answered, no health probe, no other body read (whose `server.body_timeout`
 then fires on the server's own delay). So a message whose data is at least `OFF_LOOP_BYTES`
-runs those steps on one worker thread of its own (`Lane`), and the loop keeps serving.
+runs those steps on a lane (`Lane`): `extract_step` (decode, fingerprint, key, bypass) and
+`decide_step` (`judge.decide`), the payload they decode kept where they ran (`Held`) under the
+message's ticket, and only small values crossing back to the loop (`Extracted`, `Decided`).
+
+Two lanes. `serve` and `pull` decide in a process of their own
+(`pubsub_filter.core.engine.lane_process`): a thread of the server's process still shares its
+GIL with the loop, and during a burst of 68,000-row pushes that alone kept `/healthz` at 64-139
+ms (below). The in-process API decides on a thread (`ThreadLane`): it runs inside a user's
+program, which should not find a process of ours beside it. The rest of this docstring is the
+thread lane's.
 
 Why one thread does: the work is Python-level loops over rows, which CPython interrupts every
 `sys.getswitchinterval()` (5 ms) to let the loop's thread take the GIL. A single C call does not
