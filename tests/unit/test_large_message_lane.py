@@ -10,7 +10,8 @@ import sys
 
 import pytest
 
-from pubsub_filter.core.engine.offload import STEP_SWITCH_INTERVAL, ThreadLane as Lane
+from pubsub_filter.core.engine.offload import STEP_SWITCH_INTERVAL
+from pubsub_filter.core.engine.offload import ThreadLane as Lane
 
 
 def _settings() -> tuple[bool, float]:

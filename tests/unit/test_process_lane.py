@@ -181,14 +181,16 @@ async def test_a_decision_cancelled_during_its_first_step_leaves_nothing_held_in
     assert await lane.holding() == 0  # asked after the forget: the pipe is driven in order
 
 
-async def test_ctrl_c_in_a_terminal_leaves_the_lane_process_deciding(
-    lane_engine: tuple[Engine, ProcessLane, MemoryRecorder],
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+async def test_a_stop_signal_to_the_whole_process_group_leaves_the_lane_process_deciding(
+    lane_engine: tuple[Engine, ProcessLane, MemoryRecorder], sig: signal.Signals
 ) -> None:
+    """The engine's process is the one to stop (it closes the lane when its decisions are done)."""
     engine, lane, _ = lane_engine
     await engine.handle("rows", Message(players(3000), {"id": "k1"}, "m0"))
     assert lane.pid is not None
     pid = lane.pid
-    os.kill(pid, signal.SIGINT)  # what a terminal's Ctrl-C sends the whole process group
+    os.kill(pid, sig)  # what a terminal's Ctrl-C, or a supervisor's stop, sends the whole group
     done = await engine.handle("rows", Message(players(3000, minutes=50), {"id": "k1"}, "m1"))
     assert done.record.decision is Decision.FORWARDED
     assert lane.pid == pid

@@ -8,9 +8,10 @@ decisions read and fill (`RouteRules`): the next large decision of the route rea
 
     python -m pubsub_filter.core.engine.lane_worker FD
 
-FD: this process's end of the socket pair. The process never prints, logs nor exits on a
-terminal's Ctrl-C (the engine's process decides when it stops, by closing the socket); it ends
-when the socket closes, or when the engine's process is gone (its end closes with it)."""
+FD: this process's end of the socket pair. The process never prints nor logs, and ignores
+SIGINT and SIGTERM (the engine's process decides when it stops, by closing the socket, or
+kills it); it ends when the socket closes, or when the engine's process is gone (its end
+closes with it)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,6 @@ from pubsub_filter.core.config.schema import Route
 from pubsub_filter.core.engine import lane_frames
 from pubsub_filter.core.engine.offload import Extracted, Held, decide_step, extract_step, uncollected
 from pubsub_filter.core.model import KeyState, Message
-
 
 #: What the engine may ask for.
 _STEPS = frozenset({"extract", "decide", "keyless", "remember", "forget", "holding"})
@@ -104,9 +104,11 @@ def _portable(exc: Exception) -> Exception:
 
 
 def main(argv: Sequence[str]) -> int:
-    # Ctrl-C in a terminal reaches the whole process group: the engine's process acts on it and
-    # closes this socket when its decisions are done; this one keeps answering until then
+    # Ctrl-C in a terminal, or a stop sent to the whole process group (systemd, a supervisor),
+    # reaches this process too: the engine's process acts on it and closes this socket once its
+    # decisions are done; this one keeps answering until then (a step cut short fails its message)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     sock = socket.socket(fileno=int(argv[0]))
     try:
         steps = Steps(lane_frames.receive(sock))
