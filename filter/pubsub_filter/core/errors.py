@@ -24,7 +24,7 @@ The whole tree (each class in the module named, its standard base in brackets):
     │   ├── Unpublishable            Pub/Sub refuses this message as it is
     │   └── WorkFailed               inprocess.body: the caller's own body raised
     ├── Failure                      core.ports: a foreseeable failure, already worded for the user
-    ├── LaneLost [RuntimeError]      core.engine.lane_process: the large-message process ended mid-step
+    ├── LaneLost [RuntimeError]      core.engine.offload: the large-message process ended mid-step
     ├── InsertFailed                 backends.records.bigquery: decision rows BigQuery refused
     ├── FenceError [ValueError]      consumer.fence: a forwarded message without a readable fence
     ├── FenceContended               consumer.fence: another consumer took the key meanwhile

@@ -6,6 +6,7 @@ worker's routes, project and subscriber) it makes itself and passes in."""
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +36,11 @@ def start(cfg: Config, routes: Sequence[Route] | None = None, **line: Any) -> En
     # large messages decided in a process of their own: the loop's process keeps its GIL for the
     # requests, the health probe and the bodies still arriving (`core.engine.lane_process`)
     engine = make_engine(cfg, make_telemetry(cfg), ProcessLane(cfg.routes))
+    # What is alive now (the modules, the clients, the compiled routes) lives as long as the
+    # process: out of the collector's sight, a full collection walks only what requests made
+    # since (65 ms for this process's ~116,000 objects with the Google clients imported, the
+    # event loop held all that time; 0.01 ms once frozen)
+    gc.freeze()
     log.info(
         "config_loaded",
         routes=[r.name for r in (cfg.routes if routes is None else routes)],

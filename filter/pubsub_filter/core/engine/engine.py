@@ -59,7 +59,7 @@ from pubsub_filter.core.engine.handled import (
 )
 from pubsub_filter.core.engine.heartbeat import Heartbeat
 from pubsub_filter.core.engine.judge import Decided, Outgoing, Verdict, decide
-from pubsub_filter.core.engine.offload import OFF_LOOP_BYTES, Extracted, Lane, ThreadLane
+from pubsub_filter.core.engine.offload import OFF_LOOP_BYTES, Extracted, Lane, LaneLost, ThreadLane
 from pubsub_filter.core.engine.record import log_decision, record_of
 from pubsub_filter.core.engine.sending import Publishing, send
 from pubsub_filter.core.engine.stopping import CLAIMS, Stop
@@ -303,6 +303,10 @@ class Engine:
             # message is answered with no decision, so say so in its record and log line.
             self._finish(route_name, msg, CANCELLED, started, trace)
             raise
+        except LaneLost as exc:
+            # Foreseeable (the process killed: out of memory), not a bug: one line, no traceback
+            log.error("large_message_process_lost", route=route_name, message_id=msg.message_id, reason=str(exc))
+            done = Done(Decision.FAILED, f"{exc}: decided again when it is sent again", cause=Cause.INTERNAL)
         except Exception as exc:
             # A bug of ours (or of a library's) met on this message: a recorded `failed`, retried
             # and in time dead-lettered, never an answer nothing recorded or counted.

@@ -43,18 +43,12 @@ from pubsub_filter.core.compare.routes import RouteRules
 from pubsub_filter.core.config.schema import Route
 from pubsub_filter.core.engine import lane_frames
 from pubsub_filter.core.engine.judge import Decided
-from pubsub_filter.core.engine.offload import Extracted
-from pubsub_filter.core.errors import FilterError
+from pubsub_filter.core.engine.offload import Extracted, LaneLost
 from pubsub_filter.core.model import KeyState, Message
 
 #: Where this process imports `pubsub_filter` from (this file is pubsub_filter/core/engine/...):
 #: the child imports the same copy.
 _SOURCE = str(Path(__file__).resolve().parents[3])
-
-
-class LaneLost(FilterError, RuntimeError):
-    """The large-message process ended during a step (killed, or out of memory): the message
-    is answered `failed` and redelivered, and the next step starts a new process."""
 
 
 class _Child:

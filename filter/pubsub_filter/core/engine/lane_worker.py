@@ -15,6 +15,7 @@ closes with it)."""
 
 from __future__ import annotations
 
+import gc
 import pickle
 import random
 import signal
@@ -112,6 +113,7 @@ def main(argv: Sequence[str]) -> int:
     sock = socket.socket(fileno=int(argv[0]))
     try:
         steps = Steps(lane_frames.receive(sock))
+        gc.freeze()  # the modules and compiled routes live as long as the process: never walked again
         while True:
             lane_frames.send(sock, steps.answer(lane_frames.receive(sock)))
     except (EOFError, OSError):

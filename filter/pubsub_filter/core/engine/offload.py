@@ -70,6 +70,7 @@ from pubsub_filter.core.compare.fingerprint import TypedRows
 from pubsub_filter.core.compare.keyless import Keyless, keyless
 from pubsub_filter.core.compare.routes import Kept, RouteRules
 from pubsub_filter.core.engine.judge import Decided, decide
+from pubsub_filter.core.errors import FilterError
 from pubsub_filter.core.model import KeyState, Message
 
 T = TypeVar("T")
@@ -79,6 +80,11 @@ T = TypeVar("T")
 OFF_LOOP_BYTES = 256 * 1024
 #: The interpreter's thread switch interval while a step runs (the module's docstring says why).
 STEP_SWITCH_INTERVAL = 0.0005
+
+
+class LaneLost(FilterError, RuntimeError):
+    """A lane could not finish a step: its process ended during it (killed, or out of memory): the message
+    is answered `failed` and redelivered, and the next step starts a new process."""
 
 
 @dataclass(frozen=True, slots=True)
