@@ -283,3 +283,22 @@ def test_the_engine_agrees_with_the_reference_model_when_every_message_is_decide
         ),
     )
     assert STEPS["sqlite"] > before
+
+
+async def test_large_messages_are_decided_on_a_thread_when_no_lane_process_can_be_started(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    cfg = config()
+    lane = ProcessLane(cfg.routes, python=str(tmp_path / "no-such-python"))
+    recorder = MemoryRecorder()
+    engine = Engine(cfg, SqliteStore(tmp_path / "state.db"), MemoryPublisher(), recorder, lane=lane)
+    try:
+        first = await engine.handle("rows", Message(players(3000), {"id": "k1"}, "m0"))
+        again = await engine.handle("rows", Message(players(3000), {"id": "k1"}, "m1"))
+        assert (first.record.decision, again.record.decision) == (Decision.FORWARDED, Decision.SUPPRESSED)
+        assert lane.pid is None and lane.fallback is not None
+        assert await lane.holding() == 0
+    finally:
+        await engine.close()
+    said = [r.getMessage() for r in caplog.records if "large_message_process_unavailable" in r.getMessage()]
+    assert len(said) == 1 and "no-such-python" in said[0], said

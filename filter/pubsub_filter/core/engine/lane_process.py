@@ -17,7 +17,9 @@ routes itself: a message's decision is a function of the stored bytes, wherever 
 The child is started at the first large message (not every process gets one), by this
 interpreter (`sys.executable -m pubsub_filter.core.engine.lane_worker`), and stopped at
 `close`. If it ends mid-step (killed: out of memory), that step raises `LaneLost`, so the
-message is answered `failed` and redelivered, and the next step starts a new child. The pipe is
+message is answered `failed` and redelivered, and the next step starts a new child. If no child
+can be started at all (the interpreter cannot be run), one `large_message_process_unavailable`
+line says so and large messages are decided on a thread (`offload.ThreadLane`) from then on. The pipe is
 driven from one thread of this process, so the loop never waits on it, and one step runs at a
 time, as on the thread lane."""
 
@@ -43,28 +45,38 @@ from pubsub_filter.core.compare.routes import RouteRules
 from pubsub_filter.core.config.schema import Route
 from pubsub_filter.core.engine import lane_frames
 from pubsub_filter.core.engine.judge import Decided
-from pubsub_filter.core.engine.offload import Extracted, LaneLost
+from pubsub_filter.core.engine.offload import Extracted, LaneLost, ThreadLane
+from pubsub_filter.core.logs import get_logger
 from pubsub_filter.core.model import KeyState, Message
+
+log = get_logger("pubsub_filter.engine")
 
 #: Where this process imports `pubsub_filter` from (this file is pubsub_filter/core/engine/...):
 #: the child imports the same copy.
 _SOURCE = str(Path(__file__).resolve().parents[3])
 
 
+class _CannotStart(Exception):
+    """The interpreter to start the child with cannot be run (`ProcessLane` falls back to a thread)."""
+
+
 class _Child:
     """One started large-message process and this side's end of its socket."""
 
-    def __init__(self, routes: Sequence[Route]) -> None:
+    def __init__(self, routes: Sequence[Route], python: str) -> None:
         ours, theirs = socket.socketpair()
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (_SOURCE, env.get("PYTHONPATH")) if p)
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "pubsub_filter.core.engine.lane_worker", str(theirs.fileno())],
+                [python, "-m", "pubsub_filter.core.engine.lane_worker", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 stdin=subprocess.DEVNULL,
                 env=env,
             )
+        except OSError as exc:
+            ours.close()
+            raise _CannotStart(f"cannot start {python}: {exc.strerror or exc}") from exc
         except BaseException:
             ours.close()
             raise
@@ -91,40 +103,60 @@ class _Child:
 class ProcessLane:
     """The lane in a child process (the module's docstring says why), and the slot."""
 
-    def __init__(self, routes: Sequence[Route]) -> None:
+    def __init__(self, routes: Sequence[Route], python: str | None = None) -> None:
         self.slot = asyncio.Semaphore(1)
         self._routes = tuple(routes)
+        self._python = python or sys.executable
         self._pipe: ThreadPoolExecutor | None = None
         self._child: _Child | None = None  # touched on the pipe's thread only
         self._tickets = itertools.count()
         self.closed = False
+        #: Where large messages go once no child can be started (an interpreter that cannot be
+        #: run, as an embedding program's may be): a thread, as the in-process API's, rather
+        #: than every large message failing
+        self.fallback: ThreadLane | None = None
 
     def ticket(self) -> int:
         return next(self._tickets)
 
     async def extract(self, rules: RouteRules, msg: Message, ticket: int) -> Extracted:
-        x: Extracted = await self._call(("extract", ticket, rules.route.name, msg))
-        return x
+        if self.fallback is None:
+            try:
+                x: Extracted = await self._call(("extract", ticket, rules.route.name, msg))
+                return x
+            except _CannotStart as exc:
+                log.warning("large_message_process_unavailable", reason=str(exc), instead="a thread")
+                self.fallback = ThreadLane()
+        return await self.fallback.extract(rules, msg, ticket)
 
     async def decide(
         self, x: Extracted, msg: Message, state: KeyState | None, now: float, bypass: bool, rng: random.Random
     ) -> Decided:
+        if self.fallback is not None:
+            return await self.fallback.decide(x, msg, state, now, bypass, rng)
         decided, own = await self._call(("decide", x.ticket, x.fp, state, now, bypass, rng.getrandbits(64)))
         if own:  # a forward of the message's own data: not sent back
             decided = msgspec.structs.replace(decided, out=msgspec.structs.replace(decided.out, data=msg.data))
         return decided  # type: ignore[no-any-return]
 
     async def keyless(self, x: Extracted, msg: Message) -> Keyless:
+        if self.fallback is not None:
+            return await self.fallback.keyless(x, msg)
         k: Keyless = await self._call(("keyless", x.ticket))
         return k
 
     def remember(self, x: Extracted, decided: Decided) -> None:
-        self._post(("remember", x.ticket))
+        if self.fallback is None:
+            self._post(("remember", x.ticket))
 
     def forget(self, ticket: int) -> None:
+        if self.fallback is not None:
+            self.fallback.forget(ticket)
         self._post(("forget", ticket))  # after the extract: one thread drives the pipe, in order
 
     async def holding(self) -> int:
+        if self.fallback is not None:
+            return await self.fallback.holding()
         held: int = await self._call(("holding",))
         return held
 
@@ -155,7 +187,7 @@ class ProcessLane:
         if child is None:
             if not start:
                 return "ok", None
-            child = self._child = _Child(self._routes)
+            child = self._child = _Child(self._routes, self._python)
         try:
             return child.exchange(request)
         except (EOFError, OSError) as exc:
@@ -167,6 +199,8 @@ class ProcessLane:
     def close(self) -> None:
         """Stop the child (a step it runs is nobody's now) and the pipe's thread."""
         self.closed = True
+        if self.fallback is not None:
+            self.fallback.close()
         child = self._child
         if child is not None:
             child.proc.kill()  # a step under way is nobody's now: it need not end first
