@@ -1,8 +1,9 @@
 """A large JSON document decoded in pieces: the same value as one `decode`, in C calls of a few
 hundred kilobytes each.
 
-A large message is decoded on a thread of its own (`pubsub_filter.core.engine.offload`), but one C call holds
-Python's GIL for as long as it runs, and the event loop's thread waits for it: msgspec's decode
+Under the in-process API a large message is decoded on a thread of its own
+(`pubsub_filter.core.engine.offload`), but one C call holds Python's GIL for as long as it
+runs, and the event loop's thread waits for it: msgspec's decode
 of 8 MB of rows is one call of ~40 ms (more on a busy machine). In pieces, the thread gives the
 GIL back between them. Only an object's arrays are cut (where the rows of a payload are); the
 pieces keep the depth they had in the document (an element is decoded inside an object and an
