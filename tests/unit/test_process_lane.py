@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
+from structlog.testing import capture_logs
 
 from pubsub_filter.backends.stores.sqlite import SqliteStore
 from pubsub_filter.core.config.schema import Config, parse
@@ -285,20 +286,19 @@ def test_the_engine_agrees_with_the_reference_model_when_every_message_is_decide
     assert STEPS["sqlite"] > before
 
 
-async def test_large_messages_are_decided_on_a_thread_when_no_lane_process_can_be_started(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
+async def test_large_messages_are_decided_on_a_thread_when_no_lane_process_can_be_started(tmp_path: Path) -> None:
     cfg = config()
     lane = ProcessLane(cfg.routes, python=str(tmp_path / "no-such-python"))
     recorder = MemoryRecorder()
     engine = Engine(cfg, SqliteStore(tmp_path / "state.db"), MemoryPublisher(), recorder, lane=lane)
     try:
-        first = await engine.handle("rows", Message(players(3000), {"id": "k1"}, "m0"))
-        again = await engine.handle("rows", Message(players(3000), {"id": "k1"}, "m1"))
+        with capture_logs() as logs:
+            first = await engine.handle("rows", Message(players(3000), {"id": "k1"}, "m0"))
+            again = await engine.handle("rows", Message(players(3000), {"id": "k1"}, "m1"))
         assert (first.record.decision, again.record.decision) == (Decision.FORWARDED, Decision.SUPPRESSED)
         assert lane.pid is None and lane.fallback is not None
         assert await lane.holding() == 0
     finally:
         await engine.close()
-    said = [r.getMessage() for r in caplog.records if "large_message_process_unavailable" in r.getMessage()]
-    assert len(said) == 1 and "no-such-python" in said[0], said
+    said = [line for line in logs if line["event"] == "large_message_process_unavailable"]
+    assert len(said) == 1 and "no-such-python" in said[0]["reason"], said
