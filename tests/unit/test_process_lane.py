@@ -302,3 +302,12 @@ async def test_large_messages_are_decided_on_a_thread_when_no_lane_process_can_b
         await engine.close()
     said = [line for line in logs if line["event"] == "large_message_process_unavailable"]
     assert len(said) == 1 and "no-such-python" in said[0]["reason"], said
+
+
+async def test_a_lane_starts_no_process_until_its_first_large_message() -> None:
+    lane = ProcessLane(config().routes)
+    try:
+        assert await lane.holding() == 0
+        assert lane.pid is None
+    finally:
+        lane.close()

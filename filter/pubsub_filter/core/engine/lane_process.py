@@ -157,8 +157,8 @@ class ProcessLane:
     async def holding(self) -> int:
         if self.fallback is not None:
             return await self.fallback.holding()
-        held: int = await self._call(("holding",))
-        return held
+        held: int | None = await self._call(("holding",), start=False)
+        return held or 0  # None: no child runs, so none holds anything
 
     @property
     def pid(self) -> int | None:
@@ -166,12 +166,12 @@ class ProcessLane:
         child = self._child
         return child.proc.pid if child is not None else None
 
-    async def _call(self, request: tuple[Any, ...]) -> Any:
+    async def _call(self, request: tuple[Any, ...], start: bool = True) -> Any:
         if self.closed:
             raise LaneLost("the large-message process is stopped: the engine is closing")
         if self._pipe is None:
             self._pipe = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pubsub-filter-large")
-        status, value = await asyncio.get_running_loop().run_in_executor(self._pipe, self._exchange, request, True)
+        status, value = await asyncio.get_running_loop().run_in_executor(self._pipe, self._exchange, request, start)
         if status == "raised":
             raise value
         return value
