@@ -4,7 +4,10 @@ no 408, no connection reset, every message decided or answered 429 (a retry) and
 that decides large messages) within the Terraform module's default memory (512 MiB).
 
 Each push is ~8 MB of data (68,000 rows, 11.4 MB wrapped), on `pubsub-filter serve` with the
-embedded defaults (no `server` section). Slow (half a minute each on a quiet machine: a forward of 68,000
+embedded defaults (no `server` section): past `server.max_bytes_in_flight` a push waits for room,
+unread, for `server.admission_wait`, so few are answered 429, and what is left of a body answered
+before it was read is read a part at a time (a burst of 429s sent again at once read 7 GB in 8 s,
+`/healthz` behind turns of 200 MB). Slow (half a minute each on a quiet machine: a forward of 68,000
 rows digests every row, about 1.2 s): the faults tier. A key's later pushes of the same content
 are answered `duplicate` while the first is in flight, `suppressed` after."""
 
@@ -76,14 +79,9 @@ def test_a_burst_of_large_row_pushes_is_decided_without_a_408_a_reset_or_a_held_
         check(serve, seen)
     health = sorted(seen.health)
     worst, p99, limit = health[-1], health[int(len(health) * 0.99)], HEALTH * contention()
-    print(f"{together} pushes in {seen.took:.1f}s, peak RSS {peak:.0f} MiB", end="")
+    turned_away = sum(a.count(429) for a in seen.answers.values())
+    print(f"{together} pushes in {seen.took:.1f}s, {turned_away} answered 429, peak RSS {peak:.0f} MiB", end="")
     print(f", /healthz worst {worst * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms")
     assert peak < MEMORY_MIB
     assert p99 < limit, f"/healthz took {p99 * 1000:.0f} ms at the 99th percentile (less CPU wait), over {limit:.2f}s"
-    if worst >= limit and together > 16:
-        # 40 at once: the worst answer of a burst is not yet under the bound every time. On a quiet
-        # machine it was 49-168 ms over 22 runs (105 ms inside CI), with large messages decided in a
-        # process of their own, the outbox's and records' threads still in the server's; 16 at
-        # once stays at 35-51 ms, and is asserted. Reported here with today's figure.
-        pytest.xfail(f"/healthz took {worst * 1000:.0f} ms at worst (less CPU wait), over {limit:.2f}s")
     assert worst < limit, f"/healthz took {worst * 1000:.0f} ms (less the machine's CPU wait), over {limit:.2f}s"

@@ -86,7 +86,10 @@ MISTAKES: list[tuple[str, dict[str, Any], list[str]]] = [
     (
         "a key of several sections is not sent to one of them",
         {"server": {"backend": "x"}, "routes": [a_route()]},
-        ["server.backend: unknown key; the keys here are body_timeout, max_body, max_bytes_in_flight, shutdown_budget"],
+        [
+            "server.backend: unknown key; the keys here are admission_wait, body_timeout, max_body, "
+            "max_bytes_in_flight, shutdown_budget"
+        ],
     ),
     (
         "a key of another backend names the backend it belongs to",

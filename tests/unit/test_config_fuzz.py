@@ -134,7 +134,9 @@ def configs(good: bool) -> st.SearchStrategy[dict[str, Any]]:
                 timeout=v(one("1s", "2s"), BAD_DURATIONS), budget=v(one("3s", "5s"), BAD_DURATIONS)
             ),
             "server": section(
-                max_body=v(one("10MiB", "512KiB", 4096), st.integers(-1, 2**40)), shutdown_budget=durations
+                max_body=v(one("10MiB", "512KiB", 4096), st.integers(-1, 2**40)),
+                shutdown_budget=durations,
+                admission_wait=v(one(0, "0s", "500ms", "2s", 60), one(-1, "61s", "2 s later", True)),
             ),
             "auth": section(
                 audience=v(one("https://f.run.app"), one("")),

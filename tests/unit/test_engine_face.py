@@ -100,6 +100,7 @@ def test_the_facts_are_the_configs_as_one_immutable_value(engine: Engine) -> Non
         },
         max_body=4096,
         max_bytes_in_flight=engine.config.server.max_bytes_in_flight,
+        admission_wait=2.0,
         body_timeout=3.0,
         shutdown_budget=engine.config.server.shutdown_budget,
         ack_deadline=30.0,

@@ -1,7 +1,8 @@
-"""Push bodies in flight are bounded by `server.max_bytes_in_flight`: past it a push is answered
-at once, unread, 429 with `Retry-After` (a retry Pub/Sub backs off on, never an ack), recorded as
-`failed` with cause `overloaded` and counted; taken again once the bodies before it are answered.
-One push is always taken in, whatever its size."""
+"""Push bodies in flight are bounded by `server.max_bytes_in_flight`: past it a push waits for
+room, unread, up to `server.admission_wait`, and is decided once the bodies before it are
+answered; one that finds no room in that time is answered 429 with `Retry-After` (a retry Pub/Sub
+backs off on, never an ack), recorded as `failed` with cause `overloaded` and counted, and taken
+when sent again. One push is always taken in, whatever its size."""
 
 from __future__ import annotations
 
@@ -78,42 +79,159 @@ class Stalled:
         return self.sent[0]["status"], json.loads(self.sent[1]["body"])
 
 
-async def test_a_push_past_the_bound_is_answered_429_at_once_unread_recorded_and_taken_when_sent_again(
+def served_with(tmp_path: Path, wait: str) -> tuple[Engine, Any]:
+    (tmp_path / "filter.yaml").write_text(
+        f"server: {{max_bytes_in_flight: {BOUND}, admission_wait: {wait}}}\n"
+        "routes:\n  - {name: raw, destination: out, key: [attributes.id]}\n"
+    )
+    engine = make_engine(load(str(tmp_path / "filter.yaml")), from_config(metrics=False, traces=False, env={}))
+    return engine, create_app(engine)
+
+
+def recorded(path: str = "filter-decisions.db") -> list[tuple[str, str]]:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("SELECT decision, message_id FROM decisions ORDER BY rowid").fetchall()
+    finally:
+        db.close()
+
+
+class Waiting:
+    """A push whose whole body is ready, but which says when it is first read (`read`)."""
+
+    def __init__(self, app: Any, body: bytes, reads: list[bytes] | None = None) -> None:
+        self.body = body
+        self.reads = reads if reads is not None else []
+        self.read = asyncio.Event()
+        self.sent: list[Message] = []
+        scope = {
+            "type": "http",
+            "method": "POST",
+            "path": "/push/raw",
+            "root_path": "",
+            "headers": [(b"content-length", str(len(body)).encode())],
+        }
+        self.task = asyncio.create_task(app(scope, self.receive, self.send))
+
+    async def receive(self) -> Message:
+        self.read.set()
+        self.reads.append(self.body)
+        return {"type": "http.request", "body": self.body, "more_body": False}
+
+    async def send(self, message: Message) -> None:
+        self.sent.append(message)
+
+    async def answered(self) -> tuple[int, dict[str, Any]]:
+        await self.task
+        return self.sent[0]["status"], json.loads(self.sent[1]["body"])
+
+
+async def until_waiting(app: Any, count: int) -> None:
+    """Until `count` pushes wait for room (the loop's turns: each push reaches its wait in a few)."""
+    for _ in range(1000):
+        if len(app.push.in_flight.waiting) == count:
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"{len(app.push.in_flight.waiting)} pushes wait for room, not {count}")
+
+
+async def test_a_push_past_the_bound_waits_unread_and_is_decided_once_the_body_before_it_is_answered(
     served: tuple[Engine, Any],
 ) -> None:
     engine, app = served
     first = Stalled(app, push("a", 2000))
     await first.waiting.wait()  # its body is in flight
-    over = push("b", 2000)
-    assert len(first.body) + len(over) > BOUND
-    refused: list[Message] = []
+    over = Waiting(app, push("b", 2000))
+    assert len(first.body) + len(over.body) > BOUND
+    await until_waiting(app, 1)
+    assert not over.read.is_set()  # its body waits in its connection, unread
+    status, decided = await first.finish()
+    assert (status, decided["decision"]) == (200, "forwarded")
+    status, decided = await over.answered()
+    assert (status, decided["decision"]) == (200, "forwarded")
+    assert engine.counts["push_overloaded"] == 0
+    assert app.push.in_flight.held == 0
+    await engine.close()  # the records are written
+    assert recorded() == [("forwarded", "m-a"), ("forwarded", "m-b")]
 
-    async def unread() -> Message:
-        raise AssertionError("a push past the bound is answered before its body is read")
+
+async def test_pushes_waiting_for_room_are_admitted_in_the_order_they_came_as_room_is_released(
+    served: tuple[Engine, Any],
+) -> None:
+    _, app = served
+    first = Stalled(app, push("a", 2000))
+    await first.waiting.wait()
+    reads: list[bytes] = []
+    waiting = []
+    for key in "bcd":
+        waiting.append(Waiting(app, push(key, 1500), reads))
+        await until_waiting(app, len(waiting))
+    assert 2 * len(waiting[0].body) > BOUND  # room for one at a time
+    await first.finish()
+    for w in waiting:
+        status, decided = await w.answered()
+        assert (status, decided["decision"]) == (200, "forwarded")
+    assert reads == [w.body for w in waiting]
+    assert app.push.in_flight.held == 0 and not app.push.in_flight.waiting
+
+
+@pytest.mark.parametrize("wait", ["0s", "50ms"], ids=["answered at once", "after its wait"])
+async def test_a_push_that_finds_no_room_within_the_admission_wait_is_answered_429_recorded_and_taken_when_sent_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wait: str
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    engine, app = served_with(tmp_path, wait)
+    first = Stalled(app, push("a", 2000))
+    await first.waiting.wait()  # its body is in flight, and stays so past the wait
+    over = push("b", 2000)
+    refused: list[Message] = []
+    drained_after_record: list[bool] = []
+
+    async def receive() -> Message:
+        # the body is read only to be dropped, once the push is recorded as turned away
+        drained_after_record.append(engine.counts["push_overloaded"] == 1)
+        return {"type": "http.request", "body": over, "more_body": False}
 
     async def send(message: Message) -> None:
         refused.append(message)
 
     headers = [(b"content-length", str(len(over)).encode())]
     scope = {"type": "http", "method": "POST", "path": "/push/raw", "root_path": "", "headers": headers}
-    await app(scope, unread, send)
+    await app(scope, receive, send)
+    assert drained_after_record == [True]
     assert refused[0]["status"] == 429
     assert (b"retry-after", b"1") in refused[0]["headers"]
     answer = json.loads(refused[1]["body"])
     assert answer["decision"] == "failed"
     assert "server.max_bytes_in_flight" in answer["reason"]
+    assert ("of waiting for room" in answer["reason"]) is (wait != "0s")
     assert engine.counts["push_overloaded"] == 1
+    assert not app.push.in_flight.waiting
     status, decided = await first.finish()
     assert (status, decided["decision"]) == (200, "forwarded")
     status, body = await call(app, "POST", "/push/raw", over)  # sent again: the first is answered
     assert (status, json.loads(body)["decision"]) == (200, "forwarded")
+    assert app.push.in_flight.held == 0
     await engine.close()  # the records are written
-    db = sqlite3.connect("filter-decisions.db")
-    try:
-        rows = db.execute("SELECT decision, message_id FROM decisions ORDER BY rowid").fetchall()
-    finally:
-        db.close()
-    assert rows == [("failed", ""), ("forwarded", "m-a"), ("forwarded", "m-b")]
+    assert recorded() == [("failed", ""), ("forwarded", "m-a"), ("forwarded", "m-b")]
+
+
+async def test_a_push_cancelled_while_it_waits_for_room_is_answered_503_and_holds_nothing(
+    served: tuple[Engine, Any],
+) -> None:
+    _, app = served
+    first = Stalled(app, push("a", 2000))
+    await first.waiting.wait()
+    over = Waiting(app, push("b", 2000))
+    await until_waiting(app, 1)
+    over.task.cancel()  # the shutdown's cancel
+    status, answer = await over.answered()
+    assert (status, answer["decision"]) == (503, "failed")
+    assert not over.read.is_set()
+    assert not app.push.in_flight.waiting
+    status, _ = await first.finish()
+    assert status == 200
+    assert app.push.in_flight.held == 0
 
 
 async def test_one_push_larger_than_the_bound_is_taken_when_nothing_else_is_in_flight(

@@ -79,3 +79,22 @@ def test_a_server_without_a_budget_leaves_the_signals_to_its_caller() -> None:
         assert server.stop is None
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.parametrize(("written", "seconds"), [(0, 0.0), ("0s", 0.0), ("0ms", 0.0), ("500ms", 0.5), ("60s", 60.0)])
+def test_the_admission_wait_may_be_none_or_up_to_a_minute(written: Any, seconds: float) -> None:
+    assert config(admission_wait=written).server.admission_wait == seconds
+
+
+def test_the_admission_wait_by_default_is_two_seconds_well_inside_a_push_deadline() -> None:
+    assert config().server.admission_wait == 2.0
+
+
+@pytest.mark.parametrize("written", [-1, "-1s", "61s", "soon", True])
+def test_an_admission_wait_that_is_not_a_duration_of_at_most_a_minute_is_refused(written: Any) -> None:
+    with pytest.raises(ConfigError, match=r"server\.admission_wait"):
+        config(admission_wait=written)
+
+
+def test_serve_hands_uvicorn_no_websocket_implementation() -> None:
+    assert server_config(object(), config(), "127.0.0.1", 8080).ws == "none"

@@ -145,7 +145,10 @@ class HealthServer:
             raise Failure(f"cannot listen on {host}:{port} for health checks: {exc.strerror or exc}") from None
         self.port = self.sock.getsockname()[1]
         # the worker owns SIGTERM/SIGINT, not this server
-        self.server = Server(uvicorn.Config(app, lifespan="off", access_log=False, log_level="warning"), budget=None)
+        # no websocket implementation: a health port takes none (uvicorn would import one as it starts)
+        self.server = Server(
+            uvicorn.Config(app, lifespan="off", access_log=False, log_level="warning", ws="none"), budget=None
+        )
         self.task: asyncio.Task[None] | None = None
 
     def start(self) -> None:

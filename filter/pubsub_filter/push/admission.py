@@ -2,10 +2,11 @@
 
 `BytesInFlight`: the bodies admitted and not yet answered, in bytes, at most
 `server.max_bytes_in_flight`. A large message costs many times its body while it is decided
-(`pubsub_filter.core.engine.offload`), and its body and data while it waits for its turn; past the bound a push
-is answered at once, 429 with `Retry-After`, rather than read and held until memory runs out or
-its wait outlasts `server.body_timeout`. One push is always admitted, whatever its size, so the
-largest valid push is decided when nothing else is in flight.
+(`pubsub_filter.core.engine.offload`), and its body and data while it waits for its turn. Past
+the bound a push waits for room, unread, up to `server.admission_wait`, and is answered 429 with
+`Retry-After` if none came, rather than read and held until memory runs out or its wait outlasts
+`server.body_timeout`. One push is always admitted, whatever its size, so the largest valid push
+is decided when nothing else is in flight.
 
 `LoopLag`: how long the event loop was held, so that `server.body_timeout` measures the sender
 and never the server's own delay: while the loop is busy (a decision's step, a garbage
@@ -16,29 +17,73 @@ not the sender's.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 
 #: Seconds between the lag watch's ticks: how late a tick runs is how long the loop was held.
 TICK = 0.025
 
 
 class BytesInFlight:
-    """Push bodies admitted and not yet answered, in bytes (`admit`, then `release` the same size)."""
+    """Push bodies admitted and not yet answered, in bytes (`admit` or `admit_within`, then
+    `release` the same size).
 
-    __slots__ = ("bound", "held")
+    A push that does not fit may wait for room (`admit_within`), its body unread: the sender's
+    bytes wait in its connection, where they cost this process nothing, instead of a 429 whose
+    body is sent again at once. Room is offered to the waiting pushes in the order they came, as
+    it is released."""
+
+    __slots__ = ("bound", "held", "waiting")
 
     def __init__(self, bound: int) -> None:
         self.bound = bound
         self.held = 0
+        #: each waiting push's size, and the future `release` resolves once it is admitted
+        self.waiting: deque[tuple[int, asyncio.Future[None]]] = deque()
+
+    def _fits(self, size: int) -> bool:
+        return not self.held or self.held + size <= self.bound
 
     def admit(self, size: int) -> bool:
-        """Whether a body of `size` bytes fits: within the bound, or the only one in flight."""
-        if self.held and self.held + size > self.bound:
+        """Whether a body of `size` bytes is admitted now: within the bound, or the only one in flight."""
+        if not self._fits(size):
             return False
         self.held += size
         return True
 
+    async def admit_within(self, size: int, seconds: float) -> bool:
+        """Whether a body of `size` bytes was admitted within `seconds`: at once, or as room was
+        released to it. A wait cancelled or timed out leaves nothing held."""
+        if self.admit(size):
+            return True
+        if seconds <= 0:
+            return False
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        entry = (size, turn)
+        self.waiting.append(entry)
+        try:
+            async with asyncio.timeout(seconds):
+                # shielded: a timeout or a cancel must not cancel `turn`, which says whether room
+                # was given meanwhile (`release` admits in the same step that wakes this one)
+                await asyncio.shield(turn)
+        except TimeoutError:
+            pass
+        except asyncio.CancelledError:
+            if turn.done():  # admitted as it was cancelled: the room goes back
+                self.release(size)
+            raise
+        finally:
+            if not turn.done():
+                self.waiting.remove(entry)
+                turn.cancel()
+        return turn.done() and not turn.cancelled()
+
     def release(self, size: int) -> None:
         self.held -= size
+        for entry in list(self.waiting):  # a few at most: one per push waiting
+            if self._fits(entry[0]):
+                self.waiting.remove(entry)
+                self.held += entry[0]
+                entry[1].set_result(None)
 
 
 class LoopLag:

@@ -141,6 +141,30 @@ async def _body(receive: Receive, limit: int, declared: str | None, within: floa
             sender.close()
 
 
+async def _drained(receive: Receive, within: float, lag: LoopLag = LAG) -> bool:
+    """Whether the rest of a body that is not wanted was read and dropped, a chunk at a time, by its
+    end (or its client's leaving), within `within` seconds of the sender's.
+
+    An answer given before its body is read (a 429 past the bytes in flight, a 413, a 404, a
+    refused caller) still has the body coming: left to uvicorn, it would be read and dropped as
+    fast as it arrives, up to 32 reads a connection in one turn of the loop. A burst of large
+    pushes answered 429 and sent again at once made that 7 GB in 8 s, and `/healthz` waited
+    behind turns of 200 MB. Read here, each body takes one chunk a turn, as a body being read
+    does (uvicorn's flow control), and one chunk is all that is held."""
+    try:
+        async with asyncio.timeout(within) as timeout:
+            sender = SenderDeadline(timeout, lag, within)
+            try:
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                        return True
+            finally:
+                sender.close()
+    except TimeoutError:
+        return False
+
+
 def _cancelled_answer() -> Answer:
     return _json({"decision": "failed", "reason": "cancelled by the shutdown; sent again"}, 503, _RETRY)
 
@@ -189,6 +213,7 @@ class _PushHandler:
     message decided by the engine, and the decision answered (`answer_for`)."""
 
     __slots__ = (
+        "admission_wait",
         "authenticator",
         "body_timeout",
         "engine",
@@ -207,6 +232,7 @@ class _PushHandler:
         self.max_body = facts.max_body
         self.body_timeout = body_timeout
         self.in_flight = BytesInFlight(facts.max_bytes_in_flight)
+        self.admission_wait = facts.admission_wait
         tel = telemetry_of(engine)
         self.tracing = tel is not None and tel.tracing
         self.read_headers = _READ_HEADERS if authenticator is None else _READ_WITH_AUTH
@@ -229,24 +255,27 @@ class _PushHandler:
         if self.authenticator is not None:
             refused = await self._refused(route, headers.get(b"authorization"))
             if refused is not None:
-                return refused
+                return await self._unheard(receive, refused)
         trace = trace_of(headers)  # the log lines'
         parent = request_parent_of(headers) if self.tracing else None  # the decision's
         if route not in self.routes:
             route = bounded_route_name(route)
             rec = await engine.reject(route, None, f"unknown route {route!r}", trace=trace, cause=Cause.UNKNOWN_ROUTE)
-            return _json({"decision": "rejected", "reason": rec.reason}, 404)
+            return await self._unheard(receive, _json({"decision": "rejected", "reason": rec.reason}, 404))
         try:
             size = declared_size(headers.get(b"content-length"), self.max_body)
         except _TooLarge as exc:
-            return await self._unread(route, exc, trace)
+            return await self._unheard(receive, await self._unread(route, exc, trace))
         held = size or 0  # a body of no declared length is counted once read
-        if not self.in_flight.admit(held):
-            return await self._overloaded(route, held, headers, trace)
+        in_flight = self.in_flight
+        if not in_flight.admit(held) and not await in_flight.admit_within(held, self.admission_wait):
+            return await self._unheard(receive, await self._overloaded(route, held, headers, trace))
         try:
             try:
                 body = await _body(receive, self.max_body, None, self.body_timeout)
-            except (_TooLarge, TimeoutError, _Disconnected) as exc:
+            except _TooLarge as exc:
+                return await self._unheard(receive, await self._unread(route, exc, trace))
+            except (TimeoutError, _Disconnected) as exc:
                 return await self._unread(route, exc, trace)
             if size is None:
                 if not self.in_flight.admit(len(body)):
@@ -262,6 +291,15 @@ class _PushHandler:
         finally:
             self.in_flight.release(held)
 
+    async def _unheard(self, receive: Receive, answer: Answer) -> Answer:
+        """`answer`, given before its body was read, once the body has been dropped (`_drained`);
+        with the connection closed when it did not end in time (what is left of it must not be
+        read as the next request)."""
+        if await _drained(receive, self.body_timeout):
+            return answer
+        status, headers, body = answer
+        return status, headers + _CLOSE, body
+
     async def _decide(self, route: str, msg: Message, trace: str | None, parent: Any) -> Answer:
         return _decided((await self.engine.handle(route, msg, trace, parent=parent)).record)
 
@@ -269,9 +307,10 @@ class _PushHandler:
         """The answer to a push past the bound on bytes in flight: a prompt retry, recorded and counted."""
         self.engine.note("push_overloaded")
         bound = self.in_flight.bound
+        waited = f" after {self.admission_wait:g}s of waiting for room" if self.admission_wait and size else ""
         reason = (
             f"{self.in_flight.held} bytes of pushes in flight, and this one's {size} would pass "
-            f"server.max_bytes_in_flight ({bound}): sent again later"
+            f"server.max_bytes_in_flight ({bound}){waited}: sent again later"
         )
         mid = headers.get(MESSAGE_ID)
         rec = await self.engine.turned_away(route, reason, trace=trace, message_id=mid[:256] if mid else None)

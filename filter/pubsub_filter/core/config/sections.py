@@ -15,6 +15,21 @@ from pubsub_filter.core.times import parse_duration
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
+def _duration_or_none(value: Any) -> float:
+    # a wait may be none at all: 0, however it is written (`0`, `0s`, `0ms`)
+    if isinstance(value, bool):
+        return parse_duration(value)  # its error
+    if isinstance(value, (int, float)) and value == 0:
+        return 0.0
+    if isinstance(value, str) and re.fullmatch(r"\s*0+(\.0+)?\s*(ms|s|m|h|d)?\s*", value, re.ASCII):
+        return 0.0
+    return parse_duration(value)
+
+
+#: A duration that may also be 0 (none).
+Wait = Annotated[float, BeforeValidator(_duration_or_none)]
+
+
 class Quieting(NamedTuple):
     """How one decision's lines are logged: at `level` (None: the decision's own level) for the
     share `sample` of its messages (by message id), at debug for the others."""
@@ -156,6 +171,11 @@ SHUTDOWN_BUDGET = 8.0
 DEFAULT_MAX_BYTES_IN_FLIGHT = 64 * 1024 * 1024
 
 
+#: `server.admission_wait`'s default: a large push's decision takes about a second, so a burst's
+#: pushes find room in turn, well inside Pub/Sub's push deadline (the ack deadline, 10 s by default).
+ADMISSION_WAIT = 2.0
+
+
 class ServerConfig(Strict):
     # The default takes the largest push a valid message makes (10 MB of data, base64 with every
     # `/` escaped, 100 attributes of the longest names and values, every byte escaped, the fields
@@ -166,10 +186,15 @@ class ServerConfig(Strict):
     shutdown_budget: Annotated[Duration, Field(gt=0)] = SHUTDOWN_BUDGET
     # of the sender's own time (the server's delays are not counted): past it a body is answered 408
     body_timeout: Duration = 10.0
-    # Push bodies taken in at once, in bytes: past it a push is answered 429 at once, unread, and
-    # Pub/Sub sends it again (one is always taken in, whatever its size). docs/deploying.md sizes
-    # memory from it: a large message waits as its body and data, and is decided one at a time.
+    # Push bodies taken in at once, in bytes: past it a push waits for room (`admission_wait`),
+    # unread, then is answered 429 and Pub/Sub sends it again (one is always taken in, whatever its
+    # size). docs/deploying.md sizes memory from it: a large message waits as its body and data,
+    # and is decided one at a time.
     max_bytes_in_flight: Annotated[Size, Field(ge=1)] = DEFAULT_MAX_BYTES_IN_FLIGHT
+    # How long a push past `max_bytes_in_flight` waits for room before its 429; 0 answers at once.
+    # Its body waits in its connection meanwhile: a 429 at once had each large push of a burst sent
+    # again as soon as any was answered, 7 GB read and dropped in 8 s for 40 pushes of 11 MB.
+    admission_wait: Annotated[Wait, Field(le=60)] = ADMISSION_WAIT
 
     @model_validator(mode="before")
     @classmethod

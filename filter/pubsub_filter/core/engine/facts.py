@@ -41,6 +41,8 @@ class Facts:
     max_body: int
     #: `server.max_bytes_in_flight`: push bodies taken in at once, in bytes.
     max_bytes_in_flight: int
+    #: `server.admission_wait`: how long a push past `max_bytes_in_flight` waits for room, in seconds.
+    admission_wait: float
     #: `server.body_timeout`: the sender's time to send a push body, in seconds.
     body_timeout: float
     #: `server.shutdown_budget`: the whole stop, SIGTERM to exit, in seconds.
@@ -61,6 +63,7 @@ class Facts:
             routes=MappingProxyType(routes),
             max_body=server.max_body,
             max_bytes_in_flight=server.max_bytes_in_flight,
+            admission_wait=server.admission_wait,
             body_timeout=server.body_timeout,
             shutdown_budget=server.shutdown_budget,
             ack_deadline=lease.ack_deadline,
