@@ -19,8 +19,9 @@ is all `/`, written `\\/` as the emulator writes it: the largest push), `rows` (
 `--rows` rows on a `rows` route, 9.9 MB at the default), `small-rows` (`--small-rows` rows of ~125
 bytes, 8.5 MB at the default 68,000: what costs most per byte).
 
-Past `server.max_bytes_in_flight` a push is answered 429 (`answers` counts them): it is sent again
-once another push of the burst is answered, as Pub/Sub sends it again, so every push is decided.
+Past `server.max_bytes_in_flight` a push waits for room up to `server.admission_wait`, then is
+answered 429 (`answers` counts them): it is sent again once another push of the burst is
+answered, as Pub/Sub sends it again, so every push is decided.
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ variable "contention_per_hour_threshold" {
 }
 
 variable "push_overloaded_per_hour_threshold" {
-  description = "Alert when a route has more pushes answered 429 unread (the instance at server.max_bytes_in_flight) than this in an hour."
+  description = "Alert when a route has more pushes answered 429 undecided (the instance at server.max_bytes_in_flight for server.admission_wait) than this in an hour."
   type        = number
   default     = 30
 }

@@ -50,9 +50,10 @@ locals {
       description = "Publishes to a destination topic that were not confirmed (the source message was nacked)."
     }
     push_overloaded = {
-      # the push endpoint turned a push away unread (429, a retry) at server.max_bytes_in_flight
+      # the push endpoint turned a push away undecided (429, a retry): no room under
+      # server.max_bytes_in_flight came within server.admission_wait
       match       = "jsonPayload.message=\"decision\" AND jsonPayload.decision=\"failed\" AND jsonPayload.cause=\"overloaded\""
-      description = "Push requests answered 429 unread because the instance had server.max_bytes_in_flight of bodies in flight."
+      description = "Push requests answered 429 undecided because the instance had server.max_bytes_in_flight of bodies in flight for server.admission_wait."
     }
   }
 
@@ -364,8 +365,8 @@ resource "google_monitoring_alert_policy" "push_overloaded" {
     mime_type = "text/markdown"
     subject   = "pubsub-filter: pushes turned away (429) at the bound on bytes in flight"
     content   = <<-EOT
-      An instance had `server.max_bytes_in_flight` of push bodies in flight and answered more
-      pushes 429 unread: Pub/Sub backs off and sends them again, nothing is lost, but they wait
+      An instance had `server.max_bytes_in_flight` of push bodies in flight for longer than
+      `server.admission_wait` and answered more pushes 429 undecided: Pub/Sub backs off and sends them again, nothing is lost, but they wait
       and count towards max_delivery_attempts. Bursts of large messages (megabytes each) do
       this. Raise memory and max_bytes_in_flight together (docs/deploying.md, "Large messages:
       memory and concurrency"), or raise max_instances so the burst spreads over more instances.

@@ -260,7 +260,7 @@ variable "contention_per_hour_threshold" {
 }
 
 variable "push_overloaded_per_hour_threshold" {
-  description = "Alert when one route has more than this many pushes answered 429 unread (`failed`, cause `overloaded`: the instance at server.max_bytes_in_flight) in an hour."
+  description = "Alert when one route has more than this many pushes answered 429 undecided (`failed`, cause `overloaded`: the instance at server.max_bytes_in_flight for server.admission_wait) in an hour."
   type        = number
   default     = 30
 }
