@@ -52,6 +52,21 @@ def parse_time(text: str) -> float:
 
 def parse_duration(value: Any) -> float:
     """`90`, `90s`, `15m`, `24h`, `7d`, `500ms` → seconds."""
+    seconds = _seconds(value)
+    if not 0 < seconds < 10 * 365 * 86400:  # also rejects nan and inf
+        raise ValueError("a duration must be positive and under ten years")
+    return seconds
+
+
+def parse_wait(value: Any) -> float:
+    """A duration as `parse_duration` reads it, or none at all: `0`, `0s`, `0ms` → 0.0."""
+    seconds = _seconds(value)
+    if not 0 <= seconds < 10 * 365 * 86400:  # also rejects nan and inf
+        raise ValueError("a wait must be 0 or positive, and under ten years")
+    return seconds
+
+
+def _seconds(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueError("a duration is a number of seconds or a string like 90s, 15m, 24h, 7d")
     try:
@@ -64,8 +79,6 @@ def parse_duration(value: Any) -> float:
             seconds = float(m.group(1)) * _UNITS[m.group(2)]
     except OverflowError:
         raise ValueError("that duration is too large") from None
-    if not 0 < seconds < 10 * 365 * 86400:  # also rejects nan and inf
-        raise ValueError("a duration must be positive and under ten years")
     return seconds
 
 

@@ -72,13 +72,14 @@ class BytesInFlight:
                 self.release(size)
             raise
         finally:
-            if not turn.done():
+            if not turn.done():  # only `release` resolves it
                 self.waiting.remove(entry)
-                turn.cancel()
-        return turn.done() and not turn.cancelled()
+        return turn.done()
 
     def release(self, size: int) -> None:
         self.held -= size
+        if not self.waiting:  # every push's answer: nobody waits, as a rule
+            return
         for entry in list(self.waiting):  # a few at most: one per push waiting
             if self._fits(entry[0]):
                 self.waiting.remove(entry)

@@ -10,24 +10,13 @@ from typing import Annotated, Any, Literal, NamedTuple
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from pubsub_filter.core.pubsub_limits import DEFAULT_MAX_BODY
-from pubsub_filter.core.times import parse_duration
+from pubsub_filter.core.times import parse_duration, parse_wait
 
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
-def _duration_or_none(value: Any) -> float:
-    # a wait may be none at all: 0, however it is written (`0`, `0s`, `0ms`)
-    if isinstance(value, bool):
-        return parse_duration(value)  # its error
-    if isinstance(value, (int, float)) and value == 0:
-        return 0.0
-    if isinstance(value, str) and re.fullmatch(r"\s*0+(\.0+)?\s*(ms|s|m|h|d)?\s*", value, re.ASCII):
-        return 0.0
-    return parse_duration(value)
-
-
 #: A duration that may also be 0 (none).
-Wait = Annotated[float, BeforeValidator(_duration_or_none)]
+Wait = Annotated[float, BeforeValidator(parse_wait)]
 
 
 class Quieting(NamedTuple):
