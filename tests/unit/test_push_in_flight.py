@@ -31,17 +31,19 @@ Message = dict[str, Any]
 @pytest.fixture
 async def served(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[Engine, Any]]:
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "filter.yaml").write_text(
-        f"server: {{max_bytes_in_flight: {BOUND}}}\n"
-        "routes:\n  - {name: raw, destination: out, key: [attributes.id]}\n"
-    )
-    engine = make_engine(load(str(tmp_path / "filter.yaml")), from_config(metrics=False, traces=False, env={}))
-    yield engine, create_app(engine)
+    engine, app = served_with(tmp_path, "2s")  # the default wait
+    yield engine, app
     await engine.close()
 
 
 def push(key: str, size: int) -> bytes:
     return make_envelope(b"x" * size, f"m-{key}", {"id": key})
+
+
+def push_scope(body: bytes) -> dict[str, Any]:
+    """The ASGI scope of a push of `body` to the `raw` route, its length declared."""
+    headers = [(b"content-length", str(len(body)).encode())]
+    return {"type": "http", "method": "POST", "path": "/push/raw", "root_path": "", "headers": headers}
 
 
 class Stalled:
@@ -52,14 +54,7 @@ class Stalled:
         self.rest = asyncio.Event()
         self.sent: list[Message] = []
         self.waiting = asyncio.Event()
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/push/raw",
-            "root_path": "",
-            "headers": [(b"content-length", str(len(body)).encode())],
-        }
-        self.task = asyncio.create_task(app(scope, self.receive, self.send))
+        self.task = asyncio.create_task(app(push_scope(body), self.receive, self.send))
         self.parts = 0
 
     async def receive(self) -> Message:
@@ -104,14 +99,7 @@ class Waiting:
         self.reads = reads if reads is not None else []
         self.read = asyncio.Event()
         self.sent: list[Message] = []
-        scope = {
-            "type": "http",
-            "method": "POST",
-            "path": "/push/raw",
-            "root_path": "",
-            "headers": [(b"content-length", str(len(body)).encode())],
-        }
-        self.task = asyncio.create_task(app(scope, self.receive, self.send))
+        self.task = asyncio.create_task(app(push_scope(body), self.receive, self.send))
 
     async def receive(self) -> Message:
         self.read.set()
@@ -195,9 +183,7 @@ async def test_a_push_that_finds_no_room_within_the_admission_wait_is_answered_4
     async def send(message: Message) -> None:
         refused.append(message)
 
-    headers = [(b"content-length", str(len(over)).encode())]
-    scope = {"type": "http", "method": "POST", "path": "/push/raw", "root_path": "", "headers": headers}
-    await app(scope, receive, send)
+    await app(push_scope(over), receive, send)
     assert drained_after_record == [True]
     assert refused[0]["status"] == 429
     assert (b"retry-after", b"1") in refused[0]["headers"]
