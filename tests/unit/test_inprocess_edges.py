@@ -456,6 +456,40 @@ def _ctrl_c_while_the_caller_waits(config: Config, monkeypatch: pytest.MonkeyPat
     assert leased(state_of(config)) == []
 
 
+@pytest.mark.parametrize("where", ["as the decision is submitted", "once the loop has started it"])
+def test_a_ctrl_c_landing_between_the_submission_and_the_wait_still_cancels_the_decision(
+    config: Config, monkeypatch: pytest.MonkeyPatch, where: str
+) -> None:
+    """A Ctrl-C is raised at whatever line the caller's thread is on: here, the one that hands the
+    decision to the loop, after the loop has it. It is cancelled all the same: nothing stays
+    leased, and close() returns."""
+    stores: list[_ClaimWaits] = []
+    make_store = api.make_store
+
+    def waiting_store(cfg: Config) -> Any:
+        stores.append(_ClaimWaits(make_store(cfg)))
+        return stores[-1]
+
+    monkeypatch.setattr(api, "make_store", waiting_store)
+    f = SyncFilter(config)
+    submit = asyncio.run_coroutine_threadsafe
+
+    def interrupted(coro: Any, loop: asyncio.AbstractEventLoop) -> Any:
+        submit(coro, loop)  # the loop has the decision...
+        if where == "once the loop has started it":
+            assert stores[0].reached.wait(WATCHDOG)
+        raise KeyboardInterrupt  # ...and the caller's thread never sees its future
+
+    monkeypatch.setattr(api.asyncio, "run_coroutine_threadsafe", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        f.process(ROUTE, message("out", "m1"), lambda fwd: "never")
+    monkeypatch.undo()
+    within(f.close, name="close").result()
+    if where == "once the loop has started it":
+        assert stores[0].cancelled.is_set()
+    assert leased(state_of(config)) == []
+
+
 # --- a result cache_result cannot keep -------------------------------------------------------------
 
 

@@ -362,17 +362,29 @@ class SyncFilter:
             calls.put((forward, done))
             return await asyncio.wrap_future(done)
 
-        decided = asyncio.run_coroutine_threadsafe(
-            self.filter.process(route, message, run_here, trace, cache_result=cache), self._loop
-        )
-        decided.add_done_callback(lambda _: calls.put(None))
+        # A Ctrl-C lands wherever this thread is, even between the decision's submission and the
+        # line after it. So the decision never runs unseen: it starts only if this call has not
+        # given up on it, and a call that gives up cancels it on the loop, where the decision
+        # starts too (one of the two comes first there, and each sees what the other did).
+        abandoned = threading.Event()
+        started: list[asyncio.Task[Any]] = []
+
+        async def decide() -> Outcome[T]:
+            if abandoned.is_set():
+                raise asyncio.CancelledError
+            started.append(asyncio.current_task())  # type: ignore[arg-type]
+            return await self.filter.process(route, message, run_here, trace, cache_result=cache)
+
         try:
+            decided = asyncio.run_coroutine_threadsafe(decide(), self._loop)
+            decided.add_done_callback(lambda _: calls.put(None))
             while (call := calls.get()) is not None:
                 _run_body(body, *call)
         except BaseException:
             # Interrupted while waiting for the loop (a Ctrl-C): the body cannot run here any
             # more, so the decision is cancelled (the lease released, `failed` recorded).
-            decided.cancel()
+            abandoned.set()
+            self._loop.call_soon_threadsafe(_cancel_each, started)
             raise
         try:
             return decided.result()
@@ -408,6 +420,11 @@ class SyncFilter:
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         self.close()
+
+
+def _cancel_each(tasks: list[asyncio.Task[Any]]) -> None:
+    for task in tasks:
+        task.cancel()
 
 
 def _run_body(body: Callable[[Forward], T], forward: Forward, done: concurrent.futures.Future[T]) -> None:
