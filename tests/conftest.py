@@ -15,7 +15,8 @@ import pytest
 
 from tests.support.emulators import Emulator, EmulatorError, FirestoreEmulator, PubsubEmulator
 from tests.support.loopclock import WatchedLoop
-from tests.support.loopwatch import loop_watch, watch_coroutine_tests
+from tests.support.loopwatch import BLOCKED, limit, loop_watch, watch_coroutine_tests
+from tests.support.pace import REFERENCE, measured, pace
 
 __all__ = ["loop_watch"]  # a fixture: every coroutine test uses it (`pytest_collection_modifyitems`)
 
@@ -68,7 +69,18 @@ BACKSTOP = 120
 _stderr: list[int] = []
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """The machine's pace, measured before the first test (`tests.support.pace`), and the loop
+    watch's limit it gives."""
+    here, where = measured() * 1000, REFERENCE * 1000
+    return (
+        f"pace: {pace():.2f} (the reference work's best round {here:.1f} ms here, {where:.0f} ms where the limits"
+        f" were set); loop watch: {limit():.3f}s ({BLOCKED}s x the pace)"
+    )
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    pace()  # measured now, on a quiet thread, not inside the first watched test
     _stderr.append(os.dup(2))  # the terminal's stderr: while a test runs, fd 2 is pytest's capture
 
 

@@ -185,6 +185,10 @@ async def test_two_instances_each_forward_their_newest_and_the_stale_guard_keeps
         await other.close()
 
 
+@pytest.mark.loop_may_block(
+    "tracemalloc slows every allocation while it traces, and its snapshots walk every traced block on the loop:"
+    " the measurement's cost"
+)
 async def test_memory_per_held_message_through_the_engine_is_measured(world: CoalesceWorld) -> None:
     """All a held message costs while its `handle` call waits (its task and frames, the message,
     the delivery, the coalescer's slot), besides a push request's own body: measured, and said in

@@ -7,6 +7,7 @@ ones. Lines are the JSON lines `logsetup` writes, read back from its stream.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import io
 import json
@@ -100,6 +101,9 @@ class Rig:
         body = make_envelope(json.dumps({"game_date": game_date}).encode(), message_id, subscription=SUB)
         resp = await self.client.post("/push/reports", content=body)
         assert resp.status_code == 200, resp.text
+        # The store runs inline (nothing here yields to the loop): each push a step of its own, as a
+        # server's requests are, not one step for a test's every push.
+        await asyncio.sleep(0)
         return self.recorder.records[-1].decision
 
     async def counted(self) -> Counter[str]:

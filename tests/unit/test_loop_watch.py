@@ -15,8 +15,9 @@ from contextlib import contextmanager
 
 import pytest
 
-from tests.support.loopclock import SCHEDSTAT, Reading, Stopwatch, WatchedLoop, split
-from tests.support.loopwatch import BLOCKED, SlowCallbacks, contention, watching
+from tests.support.loopclock import SCHEDSTAT, Held, Reading, Stopwatch, WatchedLoop, split
+from tests.support.loopwatch import BLOCKED, SlowCallbacks, contention, limit, watching
+from tests.support.pace import REFERENCE, best_round, factor, pace
 
 pytest_plugins = ["pytester"]
 
@@ -29,7 +30,7 @@ async def hold_the_loop(seconds: float) -> None:
 
 
 async def test_a_callback_holding_the_loop_past_the_limit_is_reported(loop_watch: SlowCallbacks) -> None:
-    await asyncio.create_task(hold_the_loop(BLOCKED * contention() * 2))
+    await asyncio.create_task(hold_the_loop(limit() * contention() * 2))
     assert len(loop_watch.found) == 1 and "hold_the_loop" in loop_watch.found[0]
     loop_watch.found.clear()  # seen: this test blocked its loop on purpose
 
@@ -43,7 +44,7 @@ async def test_callbacks_that_yield_are_not_reported(loop_watch: SlowCallbacks) 
 @needs_schedstat
 async def test_coroutine_tests_run_on_the_loop_that_subtracts_waiting_for_a_cpu(loop_watch: SlowCallbacks) -> None:
     loop = asyncio.get_running_loop()
-    assert isinstance(loop, WatchedLoop) and loop_watch.loop is loop and loop_watch.allowed == BLOCKED
+    assert isinstance(loop, WatchedLoop) and loop_watch.loop is loop and loop_watch.allowed == limit()
     assert loop.readings, "the watched loop keeps its clock readings"
 
 
@@ -54,15 +55,15 @@ def test_a_coroutine_test_that_blocks_its_loop_fails_unless_marked(pytester: pyt
         """
         import time
         import pytest
-        from tests.support.loopwatch import contention
-        CONTENTION = contention()
+        from tests.support.loopwatch import contention, limit
+        HOLD = 2.5 * limit() * contention()
 
         async def test_blocks():
-            time.sleep(0.25 * CONTENTION)  # holds the loop on purpose
+            time.sleep(HOLD)  # holds the loop on purpose
 
         @pytest.mark.loop_may_block("on purpose")
         async def test_blocks_and_says_why():
-            time.sleep(0.25 * CONTENTION)  # holds the loop on purpose
+            time.sleep(HOLD)  # holds the loop on purpose
 
         async def test_yields():
             pass
@@ -158,7 +159,7 @@ def test_a_callback_that_only_waited_for_a_cpu_is_not_reported() -> None:
 
 @needs_schedstat
 def test_a_callback_asleep_on_the_loop_is_reported_though_it_also_waited_for_a_cpu() -> None:
-    watched = run_kept_off_the_cpu(lambda: time.sleep(BLOCKED * 2))  # holds the loop on purpose
+    watched = run_kept_off_the_cpu(lambda: time.sleep(limit() * 2))  # holds the loop on purpose
     assert len(watched.found) == 1 and "waiting for a CPU" in watched.found[0], watched.reported
 
 
@@ -179,3 +180,54 @@ def test_a_stopwatch_counts_what_a_step_ran_not_what_it_waited_for_a_cpu() -> No
     [(wall, held)] = timed
     assert wall >= BLOCKED, "precondition: the step took past the limit by the wall clock"
     assert held < BLOCKED, (wall, held)
+
+
+# --- the machine's pace ------------------------------------------------------------------------
+
+
+def test_a_machine_slower_than_where_the_limits_were_set_grows_them_by_as_much_and_a_faster_keeps_them() -> None:
+    assert factor(REFERENCE * 2) == pytest.approx(2.0)
+    assert factor(REFERENCE) == 1.0
+    assert factor(REFERENCE / 3) == 1.0
+
+
+def test_the_pace_is_measured_from_work_that_takes_this_machine_a_measurable_time() -> None:
+    best = best_round(rounds=3)
+    assert 0.001 < best < 10, best
+    assert pace() >= 1.0
+
+
+def test_a_callback_on_a_cpu_past_the_limit_but_within_the_machines_pace_is_not_reported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a machine twice as slow, 150 ms on a CPU is what 75 ms was where the limit was set; 250 ms
+    is past it still."""
+    monkeypatch.setattr("tests.support.loopwatch.pace", lambda: 2.0)
+
+    def run(cpu_seconds: float) -> SlowCallbacks:
+        async def main() -> SlowCallbacks:
+            loop = asyncio.get_running_loop()
+            with watching(loop) as handler:
+                ran = loop.create_future()
+                loop.call_soon(lambda: (burn(cpu_seconds), ran.set_result(None)))
+                await ran
+            return handler
+
+        loop = WatchedLoop()
+        try:
+            return loop.run_until_complete(main())
+        finally:
+            loop.close()
+
+    within, past = run(BLOCKED * 1.5), run(BLOCKED * 2.5)
+    assert within.allowed == pytest.approx(BLOCKED * 2.0 * (1 if HAS_SCHEDSTAT else contention()))
+    assert within.found == [], within.found  # asyncio itself times callbacks against the allowed limit
+    assert len(past.found) == 1, past.reported
+
+
+def test_a_found_callback_is_judged_again_at_the_pace_by_its_time_on_a_cpu_and_in_full_by_its_time_asleep() -> None:
+    handler = SlowCallbacks()
+    handler.found += ["ran", "slept", "not split"]
+    handler.times += [Held(0.16, 0.0, 0.16), Held(0.16, 0.0, 0.01), None]
+    assert handler.still_held(2.0) == ["slept", "not split"]  # 0.16 s on a CPU at half speed: 0.08 s
+    assert handler.still_held(1.0) == ["ran", "slept", "not split"]

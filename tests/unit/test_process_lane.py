@@ -174,7 +174,8 @@ async def test_a_decision_cancelled_during_its_first_step_leaves_nothing_held_in
     lane_engine: tuple[Engine, ProcessLane, MemoryRecorder],
 ) -> None:
     engine, lane, _ = lane_engine
-    task = asyncio.ensure_future(engine.handle("rows", Message(players(20000), {"id": "k1"}, "m0")))
+    payload = await asyncio.to_thread(players, 20000)  # 3 MB of JSON: the test's to make, not the loop's
+    task = asyncio.ensure_future(engine.handle("rows", Message(payload, {"id": "k1"}, "m0")))
     await eventually(lambda: lane.pid is not None, 30, "the lane process started")  # the extract is on its way
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
