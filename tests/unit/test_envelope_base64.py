@@ -148,3 +148,16 @@ _BASE64 = st.binary(max_size=40).map(base64.b64encode)
 def test_any_data_text_gets_the_reference_answer(pieces: list[bytes]) -> None:
     body = with_data(b'"' + b"".join(pieces) + b'"')
     assert outcome(body) == reference(body)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.lists(st.one_of(_PIECES, _BASE64), max_size=12), st.booleans())
+def test_a_body_gathered_in_parts_reads_as_the_same_bytes_would(pieces: list[bytes], quoted: bool) -> None:
+    """A body read in parts is decoded from the `bytearray` it was gathered in: the same message,
+    its data `bytes`, or the same rejection, word for word."""
+    text = b"".join(pieces)
+    body = with_data(b'"' + text + b'"' if quoted else text or b"null")
+    gathered = outcome(bytearray(body))
+    assert gathered == outcome(body)
+    if not isinstance(gathered, tuple):
+        assert type(parse_envelope(bytearray(body)).data) is bytes

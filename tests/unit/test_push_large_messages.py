@@ -6,6 +6,7 @@ Run's 32 MiB request."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import os
 from collections.abc import AsyncIterator
@@ -18,7 +19,8 @@ from pubsub_filter.core.config.schema import load
 from pubsub_filter.core.engine.engine import Engine
 from pubsub_filter.core.envelope import make_envelope
 from pubsub_filter.core.pubsub_limits import CLOUD_RUN_HTTP1_REQUEST, DEFAULT_MAX_BODY, LARGEST_PUSH, MAX_DATA
-from pubsub_filter.push.app import create_app
+from pubsub_filter.push import app as app_module
+from pubsub_filter.push.app import LARGE_BODY, create_app
 from pubsub_filter.runtime.otel import from_config
 from pubsub_filter.runtime.wiring import make_engine
 from tests.support.asgi import call
@@ -102,3 +104,56 @@ async def test_a_large_row_payload_is_decided_without_holding_the_event_loop(
         assert (status, json.loads(answer)["decision"]) == (200, "suppressed"), answer[:300]
     finally:
         await engine.close()
+
+
+async def test_large_pushes_that_end_together_are_decoded_one_per_turn_of_the_loop(
+    served: tuple[Engine, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between one large body's decode and the next, the loop polls: the health probe's request,
+    and every other connection's, is read between them (`pubsub_filter.push.turns`)."""
+    _engine, app = served
+    events: list[str] = []
+    decode = app_module.parse_push
+
+    def recorded(body: Any, *args: Any) -> Any:
+        events.append(f"decode {len(body) >= LARGE_BODY}")
+        return decode(body, *args)
+
+    monkeypatch.setattr(app_module, "parse_push", recorded)
+    ticking = True
+
+    async def ticker() -> None:
+        while ticking:
+            events.append("tick")
+            await asyncio.sleep(0)
+
+    data = b"x" * LARGE_BODY
+    pushes = [make_envelope(data, f"m{i}", {"id": f"k{i}"}) for i in range(4)]
+    small = make_envelope(b"{}", "s1", {"id": "s"})
+    tick = asyncio.create_task(ticker())
+    await asyncio.sleep(0)
+    answers = await asyncio.gather(*(call(app, "POST", "/push/raw", body) for body in [*pushes, small]))
+    ticking = False
+    await tick
+    assert [status for status, _ in answers] == [200] * 5
+    decodes = [i for i, e in enumerate(events) if e == "decode True"]
+    assert len(decodes) == 4 and events.count("decode False") == 1
+    for before, after in itertools.pairwise(decodes):
+        assert "tick" in events[before:after], events
+
+
+async def test_a_large_push_cancelled_while_it_waits_for_its_turn_is_answered_503_and_holds_nothing(
+    served: tuple[Engine, Any],
+) -> None:
+    _engine, app = served
+    data = b"x" * LARGE_BODY
+    first = asyncio.create_task(call(app, "POST", "/push/raw", make_envelope(data, "m1", {"id": "k1"})))
+    second = asyncio.create_task(call(app, "POST", "/push/raw", make_envelope(data, "m2", {"id": "k2"})))
+    await asyncio.sleep(0)  # both bodies read: the first holds the turn, the second waits for it
+    second.cancel()  # what the shutdown's cancel does to a request in flight
+    status, answer = await second
+    assert status == 503, answer
+    status, _ = await first
+    assert status == 200
+    handler = app.push  # the push handler behind the app
+    assert handler.in_flight.held == 0

@@ -19,6 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from pubsub_filter.core.engine.answer import answer_for
 from pubsub_filter.core.engine.engine import Engine
+from pubsub_filter.core.engine.offload import OFF_LOOP_BYTES
 from pubsub_filter.core.engine.stopping import Stop
 from pubsub_filter.core.envelope import EnvelopeError
 from pubsub_filter.core.logs import get_logger, trace_field
@@ -26,6 +27,7 @@ from pubsub_filter.core.model import Cause, DecisionRecord, Message
 from pubsub_filter.core.numerals import bounded_int, digits_of
 from pubsub_filter.push.admission import BytesInFlight, LoopLag, SenderDeadline
 from pubsub_filter.push.trace_headers import REQUEST_HEADERS, request_parent_of, trace_of
+from pubsub_filter.push.turns import Turns
 from pubsub_filter.push.unwrapped import MESSAGE_ID, parse_push
 from pubsub_filter.runtime.probes import probe_routes, telemetry_of
 
@@ -105,8 +107,14 @@ def declared_size(declared: str | None, limit: int) -> int | None:
 #: The server's own delays while bodies are read (`pubsub_filter.push.admission.LoopLag`).
 LAG = LoopLag()
 
+#: Bytes from which a body is decoded in a turn of the loop of its own (`pubsub_filter.push.turns`):
+#: the engine's large messages' (`core.engine.offload.OFF_LOOP_BYTES`), which its body is at least.
+LARGE_BODY = OFF_LOOP_BYTES
 
-async def _body(receive: Receive, limit: int, declared: str | None, within: float, lag: LoopLag = LAG) -> bytes:
+
+async def _body(
+    receive: Receive, limit: int, declared: str | None, within: float, lag: LoopLag = LAG
+) -> bytes | bytearray:
     """The request body, at most `limit` bytes (`_TooLarge`), within `within` seconds of the
     sender's (`TimeoutError`); `_Disconnected` when the client left.
 
@@ -125,18 +133,20 @@ async def _body(receive: Receive, limit: int, declared: str | None, within: floa
             return bytes(chunk)
         sender = SenderDeadline(timeout, lag, within)  # from here on, the sender's time decides
         try:
-            chunks, size = [chunk], len(chunk)
+            # Gathered into one buffer part by part, as the parts come: a join when the last came
+            # would copy all of a 10 MB body (onto pages touched for the first time) in one step
+            # of the loop, and bodies that end together would be joined back to back.
+            body = bytearray(chunk)
             while True:
                 message = await receive()
                 if message["type"] == "http.disconnect":
                     raise _Disconnected
                 chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > limit:
+                if len(body) + len(chunk) > limit:
                     raise _TooLarge
-                chunks.append(chunk)
+                body += chunk
                 if not message.get("more_body", False):
-                    return b"".join(chunks)
+                    return body
         finally:
             sender.close()
 
@@ -216,6 +226,7 @@ class _PushHandler:
         "admission_wait",
         "authenticator",
         "body_timeout",
+        "decoding",
         "engine",
         "in_flight",
         "max_body",
@@ -233,6 +244,7 @@ class _PushHandler:
         self.body_timeout = body_timeout
         self.in_flight = BytesInFlight(facts.max_bytes_in_flight)
         self.admission_wait = facts.admission_wait
+        self.decoding = Turns()  # large bodies, one per turn of the loop
         tel = telemetry_of(engine)
         self.tracing = tel is not None and tel.tracing
         self.read_headers = _READ_HEADERS if authenticator is None else _READ_WITH_AUTH
@@ -282,7 +294,11 @@ class _PushHandler:
                     return await self._overloaded(route, len(body), headers, trace)
                 held = len(body)
             try:
-                msg = parse_push(body, scope["headers"], MESSAGE_ID in headers, route in self.no_metadata)
+                if len(body) < LARGE_BODY:
+                    msg = parse_push(body, scope["headers"], MESSAGE_ID in headers, route in self.no_metadata)
+                else:
+                    async with self.decoding.turn():
+                        msg = parse_push(body, scope["headers"], MESSAGE_ID in headers, route in self.no_metadata)
             except EnvelopeError as exc:
                 rec = await engine.reject(route, None, str(exc), trace=trace, message_id=exc.message_id)
                 return _json({"decision": "rejected", "reason": rec.reason}, 400)

@@ -150,12 +150,14 @@ def parse_with_metadata(body: bytes, headers: Iterable[tuple[bytes, bytes]]) -> 
     )
 
 
-def parse_push(body: bytes, headers: Iterable[tuple[bytes, bytes]], metadata: bool, bare: bool) -> Message:
+def parse_push(body: bytes | bytearray, headers: Iterable[tuple[bytes, bytes]], metadata: bool, bare: bool) -> Message:
     """The message of one push, in whichever form it came: `metadata` when the push carries an
     `x-goog-pubsub-message-id` header, `bare` when its route's subscription sends the data
-    without metadata (`push_format: unwrapped_no_metadata`); else Pub/Sub's envelope."""
+    without metadata (`push_format: unwrapped_no_metadata`); else Pub/Sub's envelope. A body read
+    in parts comes as the `bytearray` it was gathered in: an envelope is decoded from it as it
+    is, a body that is the data is made `bytes` (a message's values do not change)."""
     if metadata:
-        return parse_with_metadata(body, headers)
+        return parse_with_metadata(bytes(body), headers)
     if bare:
-        return parse_without_metadata(body)
+        return parse_without_metadata(bytes(body))
     return parse_envelope(body)
