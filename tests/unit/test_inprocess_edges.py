@@ -415,6 +415,19 @@ class _ClaimWaits:
             raise
 
 
+def claims_wait(monkeypatch: pytest.MonkeyPatch) -> list[_ClaimWaits]:
+    """The stores the filters opened from here on make: each a `_ClaimWaits` over the embedded one."""
+    stores: list[_ClaimWaits] = []
+    make_store = api.make_store
+
+    def waiting_store(cfg: Config) -> Any:
+        stores.append(_ClaimWaits(make_store(cfg)))
+        return stores[-1]
+
+    monkeypatch.setattr(api, "make_store", waiting_store)
+    return stores
+
+
 def test_a_ctrl_c_while_the_caller_waits_on_the_loop_cancels_the_decision_there(
     config: Config, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -430,14 +443,7 @@ def test_a_ctrl_c_while_the_caller_waits_on_the_loop_cancels_the_decision_there(
 
 
 def _ctrl_c_while_the_caller_waits(config: Config, monkeypatch: pytest.MonkeyPatch) -> None:
-    stores: list[_ClaimWaits] = []
-    make_store = api.make_store
-
-    def waiting_store(cfg: Config) -> Any:
-        stores.append(_ClaimWaits(make_store(cfg)))
-        return stores[-1]
-
-    monkeypatch.setattr(api, "make_store", waiting_store)
+    stores = claims_wait(monkeypatch)
     f = SyncFilter(config)
 
     def ctrl_c() -> None:
@@ -463,14 +469,7 @@ def test_a_ctrl_c_landing_between_the_submission_and_the_wait_still_cancels_the_
     """A Ctrl-C is raised at whatever line the caller's thread is on: here, the one that hands the
     decision to the loop, after the loop has it. It is cancelled all the same: nothing stays
     leased, and close() returns."""
-    stores: list[_ClaimWaits] = []
-    make_store = api.make_store
-
-    def waiting_store(cfg: Config) -> Any:
-        stores.append(_ClaimWaits(make_store(cfg)))
-        return stores[-1]
-
-    monkeypatch.setattr(api, "make_store", waiting_store)
+    stores = claims_wait(monkeypatch)
     f = SyncFilter(config)
     submit = asyncio.run_coroutine_threadsafe
 
