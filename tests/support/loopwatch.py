@@ -38,7 +38,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 
 from tests.support.loopclock import Held, WatchedLoop, split
-from tests.support.pace import best_round, factor, pace
+from tests.support.pace import pace, pace_now
 
 #: Seconds one callback may hold the event loop, on the machines the suite's limits were set on:
 #: here, `limit()` (this times how much slower this machine runs Python, `tests.support.pace`).
@@ -139,7 +139,7 @@ async def loop_watch(request: pytest.FixtureRequest) -> AsyncIterator[SlowCallba
     # which another process of the test (a server, the large-message process) or a neighbour of
     # the machine's may have slowed since (seen: the same work's best round 19.5-32 ms from one run
     # to the next on an idle machine, and up to 41 ms beside a suite).
-    now = max(pace(), factor(best_round()))
+    now = pace_now()
     held = handler.still_held(now) if handler.loop is not None else handler.found
     if held:
         shown = "\n".join(f"  {m[:400]}" for m in held)

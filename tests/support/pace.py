@@ -67,3 +67,9 @@ def measured() -> float:
 def pace() -> float:
     """This machine's `factor`, from what was `measured` as the suite began."""
     return factor(measured())
+
+
+def pace_now() -> float:
+    """The larger of the suite's `pace` and the machine's pace measured now (another `best_round`):
+    for a figure just taken, on a machine that moves from one minute to the next."""
+    return max(pace(), factor(best_round()))
