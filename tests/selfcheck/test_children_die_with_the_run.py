@@ -26,14 +26,14 @@ sys.stdin.read()
 def _name(pid: int) -> str:
     try:
         return Path(f"/proc/{pid}/comm").read_text().strip()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between the open and the read
         return ""
 
 
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
-    except (FileNotFoundError, IndexError):
+    except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
     return state != "Z"  # a zombie has ended; only its parent's wait is missing
 

@@ -250,7 +250,7 @@ def test_an_exception_that_does_not_pickle_crosses_as_a_runtime_error_that_says_
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].split()[0]
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between the open and the read
         return False
     return state != "Z"
 
