@@ -16,6 +16,17 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 pytest=${1:?usage: tests/run_tiers.sh PYTEST [options]}
 shift
 
+busy_tiers=(tests/unit tests/contract tests/selfcheck)
+waiting_tiers=(tests/emulator tests/e2e tests/faults)
+# A tier folder in neither list would never run here: refuse to pass without it.
+for dir in tests/*/; do
+    dir=${dir%/}
+    if compgen -G "$dir/test_*.py" >/dev/null && [[ " ${busy_tiers[*]} ${waiting_tiers[*]} " != *" $dir "* ]]; then
+        echo "tests/run_tiers.sh: $dir has tests but is in neither run: add it to busy_tiers or waiting_tiers" >&2
+        exit 1
+    fi
+done
+
 out=$(mktemp -d)
 waiting=
 stop() {
@@ -27,10 +38,10 @@ trap 'exit 130' INT TERM
 
 # The waiting tiers' output is kept and printed whole once they end (two runs' dots on one
 # terminal read as neither); the cache plugin is the other run's (both writing it race).
-"$pytest" -q -m "not alone" -p no:cacheprovider tests/emulator tests/e2e tests/faults "$@" >"$out/waiting.log" 2>&1 &
+"$pytest" -q -m "not alone" -p no:cacheprovider "${waiting_tiers[@]}" "$@" >"$out/waiting.log" 2>&1 &
 waiting=$!
 echo "== tests/unit, tests/contract, tests/selfcheck (tests/emulator, tests/e2e, tests/faults run beside them)"
-"$pytest" -q -m "not alone" tests/unit tests/contract tests/selfcheck "$@"
+"$pytest" -q -m "not alone" "${busy_tiers[@]}" "$@"
 busy=$?
 wait "$waiting"
 waited=$?

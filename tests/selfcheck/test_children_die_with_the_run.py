@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.children import alive
+
 ROOT = Path(__file__).resolve().parents[2]
 
 PARENT = """
@@ -28,14 +30,6 @@ def _name(pid: int) -> str:
         return Path(f"/proc/{pid}/comm").read_text().strip()
     except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between the open and the read
         return ""
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state != "Z"  # a zombie has ended; only its parent's wait is missing
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
@@ -55,15 +49,15 @@ def test_a_child_started_by_the_run_ends_when_the_run_is_killed() -> None:
         deadline = time.monotonic() + 10
         while _name(child) == "setpriv" and time.monotonic() < deadline:
             time.sleep(0.01)  # polling the kernel's process table: nothing to wait on
-        assert _alive(child) and _name(child) != "setpriv"
+        assert alive(child) and _name(child) != "setpriv"
         parent.send_signal(signal.SIGKILL)  # no teardown runs
         parent.wait(timeout=10)
         deadline = time.monotonic() + 10
-        while _alive(child) and time.monotonic() < deadline:
+        while alive(child) and time.monotonic() < deadline:
             time.sleep(0.01)  # polling the kernel's process table: nothing to wait on
-        assert not _alive(child), f"pid {child} outlived the killed run"
+        assert not alive(child), f"pid {child} outlived the killed run"
     finally:
-        if _alive(child):
+        if alive(child):
             os.kill(child, signal.SIGKILL)
         if parent.stdin is not None:
             parent.stdin.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 
 
 def dying_with_parent(cmd: Sequence[str]) -> list[str]:
@@ -21,3 +22,13 @@ def dying_with_parent(cmd: Sequence[str]) -> list[str]:
     if setpriv is None or threading.current_thread() is not threading.main_thread():
         return list(cmd)
     return [setpriv, "--pdeathsig", "KILL", "--", *cmd]
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs: not gone, not a zombie (it has ended; only its parent's wait
+    is missing). Its state follows the last ") " of /proc/PID/stat: the name before it may hold one."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):  # gone before the open, or between it and the read
+        return False
+    return state != "Z"

@@ -27,6 +27,7 @@ from pubsub_filter.core.engine.lane_process import ProcessLane
 from pubsub_filter.core.engine.lane_worker import _portable
 from pubsub_filter.core.engine.offload import OFF_LOOP_BYTES, Lane, ThreadLane
 from pubsub_filter.core.model import Decision, DecisionRecord, Message
+from tests.support.children import alive
 from tests.support.engine_model import STEPS
 from tests.support.engine_sqlite import SqliteMachine
 from tests.support.fakes import MemoryPublisher, MemoryRecorder
@@ -206,7 +207,7 @@ async def test_closing_the_engine_ends_its_lane_process(tmp_path: Path) -> None:
     pid = lane.pid
     assert pid is not None
     await engine.close()
-    await eventually(lambda: not _alive(pid), 30, f"lane process {pid} ended")
+    await eventually(lambda: not alive(pid), 30, f"lane process {pid} ended")
     with pytest.raises(Exception, match="stopped"):
         await lane.extract(engine.rules["rows"], Message(b"{}", {}, "x"), lane.ticket())
 
@@ -233,7 +234,7 @@ def test_the_lane_process_ends_when_the_engines_process_is_gone() -> None:
     done = subprocess.run([sys.executable, "-c", _ORPHAN, root], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     pid = int(done.stdout.split()[-1])
-    wait_until(lambda: not _alive(pid), 30, f"lane process {pid} ended")
+    wait_until(lambda: not alive(pid), 30, f"lane process {pid} ended")
 
 
 def test_an_exception_that_does_not_pickle_crosses_as_a_runtime_error_that_says_what_it_was() -> None:
@@ -245,14 +246,6 @@ def test_an_exception_that_does_not_pickle_crosses_as_a_runtime_error_that_says_
     assert type(crossed) is RuntimeError and str(crossed) == "Odd: 1/2"
     plain = ValueError("x")
     assert _portable(plain) is plain
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split(") ")[-1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or between the open and the read
-        return False
-    return state != "Z"
 
 
 class ProcessLaneMachine(SqliteMachine):
