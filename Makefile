@@ -57,7 +57,7 @@ bench-smoke: $(VENV)/.installed-test
 	$(BIN)/pytest tests/selfcheck/test_bench_smoke.py -q
 
 test: lint
-	bash tests/run_tiers.sh $(BIN)/pytest
+	$(BIN)/pytest -q
 
 # The suite (not lint: ruff and mypy stay at the lock's versions) on the newest versions
 # pyproject.toml allows, in a venv of its own: run it before bumping the locks.

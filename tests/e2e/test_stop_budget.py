@@ -33,7 +33,7 @@ from tests.support.serve import ServeProcess, write_config
 
 __all__ = ["bq_emulator"]  # a fixture
 
-pytestmark = [pytest.mark.e2e, pytest.mark.alone, pytest.mark.timeout(180)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
 ROUTE = "stop"
 #: Cloud Run's SIGKILL, after SIGTERM.

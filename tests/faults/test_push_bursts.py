@@ -21,7 +21,7 @@ from tests.support.bursts import ROWS_ROUTE, Burst, peak_rss_mib, pushes, rows_p
 from tests.support.loopwatch import contention
 from tests.support.serve import ServeProcess, write_config
 
-pytestmark = [pytest.mark.faults, pytest.mark.alone]
+pytestmark = pytest.mark.faults
 
 ROWS = 68_000
 #: How long `/healthz` may take, less the time the machine kept the server's threads (and the
